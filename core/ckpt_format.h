@@ -1,0 +1,136 @@
+// MindSpore .ckpt codec (spec §1): a file is a concatenation of one-Value `Checkpoint` messages,
+// optionally followed by a `crc_num` trailer. Streaming in both directions: the reader holds at
+// most one Value (plus the join of one tensor's consecutive chunks when asked), the writer never
+// needs a whole tensor.
+#ifndef CKPT_CORE_CKPT_FORMAT_H_
+#define CKPT_CORE_CKPT_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/box.h"
+#include "core/byte_stream.h"
+#include "core/dtype.h"
+
+namespace ckpt {
+
+// MindSpore's SLICE_SIZE: tensors larger than this are written as several Values (§1.2).
+inline constexpr int64_t kCkptSliceBytes = int64_t{512} * 1024 * 1024;
+
+// One decoded tensor (or, from NextValue, one chunk of one).
+struct CkptTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  // dims exactly as stored (kept for byte-identical re-encoding; may be [0] for scalars/str).
+  std::vector<int64_t> dims;
+  std::string data;  // row-major little-endian element bytes
+
+  // The logical shape: dims, except that [0] for a non-str tensor and any str tensor are
+  // scalars () as MindSpore's reader treats them (§1.4).
+  Shape shape() const;
+  // For str tensors: the UTF-32LE content decoded to UTF-8.
+  absl::StatusOr<std::string> StringValue() const;
+};
+
+struct CkptReaderOptions {
+  // Largest single Value accepted; a larger length prefix is reported as corruption before any
+  // allocation. Default 2 GiB (MindSpore writes ≤ 512 MiB per Value).
+  int64_t max_value_bytes = int64_t{2} << 30;
+  // Verify the crc_num trailer when present (a mismatch is DATA_LOSS).
+  bool verify_crc = true;
+};
+
+// Streams Values out of a ByteSource. Not thread-safe; the source must outlive the reader.
+// Errors: INVALID_ARGUMENT for a malformed or truncated stream, with the byte offset and the
+// tensor name when known; DATA_LOSS for a CRC mismatch; UNIMPLEMENTED for map tensors.
+class CkptReader {
+ public:
+  explicit CkptReader(ByteSource* source, CkptReaderOptions options = {});
+
+  // The next raw Value (one chunk), or nullopt at a clean end of stream (after a verified
+  // trailer, if any). Checks dims × dtype size against the content only for whole tensors, i.e.
+  // not here.
+  absl::StatusOr<std::optional<CkptTensor>> NextValue();
+  // The next tensor with consecutive same-tag Values joined (§1.2), validated: same dims and dtype
+  // in every chunk, content size = elements × element size (str: multiple of 4).
+  absl::StatusOr<std::optional<CkptTensor>> NextTensor();
+
+  // Bytes consumed so far; whether a crc_num trailer was seen (valid after the end).
+  int64_t offset() const { return offset_; }
+  bool had_crc_trailer() const { return had_crc_; }
+
+ private:
+  absl::Status Fill(size_t n);  // ensure buffer has >= n unread bytes, or fewer only at EOF
+  absl::StatusOr<std::optional<CkptTensor>> ParseNextValue();
+
+  ByteSource* source_;
+  CkptReaderOptions options_;
+  std::string buffer_;  // unread bytes start at buffer_pos_
+  size_t buffer_pos_ = 0;
+  bool eof_ = false;
+  int64_t offset_ = 0;
+  uint32_t crc_ = 0;
+  bool had_crc_ = false;
+  bool done_ = false;
+  std::optional<CkptTensor> pending_;  // lookahead Value for NextTensor
+};
+
+struct CkptWriterOptions {
+  // Append the crc_num trailer (§1.5) on Finish().
+  bool crc_trailer = false;
+  // Values larger than this are split into consecutive byte chunks (§1.2).
+  int64_t slice_bytes = kCkptSliceBytes;
+};
+
+// Writes a .ckpt to a ByteSink, one tensor at a time, optionally streaming the tensor's bytes in
+// pieces. Not thread-safe; the sink must outlive the writer.
+class CkptWriter {
+ public:
+  explicit CkptWriter(ByteSink* sink, CkptWriterOptions options = {});
+
+  // Whole tensor in one call. `dims` is written as given.
+  absl::Status WriteTensor(std::string_view name, DType dtype, const std::vector<int64_t>& dims,
+                           std::string_view data);
+  // Streaming: announce a tensor of `total_bytes` (must equal dims × dtype), then Append exactly
+  // that many bytes in any pieces.
+  absl::Status BeginTensor(std::string_view name, DType dtype, const std::vector<int64_t>& dims,
+                           int64_t total_bytes);
+  absl::Status Append(std::string_view bytes);
+  // Writes the trailer if asked. FAILED_PRECONDITION if a tensor is still open.
+  absl::Status Finish();
+
+  int64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  absl::Status Emit(std::string_view bytes);  // to sink, updating crc and count
+  absl::Status StartChunk();
+
+  ByteSink* sink_;
+  CkptWriterOptions options_;
+  int64_t bytes_written_ = 0;
+  uint32_t crc_ = 0;
+  bool finished_ = false;
+  // Open tensor state.
+  bool open_ = false;
+  std::string name_;
+  DType dtype_ = DType::kFloat32;
+  std::vector<int64_t> dims_;
+  int64_t remaining_total_ = 0;  // bytes of the tensor not yet appended
+  int64_t remaining_chunk_ = 0;  // bytes left in the current Value
+};
+
+// Convenience: decode every tensor of an in-memory file.
+absl::StatusOr<std::vector<CkptTensor>> DecodeCkpt(std::string_view bytes,
+                                                   CkptReaderOptions options = {});
+// Convenience: encode tensors into a file image.
+absl::StatusOr<std::string> EncodeCkpt(const std::vector<CkptTensor>& tensors,
+                                       CkptWriterOptions options = {});
+
+}  // namespace ckpt
+
+#endif  // CKPT_CORE_CKPT_FORMAT_H_
