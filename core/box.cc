@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/absl_compat.h"
 #include "absl/strings/str_join.h"
 
 namespace ckpt {
@@ -11,7 +12,7 @@ namespace ckpt {
 absl::StatusOr<int64_t> CheckedMul(int64_t a, int64_t b, std::string_view what) {
   int64_t out;
   if (__builtin_mul_overflow(a, b, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " overflows int64 (", a, " * ", b, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(Sv(what), " overflows int64 (", a, " * ", b, ")"));
   }
   return out;
 }
@@ -19,7 +20,7 @@ absl::StatusOr<int64_t> CheckedMul(int64_t a, int64_t b, std::string_view what) 
 absl::StatusOr<int64_t> CheckedAdd(int64_t a, int64_t b, std::string_view what) {
   int64_t out;
   if (__builtin_add_overflow(a, b, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " overflows int64 (", a, " + ", b, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(Sv(what), " overflows int64 (", a, " + ", b, ")"));
   }
   return out;
 }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/absl_compat.h"
 
 namespace ckpt {
 namespace {
@@ -39,7 +40,7 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
     if (info.name == name) return info.dtype;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown tensor_type \"", name,
+      absl::StrCat("unknown tensor_type \"", Sv(name),
                    "\": expected one of Bool, Int8, UInt8, Int16, UInt16, Int32, UInt32, Int64, "
                    "UInt64, Float16, Float32, Float64, BFloat16, Int4, str"));
 }
@@ -64,7 +65,7 @@ absl::StatusOr<int64_t> ByteSizeOf(DType dtype, int64_t elements) {
   const int64_t bytes_per = bits / 8;
   if (elements > std::numeric_limits<int64_t>::max() / bytes_per) {
     return absl::InvalidArgumentError(absl::StrCat("byte size of ", elements, " ",
-                                                   DTypeName(dtype), " elements overflows int64"));
+                                                   Sv(DTypeName(dtype)), " elements overflows int64"));
   }
   return elements * bytes_per;
 }
