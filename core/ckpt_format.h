@@ -65,8 +65,25 @@ class CkptReader {
   bool had_crc_trailer() const { return had_crc_; }
 
  private:
+  struct ValueFields;  // fields of the Value being parsed (defined in the .cc)
+
   absl::Status Fill(size_t n);  // ensure buffer has >= n unread bytes, or fewer only at EOF
   absl::StatusOr<std::optional<CkptTensor>> ParseNextValue();
+  // Low-level reads; every consumed byte goes through the CRC and advances offset_. `limit` is the
+  // offset where the enclosing message ends; `what` names the item for error messages.
+  size_t Available() const { return buffer_.size() - buffer_pos_; }
+  void Consume(size_t n);
+  absl::StatusOr<uint64_t> ReadVarint(int64_t limit, std::string_view what);
+  absl::StatusOr<int64_t> ReadLength(int64_t limit, std::string_view what);
+  absl::Status ReadBytes(int64_t n, std::string* out, std::string_view what);
+  absl::Status Skip(int64_t n, std::string_view what);
+  absl::Status SkipField(uint64_t key, int64_t limit, std::string_view context);
+  absl::Status ParseTensorFields(int64_t limit, ValueFields* fields);
+  // At a record boundary starting with 'c': consumes and checks the crc_num trailer; false if
+  // the bytes are not a trailer.
+  absl::StatusOr<bool> ReadTrailer();
+  absl::Status Malformed(int64_t at, std::string_view detail) const;
+  absl::Status Truncated(std::string_view what, int64_t missing) const;  // missing 0: unknown
 
   ByteSource* source_;
   CkptReaderOptions options_;
@@ -78,6 +95,7 @@ class CkptReader {
   bool had_crc_ = false;
   bool done_ = false;
   std::optional<CkptTensor> pending_;  // lookahead Value for NextTensor
+  absl::Status status_;  // first error; sticky because the stream position is then undefined
 };
 
 struct CkptWriterOptions {
@@ -122,6 +140,7 @@ class CkptWriter {
   std::vector<int64_t> dims_;
   int64_t remaining_total_ = 0;  // bytes of the tensor not yet appended
   int64_t remaining_chunk_ = 0;  // bytes left in the current Value
+  absl::Status status_;  // first sink error; sticky because the output is then incomplete
 };
 
 // Convenience: decode every tensor of an in-memory file.

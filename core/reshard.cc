@@ -1,0 +1,558 @@
+#include "core/reshard.h"
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/absl_compat.h"
+#include "core/status_macros.h"
+
+namespace ckpt {
+namespace {
+
+constexpr std::string_view kOptimizerPrefixes[] = {"adam_m.", "adam_v.", "moments.",
+                                                   "accu_grads."};
+
+// One side of a re-shard: a strategy, or (null) a single rank holding every tensor whole.
+struct Side {
+  std::shared_ptr<const Strategy> strategy;
+
+  int64_t devices() const { return strategy ? strategy->devices_per_stage() : 1; }
+  int32_t stages() const { return strategy ? strategy->stage_count() : 1; }
+  int64_t world() const { return devices() * stages(); }
+  const Layout* Find(std::string_view name, bool inherit) const {
+    return strategy ? ResolveLayout(*strategy, name, inherit) : nullptr;
+  }
+  std::vector<int32_t> AllStages() const {
+    std::vector<int32_t> s(stages());
+    std::iota(s.begin(), s.end(), 0);
+    return s;
+  }
+};
+
+// The geometry shared by every tensor with the same (source layout, source holders, destination
+// layout, global shape): the grids, and for each source cell the interned set of global ranks
+// holding it.
+struct Geometry {
+  Shape global;
+  Layout src;
+  Layout dst;
+  std::vector<int64_t> src_grid;
+  std::vector<int64_t> dst_grid;
+  std::vector<int32_t> cell_holders;  // source cell id -> holder-set id
+};
+
+struct Entry {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  TensorKind kind = TensorKind::kResharded;
+  int32_t geometry = 0;
+  std::vector<int32_t> dst_stages;  // destination stages receiving it
+};
+
+// Destination parameter that the checkpoint does not have.
+struct Missing {
+  std::string name;
+  std::vector<int32_t> stages;
+};
+
+int64_t Lcm(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
+
+std::string GeometryKey(const Shape& global, const Layout& src, const Layout& dst,
+                        const std::vector<int64_t>* holders) {
+  std::string key = absl::StrCat(ShapeToString(global), "|", src.ToString(), "|",
+                                 src.OptShardFactor(), "|", dst.ToString(), "|",
+                                 dst.OptShardFactor());
+  if (holders) absl::StrAppend(&key, "|h", absl::StrJoin(*holders, ","));
+  return key;
+}
+
+bool Contains(const std::vector<int32_t>& v, int32_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+const Layout* ResolveLayout(const Strategy& strategy, std::string_view name,
+                            bool inherit_optimizer_layouts) {
+  if (const StrategyParam* p = strategy.Find(name)) return &p->layout;
+  std::string weight;
+  if (inherit_optimizer_layouts && IsOptimizerStateName(name, &weight)) {
+    if (const StrategyParam* p = strategy.Find(weight)) return &p->layout;
+  }
+  return nullptr;
+}
+
+bool IsOptimizerStateName(std::string_view name, std::string* weight) {
+  for (std::string_view prefix : kOptimizerPrefixes) {
+    if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix) {
+      if (weight) *weight = std::string(name.substr(prefix.size()));
+      return true;
+    }
+  }
+  return false;
+}
+
+struct Resharder::Impl {
+  Side src;
+  Side dst;
+  PlanOptions options;
+  std::vector<Geometry> geometries;
+  std::vector<Entry> entries;  // output order
+  std::vector<Missing> missing;
+  std::vector<std::vector<int64_t>> holder_sets;
+  absl::flat_hash_map<std::vector<int64_t>, int32_t> holder_set_ids;
+  absl::flat_hash_map<std::string, int32_t> geometry_ids;
+  int32_t InternHolders(std::vector<int64_t> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    auto [it, inserted] = holder_set_ids.emplace(ranks, static_cast<int32_t>(holder_sets.size()));
+    if (inserted) holder_sets.push_back(std::move(ranks));
+    return it->second;
+  }
+
+  // Adds (or reuses) a geometry. `holders` overrides the source holders of a replicated source
+  // (a tensor without a source layout lives whole in those ranks' files).
+  int32_t AddGeometry(const Shape& global, const Layout& src_layout, const Layout& dst_layout,
+                      const std::vector<int64_t>* holders) {
+    std::string key = GeometryKey(global, src_layout, dst_layout, holders);
+    if (auto it = geometry_ids.find(key); it != geometry_ids.end()) return it->second;
+    Geometry g;
+    g.global = global;
+    g.src = src_layout;
+    g.dst = dst_layout;
+    g.src_grid = src_layout.Grid(global.size());
+    g.dst_grid = dst_layout.Grid(global.size());
+    int64_t cells = 1;
+    for (int64_t c : g.src_grid) cells *= c;
+    if (holders) {
+      g.cell_holders.assign(cells, InternHolders(*holders));
+    } else {
+      std::vector<std::vector<int64_t>> per_cell(cells);
+      const int64_t devices = src.devices();
+      for (int64_t r = 0; r < devices; ++r) {
+        std::vector<int64_t> cell = *src_layout.CellOf(r, global.size());
+        int64_t id = 0;
+        for (size_t i = 0; i < cell.size(); ++i) id = id * g.src_grid[i] + cell[i];
+        for (int32_t s : src_layout.stages) per_cell[id].push_back(s * devices + r);
+      }
+      g.cell_holders.reserve(cells);
+      for (auto& ranks : per_cell) g.cell_holders.push_back(InternHolders(std::move(ranks)));
+    }
+    geometries.push_back(std::move(g));
+    const int32_t id = static_cast<int32_t>(geometries.size() - 1);
+    geometry_ids.emplace(std::move(key), id);
+    return id;
+  }
+
+  const Layout* SrcLayout(std::string_view name) const {
+    return src.Find(name, options.inherit_optimizer_layouts);
+  }
+  const Layout* DstLayout(std::string_view name) const {
+    return dst.Find(name, options.inherit_optimizer_layouts);
+  }
+
+  bool Selected(std::string_view name) const { return !options.select || options.select(name); }
+
+  // Calls fn(entry, geometry, dst_box, src_cell_id) for every source cell overlapping the
+  // destination slice of every tensor the rank receives, in output order and, within a tensor,
+  // in row-major order of source cells (= ascending destination position).
+  template <typename Fn>
+  absl::Status ForEachPiece(int64_t dst_rank, Fn&& fn) const {
+    if (dst_rank < 0 || dst_rank >= dst.world()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "destination rank ", dst_rank, " is outside the destination world of ", dst.world(),
+          " ranks (", dst.devices(), " devices x ", dst.stages(), " stages)"));
+    }
+    const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
+    const int64_t local = dst_rank % dst.devices();
+    for (const Missing& m : missing) {
+      if (Contains(m.stages, stage)) {
+        return absl::NotFoundError(absl::StrCat(
+            "destination parameter ", m.name, " (pipeline stage ", stage,
+            ") is not in the checkpoint; exclude it to fetch the rest"));
+      }
+    }
+    std::vector<int64_t> lo_block, hi_block, idx;
+    for (size_t e = 0; e < entries.size(); ++e) {
+      const Entry& entry = entries[e];
+      if (!Contains(entry.dst_stages, stage)) continue;
+      const Geometry& g = geometries[entry.geometry];
+      const size_t rank = g.global.size();
+      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, rank));
+      const Box dst_box = CellBox(g.global, g.dst_grid, dst_cell);
+      // Overlapping source blocks per dim: [lo_block, hi_block].
+      lo_block.resize(rank);
+      hi_block.resize(rank);
+      for (size_t i = 0; i < rank; ++i) {
+        const int64_t block = g.global[i] / g.src_grid[i];
+        lo_block[i] = dst_box.lo[i] / block;
+        hi_block[i] = (dst_box.hi[i] - 1) / block;
+      }
+      idx = lo_block;
+      while (true) {
+        int64_t id = 0;
+        for (size_t i = 0; i < rank; ++i) id = id * g.src_grid[i] + idx[i];
+        fn(e, g, dst_box, idx, id);
+        size_t d = rank;
+        bool done = true;
+        while (d > 0) {
+          --d;
+          if (++idx[d] <= hi_block[d]) {
+            done = false;
+            break;
+          }
+          idx[d] = lo_block[d];
+        }
+        if (done) break;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Distinct holder sets the rank needs, sorted.
+  absl::StatusOr<std::vector<int32_t>> NeededHolderSets(int64_t dst_rank) const {
+    std::vector<int32_t> sets;
+    CKPT_RETURN_IF_ERROR(ForEachPiece(
+        dst_rank, [&](size_t, const Geometry& g, const Box&, const std::vector<int64_t>&,
+                      int64_t cell) { sets.push_back(g.cell_holders[cell]); }));
+    std::sort(sets.begin(), sets.end());
+    sets.erase(std::unique(sets.begin(), sets.end()), sets.end());
+    return sets;
+  }
+
+  absl::StatusOr<std::vector<int64_t>> CoverOf(const std::vector<int32_t>& sets) const {
+    std::vector<std::vector<int64_t>> pieces;
+    pieces.reserve(sets.size());
+    for (int32_t s : sets) pieces.push_back(holder_sets[s]);
+    return ChooseCover(pieces);
+  }
+
+  absl::Status AddCatalogEntries(std::vector<TensorInfo> tensors);
+  absl::Status AddLayoutOnlyEntries();
+};
+
+absl::Status Resharder::Impl::AddCatalogEntries(std::vector<TensorInfo> tensors) {
+  absl::flat_hash_set<std::string> seen;
+  std::vector<Entry> verbatim;
+  for (TensorInfo& t : tensors) {
+    if (!seen.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", t.name, " appears twice in the checkpoint"));
+    }
+    if (!Selected(t.name)) continue;
+    for (int64_t h : t.holders) {
+      if (h < 0 || h >= src.world()) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": source rank ", h,
+                                                       " is outside the source world of ",
+                                                       src.world()));
+      }
+    }
+    std::vector<int64_t> all_src;
+    if (t.holders.empty()) {
+      all_src.resize(src.world());
+      std::iota(all_src.begin(), all_src.end(), 0);
+    }
+    const std::vector<int64_t>& holders = t.holders.empty() ? all_src : t.holders;
+
+    const Layout* src_layout = SrcLayout(t.name);
+    const Layout* dst_layout = DstLayout(t.name);
+    if (const StrategyParam* p = src.strategy ? src.strategy->Find(t.name) : nullptr;
+        p && p->tensor_shape && *p->tensor_shape != t.global_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", t.name, ": the source strategy records shape ",
+          ShapeToString(*p->tensor_shape), " but the checkpoint holds ",
+          ShapeToString(t.global_shape)));
+    }
+    if (src_layout) {
+      if (auto s = src_layout->Validate(t.global_shape); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("parameter ", t.name, ": source layout: ",
+                                                   s.message()));
+      }
+    }
+    if (dst_layout) {
+      if (auto s = dst_layout->Validate(t.global_shape); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("parameter ", t.name,
+                                                   ": destination layout: ", s.message()));
+      }
+    }
+    // Whole-tensor sources: validate the shape the same way (dims >= 1, sizes fit).
+    const size_t rank = t.global_shape.size();
+    CKPT_RETURN_IF_ERROR(NumElements(t.global_shape).status());
+
+    Entry entry;
+    entry.name = t.name;
+    entry.dtype = t.dtype;
+    const Layout src_used = src_layout ? *src_layout : ReplicatedLayout(rank, 1, {0});
+    const std::vector<int64_t>* holder_override = src_layout ? nullptr : &holders;
+    if (!dst.strategy) {
+      // Merged output: one rank receives every tensor whole.
+      entry.kind = (src_layout || !src.strategy) ? TensorKind::kResharded : TensorKind::kVerbatim;
+      if (!src.strategy && rank == 0) entry.kind = TensorKind::kVerbatim;
+      entry.dst_stages = {0};
+      entry.geometry =
+          AddGeometry(t.global_shape, src_used, ReplicatedLayout(rank, 1, {0}), holder_override);
+    } else if (dst_layout) {
+      entry.kind = TensorKind::kResharded;
+      entry.dst_stages = dst_layout->stages;
+      entry.geometry = AddGeometry(t.global_shape, src_used, *dst_layout, holder_override);
+    } else {
+      entry.dst_stages = dst.AllStages();
+      if (src_layout) {
+        if (options.strict) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "parameter ", t.name, " is laid out in the source strategy but not in the "
+              "destination strategy; refusing to deliver it whole (strict mode)"));
+        }
+        entry.kind = TensorKind::kWhole;
+      } else {
+        entry.kind = TensorKind::kVerbatim;
+      }
+      entry.geometry = AddGeometry(t.global_shape, src_used,
+                                   ReplicatedLayout(rank, dst.devices(), entry.dst_stages),
+                                   holder_override);
+    }
+    if (entry.kind == TensorKind::kVerbatim) {
+      verbatim.push_back(std::move(entry));
+    } else {
+      entries.push_back(std::move(entry));
+    }
+  }
+  for (Entry& e : verbatim) entries.push_back(std::move(e));
+
+  if (dst.strategy) {
+    for (const auto& [name, param] : dst.strategy->params()) {
+      if (!seen.contains(name) && Selected(name)) {
+        missing.push_back({name, param.layout.stages});
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Resharder::Impl::AddLayoutOnlyEntries() {
+  if (!dst.strategy) return absl::OkStatus();  // merged: every tensor from wherever it lives
+  if (!src.strategy) {
+    // A single whole-tensor source: every destination rank reads rank 0 (MindSpore returns [0]).
+    for (const auto& [name, param] : dst.strategy->params()) {
+      if (!Selected(name)) continue;
+      Entry entry;
+      entry.name = name;
+      entry.dst_stages = param.layout.stages;
+      const size_t rank = param.layout.tensor_map.size();
+      Shape global = param.layout.Grid(rank);
+      std::vector<int64_t> holders = {0};
+      entry.geometry =
+          AddGeometry(global, ReplicatedLayout(rank, 1, {0}), param.layout, &holders);
+      entries.push_back(std::move(entry));
+    }
+    return absl::OkStatus();
+  }
+  for (const auto& [name, param] : src.strategy->params()) {
+    if (!Selected(name)) continue;
+    const Layout* dst_layout = DstLayout(name);
+    if (!dst_layout) continue;
+    const Layout& src_layout = param.layout;
+    const size_t rank = src_layout.tensor_map.size();
+    if (dst_layout->tensor_map.size() != rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", name, ": source tensor_map ", src_layout.TensorMapString(), " has ",
+          rank, " dims but destination tensor_map ", dst_layout->TensorMapString(), " has ",
+          dst_layout->tensor_map.size()));
+    }
+    // Uniform splits make the overlap structure scale-free: any shape divisible by both grids
+    // gives the same source cells per destination cell.
+    const std::vector<int64_t> sg = src_layout.Grid(rank), dg = dst_layout->Grid(rank);
+    Shape global(rank);
+    for (size_t i = 0; i < rank; ++i) global[i] = Lcm(sg[i], dg[i]);
+    // Opt-shard sizes of -1 resolve against the replica group; Validate checks the rest.
+    if (auto s = src_layout.Validate(global); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("parameter ", name, ": source layout: ", s.message()));
+    }
+    if (auto s = dst_layout->Validate(global); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("parameter ", name,
+                                                 ": destination layout: ", s.message()));
+    }
+    Entry entry;
+    entry.name = name;
+    entry.dst_stages = dst_layout->stages;
+    entry.geometry = AddGeometry(global, src_layout, *dst_layout, nullptr);
+    entries.push_back(std::move(entry));
+  }
+  return absl::OkStatus();
+}
+
+Resharder::Resharder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Resharder::~Resharder() = default;
+Resharder::Resharder(Resharder&&) noexcept = default;
+Resharder& Resharder::operator=(Resharder&&) noexcept = default;
+
+absl::StatusOr<Resharder> Resharder::Create(std::shared_ptr<const Strategy> src,
+                                            std::shared_ptr<const Strategy> dst,
+                                            std::vector<TensorInfo> tensors,
+                                            PlanOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->src.strategy = std::move(src);
+  impl->dst.strategy = std::move(dst);
+  impl->options = std::move(options);
+  CKPT_RETURN_IF_ERROR(impl->AddCatalogEntries(std::move(tensors)));
+  return Resharder(std::move(impl));
+}
+
+absl::StatusOr<Resharder> Resharder::CreateFromLayouts(std::shared_ptr<const Strategy> src,
+                                                       std::shared_ptr<const Strategy> dst,
+                                                       PlanOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->src.strategy = std::move(src);
+  impl->dst.strategy = std::move(dst);
+  impl->options = std::move(options);
+  CKPT_RETURN_IF_ERROR(impl->AddLayoutOnlyEntries());
+  return Resharder(std::move(impl));
+}
+
+int64_t Resharder::src_world() const { return impl_->src.world(); }
+int64_t Resharder::dst_world() const { return impl_->dst.world(); }
+
+absl::StatusOr<RankPlan> Resharder::Plan(int64_t dst_rank) const {
+  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> sets, impl_->NeededHolderSets(dst_rank));
+  RankPlan plan;
+  plan.dst_rank = dst_rank;
+  CKPT_ASSIGN_OR_RETURN(plan.source_ranks, impl_->CoverOf(sets));
+  absl::flat_hash_set<int64_t> cover(plan.source_ranks.begin(), plan.source_ranks.end());
+  size_t current = static_cast<size_t>(-1);
+  CKPT_RETURN_IF_ERROR(impl_->ForEachPiece(
+      dst_rank, [&](size_t e, const Geometry& g, const Box& dst_box,
+                    const std::vector<int64_t>& src_cell, int64_t cell_id) {
+        if (e != current) {
+          current = e;
+          const Entry& entry = impl_->entries[e];
+          TensorPlan t;
+          t.name = entry.name;
+          t.dtype = entry.dtype;
+          t.kind = entry.kind;
+          t.global_shape = g.global;
+          t.dst_box = dst_box;
+          t.src_layout = g.src;
+          plan.tensors.push_back(std::move(t));
+        }
+        TensorPlan& t = plan.tensors.back();
+        CopyOp op;
+        op.src_box_id = cell_id;
+        for (int64_t r : impl_->holder_sets[g.cell_holders[cell_id]]) {
+          if (cover.contains(r)) {
+            op.src_rank = r;
+            break;
+          }
+        }
+        op.src_box = CellBox(g.global, g.src_grid, src_cell);
+        const Box region = *Intersect(op.src_box, dst_box);
+        const size_t rank = region.rank();
+        op.src_offset.resize(rank);
+        op.dst_offset.resize(rank);
+        for (size_t i = 0; i < rank; ++i) {
+          op.src_offset[i] = region.lo[i] - op.src_box.lo[i];
+          op.dst_offset[i] = region.lo[i] - dst_box.lo[i];
+        }
+        op.extent = region.shape();
+        t.ops.push_back(std::move(op));
+      }));
+  for (const TensorPlan& t : plan.tensors) {
+    if (t.kind == TensorKind::kWhole) {
+      plan.warnings.push_back(absl::StrCat("parameter ", t.name,
+                                           " is not in the destination strategy; delivered whole ",
+                                           ShapeToString(t.global_shape)));
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<int64_t>> Resharder::SourceRanks(int64_t dst_rank) const {
+  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> sets, impl_->NeededHolderSets(dst_rank));
+  return impl_->CoverOf(sets);
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> Resharder::AllSourceRanks() const {
+  // Many destination ranks need the same holder sets (replicas); solve each distinct need once.
+  absl::flat_hash_map<std::vector<int32_t>, std::vector<int64_t>> memo;
+  std::vector<std::vector<int64_t>> out(dst_world());
+  for (int64_t r = 0; r < dst_world(); ++r) {
+    CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> sets, impl_->NeededHolderSets(r));
+    auto it = memo.find(sets);
+    if (it == memo.end()) {
+      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> cover, impl_->CoverOf(sets));
+      it = memo.emplace(std::move(sets), std::move(cover)).first;
+    }
+    out[r] = it->second;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> ChooseCover(
+    const std::vector<std::vector<int64_t>>& input) {
+  // Normalise: each piece's holders sorted and distinct (a rank listed twice counts once).
+  std::vector<std::vector<int64_t>> pieces = input;
+  absl::flat_hash_map<int64_t, std::vector<int32_t>> held;  // rank -> pieces it holds
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (pieces[p].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("piece ", p, " is held by no rank"));
+    }
+    std::sort(pieces[p].begin(), pieces[p].end());
+    pieces[p].erase(std::unique(pieces[p].begin(), pieces[p].end()), pieces[p].end());
+    for (int64_t r : pieces[p]) held[r].push_back(static_cast<int32_t>(p));
+  }
+  // Greedy maximum coverage with a lazy max-heap of (uncovered count, -rank): ties to the lowest
+  // rank.
+  absl::flat_hash_map<int64_t, int64_t> uncovered_count;
+  std::priority_queue<std::pair<int64_t, int64_t>> heap;
+  for (const auto& [r, ps] : held) {
+    uncovered_count[r] = static_cast<int64_t>(ps.size());
+    heap.push({static_cast<int64_t>(ps.size()), -r});
+  }
+  std::vector<bool> covered(pieces.size(), false);
+  size_t remaining = pieces.size();
+  std::vector<int64_t> chosen;
+  while (remaining > 0) {
+    if (heap.empty()) return absl::InternalError("set cover ran out of candidate ranks");
+    auto [count, neg_rank] = heap.top();
+    heap.pop();
+    const int64_t r = -neg_rank;
+    const int64_t current = uncovered_count[r];
+    if (current != count) {
+      if (current > 0) heap.push({current, neg_rank});
+      continue;
+    }
+    chosen.push_back(r);
+    for (int32_t p : held[r]) {
+      if (covered[p]) continue;
+      covered[p] = true;
+      --remaining;
+      for (int64_t h : pieces[p]) --uncovered_count[h];
+    }
+  }
+  // Drop ranks made redundant by later picks, highest first, so ties keep the lowest ranks.
+  std::vector<int32_t> cover_count(pieces.size(), 0);
+  for (int64_t r : chosen) {
+    for (int32_t p : held[r]) ++cover_count[p];
+  }
+  std::sort(chosen.begin(), chosen.end(), std::greater<>());
+  std::vector<int64_t> kept;
+  for (int64_t r : chosen) {
+    const auto& ps = held[r];
+    const bool redundant =
+        std::all_of(ps.begin(), ps.end(), [&](int32_t p) { return cover_count[p] >= 2; });
+    if (redundant) {
+      for (int32_t p : ps) --cover_count[p];
+    } else {
+      kept.push_back(r);
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+}  // namespace ckpt

@@ -34,9 +34,16 @@ struct TensorInfo {
 // to the name without the prefix.
 bool IsOptimizerStateName(std::string_view name, std::string* weight);
 
+// The layout `strategy` gives `name`: its own entry, or — when `inherit_optimizer_layouts` and the
+// name is an optimizer state of a parameter the strategy has — that weight's (spec §2.2: strategies
+// saved with the default only_trainable_params=True omit optimizer states, whose layouts equal the
+// weight's). Null when neither exists.
+const Layout* ResolveLayout(const Strategy& strategy, std::string_view name,
+                            bool inherit_optimizer_layouts);
+
 struct PlanOptions {
-  // A parameter missing from the destination strategy whose name is an optimizer state of a
-  // destination weight takes that weight's layout (fixes spec §5 item 6). Default on.
+  // A parameter missing from a strategy whose name is an optimizer state of a weight in that
+  // strategy takes the weight's layout, on both sides (fixes spec §5 item 6). Default on.
   bool inherit_optimizer_layouts = true;
   // Refuse (FAILED_PRECONDITION) a parameter laid out in the source strategy but absent from the
   // destination one, instead of delivering it whole with a warning. Default off.

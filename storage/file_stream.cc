@@ -1,0 +1,276 @@
+#include "storage/file_stream.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/absl_compat.h"
+
+namespace ckpt {
+namespace {
+
+absl::StatusCode CodeForErrno(int error_number) {
+  switch (error_number) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::StatusCode::kNotFound;
+    case EACCES:
+    case EPERM:
+      return absl::StatusCode::kPermissionDenied;
+    case EISDIR:
+      return absl::StatusCode::kInvalidArgument;
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return absl::StatusCode::kResourceExhausted;
+    case EEXIST:
+      return absl::StatusCode::kAlreadyExists;
+    default:
+      return absl::ErrnoToStatusCode(error_number);
+  }
+}
+
+// "dir" part of a path, for fsync after rename and for the temporary file's location.
+std::string DirName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string RandomSuffix() {
+  // Not security-relevant: O_EXCL makes collisions safe; randomness only avoids retries when
+  // several writers target the same path.
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%016x", rng());
+}
+
+}  // namespace
+
+absl::Status ErrnoToStatus(int error_number, std::string_view op, std::string_view path) {
+  // absl's message uses a thread-safe strerror.
+  const absl::Status base = absl::ErrnoToStatus(error_number, absl::StrCat(Sv(op), " ", Sv(path)));
+  return absl::Status(CodeForErrno(error_number), base.message());
+}
+
+// ---------------------------------------------------------------------------------------------
+// FileByteSource
+
+FileByteSource::FileByteSource(std::string path, int fd, int64_t size)
+    : path_(std::move(path)), fd_(fd), size_(size), buffer_(new char[kBufferBytes]) {}
+
+FileByteSource::~FileByteSource() { ::close(fd_); }
+
+absl::StatusOr<std::unique_ptr<FileByteSource>> FileByteSource::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, "stat", path);
+  }
+  // open(2) succeeds on a directory; reading it would fail later with a less clear EISDIR.
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file"));
+  }
+  const int64_t size = S_ISREG(st.st_mode) ? static_cast<int64_t>(st.st_size) : -1;
+  return std::unique_ptr<FileByteSource>(new FileByteSource(path, fd, size));
+}
+
+absl::StatusOr<size_t> FileByteSource::Read(char* buf, size_t n) {
+  if (n == 0) return 0;
+  if (buffer_pos_ == buffer_end_) {
+    // Large reads go straight to the caller's memory: buffering would only add a copy.
+    const bool direct = n >= kBufferBytes;
+    char* target = direct ? buf : buffer_.get();
+    const size_t want = direct ? n : kBufferBytes;
+    ssize_t got;
+    do {
+      got = ::read(fd_, target, want);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) return ErrnoToStatus(errno, "read", path_);
+    if (direct) return static_cast<size_t>(got);
+    buffer_pos_ = 0;
+    buffer_end_ = static_cast<size_t>(got);
+    if (got == 0) return 0;
+  }
+  const size_t k = std::min(n, buffer_end_ - buffer_pos_);
+  std::memcpy(buf, buffer_.get() + buffer_pos_, k);
+  buffer_pos_ += k;
+  return k;
+}
+
+// ---------------------------------------------------------------------------------------------
+// AtomicFileSink
+
+AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd)
+    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {
+  buffer_.reserve(kBufferBytes);
+}
+
+AtomicFileSink::~AtomicFileSink() {
+  if (!committed_) Abandon();
+}
+
+absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std::string& path) {
+  if (path.empty() || path.back() == '/') {
+    return absl::InvalidArgumentError(absl::StrCat("invalid output file path \"", path, "\""));
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is a directory; cannot write a file there"));
+  }
+  // A few attempts: O_EXCL fails only if a temp file of the same random name exists.
+  int last_errno = EEXIST;
+  std::string temp_path;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    temp_path = absl::StrCat(path, ".tmp.", RandomSuffix());
+    const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(path, std::move(temp_path), fd));
+    }
+    last_errno = errno;
+    if (last_errno != EEXIST) break;
+  }
+  return ErrnoToStatus(last_errno, "create", temp_path);
+}
+
+absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t put = ::write(fd_, data, n);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "write", temp_path_);
+    }
+    data += put;
+    n -= static_cast<size_t>(put);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileSink::FlushBuffer() {
+  if (buffer_.empty()) return absl::OkStatus();
+  absl::Status s = WriteAll(buffer_.data(), buffer_.size());
+  buffer_.clear();
+  return s;
+}
+
+absl::Status AtomicFileSink::Write(std::string_view bytes) {
+  if (committed_) {
+    return absl::FailedPreconditionError(absl::StrCat("write to ", path_, " after Commit()"));
+  }
+  if (!status_.ok()) return status_;
+  if (buffer_.size() + bytes.size() <= kBufferBytes) {
+    buffer_.append(bytes);
+  } else {
+    absl::Status s = FlushBuffer();
+    if (s.ok()) {
+      if (bytes.size() >= kBufferBytes) {
+        s = WriteAll(bytes.data(), bytes.size());
+      } else {
+        buffer_.append(bytes);
+      }
+    }
+    if (!s.ok()) {
+      status_ = s;
+      return s;
+    }
+  }
+  bytes_written_ += static_cast<int64_t>(bytes.size());
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileSink::Commit() {
+  if (committed_) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, " was already committed"));
+  }
+  if (!status_.ok()) return status_;
+  absl::Status s = FlushBuffer();
+  if (s.ok() && ::fsync(fd_) != 0) s = ErrnoToStatus(errno, "fsync", temp_path_);
+  if (s.ok()) {
+    // close() can report deferred write errors (e.g. on NFS), so it is checked.
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) s = ErrnoToStatus(errno, "close", temp_path_);
+  }
+  if (s.ok() && ::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    s = ErrnoToStatus(errno, absl::StrCat("rename ", temp_path_, " to"), path_);
+  }
+  if (!s.ok()) {
+    status_ = s;
+    Abandon();
+    return s;
+  }
+  committed_ = true;
+  // Make the rename durable: without syncing the directory a crash may lose the new entry.
+  const std::string dir = DirName(path_);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoToStatus(errno, "open directory", dir);
+  absl::Status synced = absl::OkStatus();
+  if (::fsync(dir_fd) != 0) synced = ErrnoToStatus(errno, "fsync directory", dir);
+  ::close(dir_fd);
+  return synced;
+}
+
+void AtomicFileSink::Abandon() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  ::unlink(temp_path_.c_str());  // best effort: it may already be gone
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<std::unique_ptr<FileByteSource>> source = FileByteSource::Open(path);
+  if (!source.ok()) return source.status();
+  auto too_large = [&](std::string_view size_text) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is ", Sv(size_text),
+                                                   " bytes, larger than the limit of ", max_bytes,
+                                                   " bytes for this kind of file"));
+  };
+  if ((*source)->size() > max_bytes) return too_large(absl::StrCat((*source)->size()));
+  std::string out;
+  if ((*source)->size() > 0) out.reserve(static_cast<size_t>((*source)->size()));
+  char chunk[64 * 1024];
+  for (;;) {
+    absl::StatusOr<size_t> got = (*source)->Read(chunk, sizeof(chunk));
+    if (!got.ok()) return got.status();
+    if (*got == 0) break;
+    out.append(chunk, *got);
+    // The file may have grown since it was opened, or not be a regular file at all.
+    if (static_cast<int64_t>(out.size()) > max_bytes) {
+      return too_large(absl::StrCat("more than ", max_bytes));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> FreeDiskBytes(const std::string& dir) {
+  struct statvfs st;
+  if (::statvfs(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, "statvfs", dir);
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(st.f_bavail), static_cast<uint64_t>(st.f_frsize),
+                             &bytes) ||
+      bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,40 @@
+// ckptctl subcommands that work on local files only (no server). Each writes its normal output
+// to `out` and returns an error status for the caller to print as one line.
+#ifndef CKPT_CLIENT_OFFLINE_COMMANDS_H_
+#define CKPT_CLIENT_OFFLINE_COMMANDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ckpt {
+
+// `ckptctl inspect FILE.ckpt [--json]`: tensors with dtype, shape and bytes, streaming (large
+// tensors are never held whole).
+absl::Status RunInspect(const std::string& path, bool json, std::ostream& out);
+
+// `ckptctl strategy show PATH [--json]`.
+absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& out);
+
+// `ckptctl strategy merge FILES_OR_DIR... --out FILE[.json]`.
+absl::Status RunStrategyMerge(const std::vector<std::string>& inputs, const std::string& out_path,
+                              std::ostream& out);
+
+// `ckptctl deps --src-strategy FILE --dst-strategy FILE (--rank R | --all) [--json]`.
+absl::Status RunLocalDeps(const std::string& src_path, const std::string& dst_path,
+                          std::optional<int64_t> rank, bool json, std::ostream& out);
+
+// Prints dependency lists: {"rank": R, "source_ranks": [..]} / a list of those, or text lines.
+void PrintDeps(const std::vector<std::pair<int64_t, std::vector<int64_t>>>& deps, bool as_list,
+               bool json, std::ostream& out);
+
+// `ckptctl sample DIR`: writes the demo strategies and checkpoints (see client/sample.h).
+absl::Status RunSample(const std::string& dir, std::ostream& out);
+
+}  // namespace ckpt
+
+#endif  // CKPT_CLIENT_OFFLINE_COMMANDS_H_

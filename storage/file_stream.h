@@ -1,0 +1,108 @@
+// POSIX file implementations of core's ByteSource/ByteSink, plus small file helpers shared by the
+// client (ckptctl upload/download) and the server (imports, exports). Errors carry the path and
+// the system's reason; codes follow DESIGN.md §5 (see ErrnoToStatus).
+#ifndef CKPT_STORAGE_FILE_STREAM_H_
+#define CKPT_STORAGE_FILE_STREAM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/byte_stream.h"
+
+namespace ckpt {
+
+// Maps an errno value from operation `op` ("open", "rename", ...) on `path` to a status whose
+// message reads "<op> <path>: <strerror>". ENOENT/ENOTDIR → NOT_FOUND, EACCES/EPERM →
+// PERMISSION_DENIED, EISDIR → INVALID_ARGUMENT, ENOSPC/EDQUOT/EFBIG → RESOURCE_EXHAUSTED (disk or
+// quota, as DESIGN.md §5 asks), EEXIST → ALREADY_EXISTS; others as absl::ErrnoToStatusCode.
+absl::Status ErrnoToStatus(int error_number, std::string_view op, std::string_view path);
+
+// Reads a file sequentially through a 1 MiB buffer (reads at least that large bypass it).
+// Owns its descriptor. Not thread-safe.
+class FileByteSource final : public ByteSource {
+ public:
+  // NOT_FOUND / PERMISSION_DENIED from open, INVALID_ARGUMENT for a directory; messages name the
+  // path and the system's reason.
+  static absl::StatusOr<std::unique_ptr<FileByteSource>> Open(const std::string& path);
+
+  ~FileByteSource() override;
+  FileByteSource(const FileByteSource&) = delete;
+  FileByteSource& operator=(const FileByteSource&) = delete;
+
+  absl::StatusOr<size_t> Read(char* buf, size_t n) override;
+  std::string Describe() const override { return path_; }
+
+  // Size of the file when opened, or -1 when it is not a regular file (a pipe, a device).
+  int64_t size() const { return size_; }
+
+ private:
+  FileByteSource(std::string path, int fd, int64_t size);
+
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+
+  std::string path_;
+  int fd_;
+  int64_t size_;
+  std::unique_ptr<char[]> buffer_;
+  size_t buffer_pos_ = 0;
+  size_t buffer_end_ = 0;
+};
+
+// Writes `path` atomically: bytes go to `<path>.tmp.<random>` in the same directory, and Commit()
+// flushes, fsyncs, renames over `path` and fsyncs the directory, so readers see either the old
+// file or the complete new one, also after a crash. Destroying the sink without a successful
+// Commit() removes the temporary file and leaves `path` untouched. Writes are buffered (1 MiB).
+// Owns its descriptor. Not thread-safe.
+class AtomicFileSink final : public ByteSink {
+ public:
+  // Creates the temporary file (mode 0666 minus umask). Errors name the temporary path.
+  static absl::StatusOr<std::unique_ptr<AtomicFileSink>> Create(const std::string& path);
+
+  ~AtomicFileSink() override;
+  AtomicFileSink(const AtomicFileSink&) = delete;
+  AtomicFileSink& operator=(const AtomicFileSink&) = delete;
+
+  // RESOURCE_EXHAUSTED when the disk is full. After a failed write every later Write/Commit
+  // returns that error again (the output would have a hole); FAILED_PRECONDITION after Commit().
+  absl::Status Write(std::string_view bytes) override;
+  // Publishes the file. On failure the temporary file is removed and the sink is unusable.
+  absl::Status Commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+  // Bytes accepted by Write so far.
+  int64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  AtomicFileSink(std::string path, std::string temp_path, int fd);
+
+  absl::Status FlushBuffer();
+  absl::Status WriteAll(const char* data, size_t n);
+  void Abandon();  // closes and unlinks the temporary file
+
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+
+  std::string path_;
+  std::string temp_path_;
+  int fd_;
+  std::string buffer_;
+  int64_t bytes_written_ = 0;
+  bool committed_ = false;
+  absl::Status status_;  // first error; sticky
+};
+
+// Reads a whole small file (strategy files, JSON). INVALID_ARGUMENT when it is larger than
+// `max_bytes`, besides the errors of FileByteSource::Open.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes);
+
+// Bytes available to unprivileged users on the file system holding `dir` (statvfs f_bavail).
+absl::StatusOr<int64_t> FreeDiskBytes(const std::string& dir);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_FILE_STREAM_H_
