@@ -1,0 +1,149 @@
+#include "core/chunk_grid.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace ckpt {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of `elements` elements of `elem_bits` bits (Int4 counts are even by construction).
+int64_t BytesOf(int64_t elements, int elem_bits) { return elements * elem_bits / 8; }
+
+}  // namespace
+
+absl::StatusOr<ChunkGrid> ChunkGrid::Make(const Shape& shape, int elem_bits,
+                                          const ChunkGridOptions& options) {
+  if (options.target_chunk_bytes < 1 || options.max_column_tiles < 1 ||
+      options.min_column_bytes < 1) {
+    return absl::InvalidArgumentError("chunk grid options must be positive");
+  }
+  Shape tile = shape;
+  const size_t rank = shape.size();
+  if (rank == 0) return FromTile(shape, tile, elem_bits);
+  for (int64_t d : shape) {
+    if (d < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot chunk a slice of shape ", ShapeToString(shape)));
+    }
+  }
+  // Int4: tile boundaries on the last dim must fall on whole bytes.
+  const int64_t col_align = elem_bits == 4 ? 2 : 1;
+  if (rank >= 2) {
+    const int64_t last = shape[rank - 1];
+    const int64_t last_bytes = BytesOf(last, elem_bits);
+    int64_t cols = std::min(options.max_column_tiles,
+                            std::max<int64_t>(1, last_bytes / options.min_column_bytes));
+    int64_t width = CeilDiv(last, cols);
+    width = CeilDiv(width, col_align) * col_align;
+    tile[rank - 1] = std::min(width, last);
+  }
+  // Rows of dim 0 so that a tile is about target_chunk_bytes.
+  CKPT_ASSIGN_OR_RETURN(int64_t row_elems, NumElements(Shape(tile.begin() + 1, tile.end())));
+  const int64_t row_bytes = std::max<int64_t>(1, BytesOf(row_elems, elem_bits));
+  int64_t rows = std::max<int64_t>(1, options.target_chunk_bytes / row_bytes);
+  if (rank == 1) rows = CeilDiv(rows, col_align) * col_align;  // 1-D Int4: even element counts
+  tile[0] = std::min(rows, shape[0]);
+  return FromTile(shape, tile, elem_bits);
+}
+
+absl::StatusOr<ChunkGrid> ChunkGrid::FromTile(const Shape& shape, const Shape& tile,
+                                              int elem_bits) {
+  if (tile.size() != shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tile ", ShapeToString(tile),
+                                                   " does not match slice shape ",
+                                                   ShapeToString(shape)));
+  }
+  if (elem_bits != 4 && (elem_bits < 8 || elem_bits % 8 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported element size ", elem_bits, " bits"));
+  }
+  ChunkGrid g;
+  g.shape_ = shape;
+  g.tile_ = tile;
+  g.elem_bits_ = elem_bits;
+  g.tiles_per_dim_.resize(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (tile[i] < 1 || tile[i] > shape[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("tile ", ShapeToString(tile),
+                                                     " does not fit slice ", ShapeToString(shape)));
+    }
+    if (i > 0 && i + 1 < shape.size() && tile[i] != shape[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tile ", ShapeToString(tile), " cuts a middle dim of ", ShapeToString(shape)));
+    }
+    g.tiles_per_dim_[i] = CeilDiv(shape[i], tile[i]);
+    CKPT_ASSIGN_OR_RETURN(g.chunk_count_, CheckedMul(g.chunk_count_, g.tiles_per_dim_[i], "chunk count"));
+  }
+  if (elem_bits == 4 && !shape.empty()) {
+    if (shape.back() % 2 != 0 || (tile.back() % 2 != 0 && tile.back() != shape.back())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Int4 slice ", ShapeToString(shape), " needs an even last dim and even tile columns"));
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(int64_t elements, NumElements(shape));
+  CKPT_RETURN_IF_ERROR(CheckedMul(elements, 8, "slice bytes").status());
+  g.total_bytes_ = BytesOf(elements, elem_bits);
+  return g;
+}
+
+int64_t ChunkGrid::chunks_per_band() const {
+  return tiles_per_dim_.empty() ? 1 : chunk_count_ / tiles_per_dim_[0];
+}
+
+Box ChunkGrid::ChunkBox(int64_t index) const {
+  Box box;
+  box.lo.resize(shape_.size());
+  box.hi.resize(shape_.size());
+  for (size_t i = shape_.size(); i-- > 0;) {
+    const int64_t t = index % tiles_per_dim_[i];
+    index /= tiles_per_dim_[i];
+    box.lo[i] = t * tile_[i];
+    box.hi[i] = std::min(shape_[i], box.lo[i] + tile_[i]);
+  }
+  return box;
+}
+
+int64_t ChunkGrid::ChunkBytes(int64_t index) const {
+  const Box b = ChunkBox(index);
+  int64_t elements = 1;
+  for (size_t i = 0; i < b.rank(); ++i) elements *= b.extent(i);
+  return BytesOf(elements, elem_bits_);
+}
+
+std::vector<int64_t> ChunkGrid::ChunksOverlapping(const Box& region) const {
+  std::vector<int64_t> out;
+  const size_t rank = shape_.size();
+  if (rank == 0) return {0};
+  if (region.rank() != rank || region.empty()) return out;
+  std::vector<int64_t> lo(rank), hi(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t a = std::max<int64_t>(0, region.lo[i]);
+    const int64_t b = std::min(shape_[i], region.hi[i]);
+    if (b <= a) return out;
+    lo[i] = a / tile_[i];
+    hi[i] = (b - 1) / tile_[i];
+  }
+  std::vector<int64_t> idx = lo;
+  while (true) {
+    int64_t id = 0;
+    for (size_t i = 0; i < rank; ++i) id = id * tiles_per_dim_[i] + idx[i];
+    out.push_back(id);
+    size_t d = rank;
+    bool done = true;
+    while (d > 0) {
+      --d;
+      if (++idx[d] <= hi[d]) {
+        done = false;
+        break;
+      }
+      idx[d] = lo[d];
+    }
+    if (done) break;
+  }
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,148 @@
+// The persistent state of ckptd behind one interface: strategies, committed checkpoint manifests,
+// the chunks of tensor bytes they reference, and job records. Two implementations: RocksDB
+// (storage/rocksdb_store.h, the default) and in-memory (storage/memory_store.h, for tests); one
+// conformance suite (tests/unit/store_conformance_test.cc) runs against both.
+//
+// Records (strategies, manifests, jobs) are opaque bytes to the store: the service encodes them
+// (proto/ckpt_records.proto). Chunks belong to a *data id*: every upload allocates one, writes its
+// chunks under it, and either commits a manifest that references it (atomically, synced) or
+// discards it. Chunks of a data id that no manifest references and that no live upload holds are
+// garbage (CollectGarbage).
+//
+// No RocksDB type appears here. Implementations are thread-safe: every method may be called from
+// any thread concurrently.
+#ifndef CKPT_STORAGE_CHECKPOINT_STORE_H_
+#define CKPT_STORAGE_CHECKPOINT_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckpt {
+
+// Where one chunk lives: upload data id, tensor index in the manifest, stored-slice (blob) index
+// within the tensor, chunk index within the slice. Keys sort in this order, so one slice — and one
+// tensor — is a contiguous key range.
+struct ChunkAddress {
+  uint64_t data_id = 0;
+  uint32_t tensor = 0;
+  uint32_t blob = 0;
+  uint32_t chunk = 0;
+  std::string ToString() const;  // "data 7 tensor 3 blob 1 chunk 12"
+  friend bool operator==(const ChunkAddress&, const ChunkAddress&) = default;
+};
+
+// One chunk to write. `bytes` must stay valid for the duration of the call.
+struct ChunkWrite {
+  ChunkAddress address;
+  std::string_view bytes;
+};
+
+// Bytes of one chunk as read. May reference storage-owned memory (no copy); valid while the
+// object lives. Not thread-safe.
+class ChunkData {
+ public:
+  virtual ~ChunkData() = default;
+  virtual std::string_view bytes() const = 0;
+};
+
+// xxh64 (seed 0) of a chunk: recorded in manifests at upload, verified on every read.
+uint64_t ChunkChecksum(std::string_view bytes);
+
+// Counters for tests and the benchmark (monotonic since open).
+struct StoreStats {
+  int64_t chunk_bytes_read = 0;
+  int64_t chunks_read = 0;
+  int64_t chunk_bytes_written = 0;
+  int64_t chunks_written = 0;
+};
+
+struct JobRecord {
+  std::string id;
+  std::string record;  // opaque, encoded by the service
+};
+
+class CheckpointStore {
+ public:
+  virtual ~CheckpointStore() = default;
+
+  // --- Strategies (name -> encoded record) ---
+  // ALREADY_EXISTS when `name` exists and !overwrite.
+  virtual absl::Status PutStrategy(const std::string& name, std::string_view record,
+                                   bool overwrite) = 0;
+  // NOT_FOUND naming the strategy.
+  virtual absl::StatusOr<std::string> GetStrategy(const std::string& name) = 0;
+  // Names, ascending.
+  virtual absl::StatusOr<std::vector<std::string>> ListStrategies() = 0;
+  // NOT_FOUND when absent.
+  virtual absl::Status DeleteStrategy(const std::string& name) = 0;
+
+  // --- Chunks ---
+  // A fresh data id, never returned before (persisted across restarts), registered as live until
+  // CommitCheckpoint or DiscardData.
+  virtual absl::StatusOr<uint64_t> BeginData() = 0;
+  // Writes chunks (unsynced: the commit syncs). FAILED_PRECONDITION when the data id is not live;
+  // RESOURCE_EXHAUSTED when free disk would fall below the reserve (nothing is written then).
+  virtual absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) = 0;
+  // Reads one chunk and verifies it against `expected_checksum`: DATA_LOSS naming the address on
+  // mismatch (never wrong bytes), NOT_FOUND when absent.
+  virtual absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
+                                                               uint64_t expected_checksum) = 0;
+  // Deletes every chunk of a live data id and forgets it.
+  virtual absl::Status DiscardData(uint64_t data_id) = 0;
+
+  // --- Checkpoints (id -> encoded manifest referencing one data id) ---
+  // Atomically (one synced write) makes checkpoint `id` visible with its manifest and marks
+  // `data_id` committed. ALREADY_EXISTS if `id` exists (nothing changes then);
+  // FAILED_PRECONDITION if the data id is not live.
+  virtual absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,
+                                        uint64_t data_id) = 0;
+  // NOT_FOUND naming the checkpoint.
+  virtual absl::StatusOr<std::string> GetManifest(const std::string& id) = 0;
+  // Ids, ascending.
+  virtual absl::StatusOr<std::vector<std::string>> ListCheckpoints() = 0;
+  // Removes the manifest and every chunk of its data id. NOT_FOUND when absent.
+  virtual absl::Status DeleteCheckpoint(const std::string& id) = 0;
+
+  // --- Jobs ---
+  virtual absl::Status PutJob(const std::string& id, std::string_view record) = 0;  // synced
+  virtual absl::StatusOr<std::string> GetJob(const std::string& id) = 0;            // NOT_FOUND
+  virtual absl::StatusOr<std::vector<JobRecord>> ListJobs() = 0;                    // by id
+
+  // --- Maintenance ---
+  // Deletes the chunks of every data id that is neither committed nor live (uploads that never
+  // committed, e.g. after a crash: at open no data id is live). Returns the number of data ids
+  // collected.
+  virtual absl::StatusOr<int64_t> CollectGarbage() = 0;
+  // Flushes everything to stable storage.
+  virtual absl::Status Flush() = 0;
+  virtual StoreStats stats() const = 0;
+};
+
+// Options shared by the implementations.
+struct StoreOptions {
+  // Writes are refused with RESOURCE_EXHAUSTED while free space on the data directory's
+  // filesystem is below this (Debian's RocksDB 7.8 aborts on ENOSPC). Default 1 GiB.
+  int64_t min_free_disk_bytes = int64_t{1} << 30;
+  // How free space is measured. Null: statvfs of the data directory (RocksDB store), unlimited
+  // (memory store). Tests inject a function to exercise RESOURCE_EXHAUSTED.
+  std::function<absl::StatusOr<int64_t>()> free_disk_bytes;
+};
+
+// Opens (creating if needed) the RocksDB store in `dir`; collects garbage of uploads that never
+// committed before returning.
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenRocksDbStore(const std::string& dir,
+                                                                  const StoreOptions& options = {});
+// A store in memory (tests).
+std::unique_ptr<CheckpointStore> NewMemoryStore(const StoreOptions& options = {});
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_CHECKPOINT_STORE_H_
