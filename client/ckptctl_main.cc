@@ -1,14 +1,19 @@
-// ckptctl: command-line client of ckptd. Offline subcommands work on local files; the server
-// subcommands arrive with the service.
+// ckptctl: command-line client of ckptd. Offline subcommands work on local files; the others talk
+// to the server given by --server (or $CKPT_SERVER).
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
 #include "client/offline_commands.h"
+#include "client/server_commands.h"
 
 namespace {
 
@@ -24,6 +29,14 @@ int main(int argc, char** argv) {
   CLI::App app{"ckptctl - client of ckptd, the sharded-checkpoint service"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  // Lets global options such as --server also follow the subcommand; subcommands created below
+  // inherit this setting.
+  app.fallthrough();
+
+  std::string server = "127.0.0.1:50051";
+  app.add_option("--server", server, "ckptd address HOST:PORT")
+      ->envname("CKPT_SERVER")
+      ->capture_default_str();
 
   std::string path;
   bool json = false;
@@ -31,9 +44,10 @@ int main(int argc, char** argv) {
   inspect->add_option("FILE", path, "MindSpore .ckpt file")->required();
   inspect->add_flag("--json", json, "Print JSON");
 
-  auto* strategy = app.add_subcommand("strategy", "Strategy files");
+  // ------------------------------------------------------------------ strategy
+  auto* strategy = app.add_subcommand("strategy", "Strategy files and registered strategies");
   strategy->require_subcommand(1);
-  auto* show = strategy->add_subcommand("show", "Print the layouts of a strategy");
+  auto* show = strategy->add_subcommand("show", "Print the layouts of a local strategy file");
   show->add_option("PATH", path, "Binary or .json strategy file, or a directory of per-stage files")
       ->required();
   show->add_flag("--json", json, "Print the JSON form (MindSpore §2.5)");
@@ -45,18 +59,82 @@ int main(int argc, char** argv) {
       ->required();
   merge->add_option("--out", out_path, "Output file (.json for JSON, else binary)")->required();
 
-  std::string src_strategy, dst_strategy;
+  std::string name;
+  bool overwrite = false;
+  auto* put = strategy->add_subcommand("put", "Register a strategy on the server");
+  put->add_option("NAME", name, "Name to register it under")->required();
+  put->add_option("PATH", path, "Binary or .json strategy file, or a directory of per-stage files")
+      ->required();
+  put->add_flag("--overwrite", overwrite, "Replace an existing strategy of that name");
+  auto* get = strategy->add_subcommand("get", "Print a registered strategy");
+  get->add_option("NAME", name, "Registered name")->required();
+  get->add_flag("--json", json, "Print the JSON form");
+  auto* strategy_ls = strategy->add_subcommand("ls", "List registered strategies");
+  auto* strategy_rm = strategy->add_subcommand("rm", "Delete a registered strategy");
+  strategy_rm->add_option("NAME", name, "Registered name")->required();
+
+  // ------------------------------------------------------------------ upload
+  ckpt::UploadCommand upload_cmd;
+  auto* upload = app.add_subcommand(
+      "upload", "Upload a checkpoint: a directory of rank_<r>/ files, or one whole-tensor file");
+  upload->add_option("CKPT", upload_cmd.checkpoint_id, "Checkpoint id to create")->required();
+  auto* upload_strategy =
+      upload->add_option("--strategy", upload_cmd.strategy, "Registered source strategy");
+  auto* upload_dir = upload->add_option(
+      "--dir", upload_cmd.dir, "Directory holding rank_0 .. rank_<N-1> with one .ckpt each");
+  upload->add_option("--parallel", upload_cmd.parallel, "Ranks uploaded at once")
+      ->capture_default_str();
+  auto* upload_file =
+      upload->add_option("--file", upload_cmd.file, "One whole-tensor .ckpt (no strategy)");
+  upload_file->excludes(upload_dir)->excludes(upload_strategy);
+
+  // ------------------------------------------------------------------ fetch
+  ckpt::FetchCommand fetch_cmd;
+  auto* fetch = app.add_subcommand(
+      "fetch", "Write one destination rank's tensors (or every tensor whole) as a .ckpt");
+  fetch->add_option("CKPT", fetch_cmd.checkpoint_id, "Checkpoint id")->required();
+  auto* fetch_strategy =
+      fetch->add_option("--strategy", fetch_cmd.strategy, "Registered destination strategy");
+  auto* fetch_rank = fetch->add_option("--rank", fetch_cmd.rank, "Destination global rank");
+  auto* fetch_merged =
+      fetch->add_flag("--merged", fetch_cmd.merged, "Every tensor whole (single device)");
+  fetch_merged->excludes(fetch_strategy)->excludes(fetch_rank);
+  fetch->add_option("--out", fetch_cmd.out_path, "Output .ckpt file")->required();
+  fetch->add_option("--include", fetch_cmd.include, "Only tensors matching this glob")
+      ->allow_extra_args(false);
+  fetch->add_option("--exclude", fetch_cmd.exclude, "Skip tensors matching this glob")
+      ->allow_extra_args(false);
+  fetch->add_flag("--strict", fetch_cmd.strict,
+                  "Refuse parameters laid out at the source but absent from the destination");
+
+  // ------------------------------------------------------------------ deps
+  std::string deps_ckpt, deps_strategy, src_strategy, dst_strategy;
   std::optional<int64_t> rank;
   bool all = false;
-  auto* deps = app.add_subcommand("deps", "Source ranks a destination rank reads");
-  deps->add_option("--src-strategy", src_strategy, "Source strategy (file or directory)")
-      ->required();
-  deps->add_option("--dst-strategy", dst_strategy, "Destination strategy (file or directory)")
-      ->required();
+  auto* deps = app.add_subcommand(
+      "deps", "Source ranks a destination rank reads: of a stored checkpoint (CKPT --strategy) "
+              "or offline from two strategy files (--src-strategy --dst-strategy)");
+  deps->add_option("CKPT", deps_ckpt, "Stored checkpoint id (server form)");
+  auto* deps_strategy_opt =
+      deps->add_option("--strategy", deps_strategy, "Registered destination strategy");
+  auto* src_opt =
+      deps->add_option("--src-strategy", src_strategy, "Source strategy (file or directory)");
+  auto* dst_opt = deps->add_option("--dst-strategy", dst_strategy,
+                                   "Destination strategy (file or directory)");
+  src_opt->excludes(deps_strategy_opt);
+  dst_opt->excludes(deps_strategy_opt);
   auto* rank_opt = deps->add_option("--rank", rank, "Destination global rank");
   auto* all_opt = deps->add_flag("--all", all, "Every destination rank");
   rank_opt->excludes(all_opt);
   deps->add_flag("--json", json, "Print JSON");
+
+  // ------------------------------------------------------------------ checkpoints
+  std::string checkpoint_id;
+  auto* ls = app.add_subcommand("ls", "List stored checkpoints");
+  auto* describe = app.add_subcommand("describe", "Print a stored checkpoint and its tensors");
+  describe->add_option("CKPT", checkpoint_id, "Checkpoint id")->required();
+  auto* rm = app.add_subcommand("rm", "Delete a stored checkpoint");
+  rm->add_option("CKPT", checkpoint_id, "Checkpoint id")->required();
 
   std::string dir;
   auto* sample = app.add_subcommand(
@@ -65,10 +143,18 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line in the common format; exit 2 marks a usage error, as most tools do.
+    Fail(absl::InvalidArgumentError(absl::StrCat(e.what(), " (see ckptctl --help)")));
+    return 2;
   }
 
+  // Offline subcommands never contact the server.
+  const bool offline_deps = !src_strategy.empty() || !dst_strategy.empty();
   absl::Status status;
   if (*inspect) {
     status = ckpt::RunInspect(path, json, std::cout);
@@ -76,11 +162,50 @@ int main(int argc, char** argv) {
     status = ckpt::RunStrategyShow(path, json, std::cout);
   } else if (*merge) {
     status = ckpt::RunStrategyMerge(inputs, out_path, std::cout);
-  } else if (*deps) {
-    if (!rank && !all) return Fail(absl::InvalidArgumentError("deps needs --rank R or --all"));
-    status = ckpt::RunLocalDeps(src_strategy, dst_strategy, rank, json, std::cout);
   } else if (*sample) {
     status = ckpt::RunSample(dir, std::cout);
+  } else if (*deps && offline_deps) {
+    if (!deps_ckpt.empty()) {
+      status = absl::InvalidArgumentError(
+          "deps takes either CKPT --strategy NAME or --src-strategy/--dst-strategy, not both");
+    } else if (src_strategy.empty() || dst_strategy.empty()) {
+      status = absl::InvalidArgumentError("offline deps needs --src-strategy and --dst-strategy");
+    } else if (!rank && !all) {
+      status = absl::InvalidArgumentError("deps needs --rank R or --all");
+    } else {
+      status = ckpt::RunLocalDeps(src_strategy, dst_strategy, rank, json, std::cout);
+    }
+  } else if (*deps && deps_ckpt.empty()) {
+    status = absl::InvalidArgumentError(
+        "deps needs CKPT --strategy NAME (server) or --src-strategy/--dst-strategy (offline)");
+  } else {
+    absl::StatusOr<std::unique_ptr<ckpt::CkptClient>> client = ckpt::CkptClient::Connect(server);
+    if (!client.ok()) return Fail(client.status());
+    ckpt::CkptClient& c = **client;
+    if (*put) {
+      status = ckpt::RunStrategyPut(c, name, path, overwrite, std::cout);
+    } else if (*get) {
+      status = ckpt::RunStrategyGet(c, name, json, std::cout);
+    } else if (*strategy_ls) {
+      status = ckpt::RunStrategyList(c, std::cout);
+    } else if (*strategy_rm) {
+      status = ckpt::RunStrategyRemove(c, name, std::cout);
+    } else if (*upload) {
+      status = ckpt::RunUpload(c, upload_cmd, std::cout, std::cerr);
+    } else if (*fetch) {
+      status = ckpt::RunFetch(c, fetch_cmd, std::cout, std::cerr);
+    } else if (*deps) {
+      status = ckpt::RunRemoteDeps(c, deps_ckpt, deps_strategy, rank, all, json, std::cout);
+    } else if (*ls) {
+      status = ckpt::RunList(c, std::cout);
+    } else if (*describe) {
+      status = ckpt::RunDescribe(c, checkpoint_id, std::cout);
+    } else if (*rm) {
+      status = ckpt::RunRemove(c, checkpoint_id, std::cout);
+    }
   }
-  return status.ok() ? 0 : Fail(status);
+  // Flush before deciding the exit code: a closed stdout pipe is a failure to report too.
+  std::cout.flush();
+  if (status.ok() && !std::cout) status = absl::InternalError("cannot write to standard output");
+  return status.ok() ? EXIT_SUCCESS : Fail(status);
 }

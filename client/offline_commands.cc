@@ -70,13 +70,12 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out) {
   return absl::OkStatus();
 }
 
-absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& out) {
-  CKPT_ASSIGN_OR_RETURN(Strategy s, LoadStrategyPath(path));
+void PrintStrategy(const Strategy& s, std::string_view label, bool json, std::ostream& out) {
   if (json) {
     out << nlohmann::json::parse(SerializeStrategy(s, StrategyFormat::kJson)).dump(2) << "\n";
-    return absl::OkStatus();
+    return;
   }
-  out << "strategy " << path << ": " << s.params().size() << " parameters, "
+  out << "strategy " << label << ": " << s.params().size() << " parameters, "
       << s.devices_per_stage() << " devices per stage, " << s.stage_count() << " stage(s), "
       << s.world_size() << " ranks\n";
   for (const auto& [name, p] : s.params()) {
@@ -84,6 +83,11 @@ absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& o
     if (p.tensor_shape) out << " shape=" << ShapeToString(*p.tensor_shape);
     out << "\n";
   }
+}
+
+absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(Strategy s, LoadStrategyPath(path));
+  PrintStrategy(s, path, json, out);
   return absl::OkStatus();
 }
 

@@ -7,9 +7,11 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/strategy.h"
 
 namespace ckpt {
 
@@ -19,6 +21,10 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out);
 
 // `ckptctl strategy show PATH [--json]`.
 absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& out);
+
+// Prints `strategy` as `strategy show` does: a summary line naming it `label` and one line per
+// parameter, or with `json` its MindSpore JSON form (§2.5). Shared with `strategy get`.
+void PrintStrategy(const Strategy& strategy, std::string_view label, bool json, std::ostream& out);
 
 // `ckptctl strategy merge FILES_OR_DIR... --out FILE[.json]`.
 absl::Status RunStrategyMerge(const std::vector<std::string>& inputs, const std::string& out_path,

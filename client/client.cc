@@ -1,0 +1,877 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/strategy_files.h"
+#include "core/absl_compat.h"
+#include "core/ckpt_format.h"
+#include "core/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
+#include "storage/file_stream.h"
+#include "xxhash.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The API's bound on one data message (proto/ckpt.proto: "At most 1 MiB").
+constexpr size_t kDataMessageBytes = size_t{1} << 20;
+
+// FromGrpcStatus casts the code: that is only correct while both enums number the codes alike.
+static_assert(static_cast<int>(grpc::StatusCode::OK) == static_cast<int>(absl::StatusCode::kOk));
+static_assert(static_cast<int>(grpc::StatusCode::CANCELLED) ==
+              static_cast<int>(absl::StatusCode::kCancelled));
+static_assert(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT) ==
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+static_assert(static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED) ==
+              static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+static_assert(static_cast<int>(grpc::StatusCode::NOT_FOUND) ==
+              static_cast<int>(absl::StatusCode::kNotFound));
+static_assert(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) ==
+              static_cast<int>(absl::StatusCode::kFailedPrecondition));
+static_assert(static_cast<int>(grpc::StatusCode::OUT_OF_RANGE) ==
+              static_cast<int>(absl::StatusCode::kOutOfRange));
+static_assert(static_cast<int>(grpc::StatusCode::UNAVAILABLE) ==
+              static_cast<int>(absl::StatusCode::kUnavailable));
+static_assert(static_cast<int>(grpc::StatusCode::DATA_LOSS) ==
+              static_cast<int>(absl::StatusCode::kDataLoss));
+static_assert(static_cast<int>(grpc::StatusCode::UNAUTHENTICATED) ==
+              static_cast<int>(absl::StatusCode::kUnauthenticated));
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+absl::Status WithPrefix(const absl::Status& status, std::string_view prefix) {
+  return absl::Status(status.code(), absl::StrCat(Sv(prefix), status.message()));
+}
+
+// A decimal without sign or spaces that fits int64 comfortably (names are not numbers to trust).
+std::optional<int64_t> ParseDecimal(std::string_view digits) {
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return value;
+}
+
+// "rank_2, rank_5" with at most `max_listed` names, then "and N more".
+std::string RankList(const std::vector<int64_t>& ranks, size_t max_listed = 10) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ranks.size() && i < max_listed; ++i) {
+    names.push_back(absl::StrCat("rank_", ranks[i]));
+  }
+  std::string out = absl::StrJoin(names, ", ");
+  if (ranks.size() > max_listed) absl::StrAppend(&out, " and ", ranks.size() - max_listed, " more");
+  return out;
+}
+
+// The `source_file` sent with a rank: "rank_<r>/<file>" when the file sits in a rank directory,
+// which identifies it in `describe` without exposing the client's absolute paths.
+std::string SourceFileLabel(const std::string& path) {
+  const fs::path p(path);
+  const fs::path parent = p.parent_path().filename();
+  if (!parent.empty() && parent.string().starts_with("rank_")) return (parent / p.filename()).string();
+  return p.filename().string();
+}
+
+// Checks the order and sizes of a Fetch stream and verifies each data message's checksum before
+// handing it to the visitor. Not thread-safe (one stream).
+class FetchChecker {
+ public:
+  explicit FetchChecker(TensorVisitor* visitor) : visitor_(visitor) {}
+
+  absl::Status Consume(const v1::FetchResponse& message) {
+    switch (message.kind_case()) {
+      case v1::FetchResponse::kSummary:
+        return OnSummary(message.summary());
+      case v1::FetchResponse::kTensor:
+        return OnTensor(message.tensor());
+      case v1::FetchResponse::kData:
+        return OnData(message.data());
+      case v1::FetchResponse::KIND_NOT_SET:
+        break;
+    }
+    // A newer server's message kind we cannot interpret: skipping it could silently drop data.
+    return absl::InternalError("fetch stream holds a message of an unknown kind (client too old?)");
+  }
+
+  // After the server closed the stream successfully.
+  absl::Status End() {
+    if (!summary_) return absl::DataLossError("fetch stream ended before its plan summary");
+    CKPT_RETURN_IF_ERROR(EndTensor("the end of the stream"));
+    if (tensors_ != summary_->tensor_count() || bytes_ != summary_->total_bytes()) {
+      return absl::DataLossError(absl::StrCat(
+          "fetch stream ended after ", tensors_, " of ", summary_->tensor_count(), " tensors and ",
+          bytes_, " of ", summary_->total_bytes(), " bytes"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Current {
+    std::string name;
+    int64_t total = 0;
+    int64_t received = 0;
+  };
+
+  absl::Status OnSummary(const v1::FetchPlanSummary& summary) {
+    if (summary_) return absl::InternalError("fetch stream holds a second plan summary");
+    if (summary.tensor_count() < 0 || summary.total_bytes() < 0) {
+      return absl::InternalError(absl::StrCat("fetch plan summary announces ",
+                                              summary.tensor_count(), " tensors and ",
+                                              summary.total_bytes(), " bytes"));
+    }
+    summary_ = summary;
+    return visitor_->OnSummary(summary);
+  }
+
+  absl::Status OnTensor(const v1::FetchTensorHeader& header) {
+    if (!summary_) return absl::InternalError("fetch stream sent a tensor before its plan summary");
+    CKPT_RETURN_IF_ERROR(EndTensor(absl::StrCat("the header of tensor ", header.name())));
+    if (tensors_ >= summary_->tensor_count()) {
+      return absl::DataLossError(absl::StrCat("fetch stream sent tensor ", header.name(),
+                                              " beyond the plan's ", summary_->tensor_count(),
+                                              " tensors"));
+    }
+    if (header.total_bytes() < 0) {
+      return absl::InternalError(absl::StrCat("tensor ", header.name(), " announces ",
+                                              header.total_bytes(), " bytes"));
+    }
+    ++tensors_;
+    current_ = Current{header.name(), header.total_bytes(), 0};
+    return visitor_->OnTensor(header);
+  }
+
+  absl::Status OnData(const v1::FetchData& data) {
+    if (!current_) return absl::InternalError("fetch stream sent data outside a tensor");
+    const std::string& bytes = data.data();
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    if (size > current_->total - current_->received) {
+      return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received more than its ",
+                                              current_->total, " announced bytes"));
+    }
+    const uint64_t actual = XXH64(bytes.data(), bytes.size(), /*seed=*/0);
+    if (actual != data.xxh64()) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor ", current_->name, ": bytes [", current_->received, ", ",
+          current_->received + size, ") failed their xxh64 checksum (received ", absl::Hex(actual),
+          ", server sent ", absl::Hex(data.xxh64()), ")"));
+    }
+    current_->received += size;
+    bytes_ += size;
+    return visitor_->OnData(std::string_view(bytes));
+  }
+
+  // Closes the open tensor (if any) at `where`, checking it got all its bytes.
+  absl::Status EndTensor(std::string_view where) {
+    if (!current_) return absl::OkStatus();
+    if (current_->received != current_->total) {
+      return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received ",
+                                              current_->received, " of ", current_->total,
+                                              " bytes before ", Sv(where)));
+    }
+    current_.reset();
+    return visitor_->OnTensorEnd();
+  }
+
+  TensorVisitor* visitor_;
+  std::optional<v1::FetchPlanSummary> summary_;
+  std::optional<Current> current_;
+  int64_t tensors_ = 0;
+  int64_t bytes_ = 0;
+};
+
+// Collects a whole fetch in memory. Not thread-safe.
+class CollectingVisitor final : public TensorVisitor {
+ public:
+  absl::Status OnSummary(const v1::FetchPlanSummary& summary) override {
+    summary_ = summary;
+    return absl::OkStatus();
+  }
+  absl::Status OnTensor(const v1::FetchTensorHeader& header) override {
+    tensors_.push_back({header, {}});
+    tensors_.back().data.reserve(static_cast<size_t>(header.total_bytes()));
+    return absl::OkStatus();
+  }
+  absl::Status OnData(std::string_view data) override {
+    tensors_.back().data.append(data);
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+
+  v1::FetchPlanSummary& summary() { return summary_; }
+  std::vector<FetchedTensor>& tensors() { return tensors_; }
+
+ private:
+  v1::FetchPlanSummary summary_;
+  std::vector<FetchedTensor> tensors_;
+};
+
+// Writes a fetch as a MindSpore .ckpt through a CkptWriter, never holding a whole tensor. Not
+// thread-safe; `sink` must outlive it.
+class CkptFileVisitor final : public TensorVisitor {
+ public:
+  CkptFileVisitor(ByteSink* sink, const ProgressFn* progress)
+      : writer_(sink), progress_(progress) {}
+
+  absl::Status OnSummary(const v1::FetchPlanSummary& summary) override {
+    summary_ = summary;
+    Report();
+    return absl::OkStatus();
+  }
+  absl::Status OnTensor(const v1::FetchTensorHeader& header) override {
+    absl::StatusOr<DType> dtype = ParseDType(header.dtype());
+    if (!dtype.ok()) {
+      return absl::InternalError(
+          absl::StrCat("tensor ", header.name(), " from the server: ", dtype.status().message()));
+    }
+    // MindSpore stores scalars with empty dims and str values with dims [0] (spec §1.4).
+    std::vector<int64_t> dims(header.local_shape().begin(), header.local_shape().end());
+    if (*dtype == DType::kStr) dims = {0};
+    return writer_.BeginTensor(header.name(), *dtype, dims, header.total_bytes());
+  }
+  absl::Status OnData(std::string_view data) override {
+    CKPT_RETURN_IF_ERROR(writer_.Append(data));
+    done_ += static_cast<int64_t>(data.size());
+    Report();
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+
+  absl::Status Finish() { return writer_.Finish(); }
+  const v1::FetchPlanSummary& summary() const { return summary_; }
+
+ private:
+  void Report() {
+    if (*progress_) (*progress_)(done_, summary_.total_bytes());
+  }
+
+  CkptWriter writer_;
+  const ProgressFn* progress_;
+  v1::FetchPlanSummary summary_;
+  int64_t done_ = 0;
+};
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// Streams of one UploadDirectory: the first failure cancels every registered stream and keeps
+// new ones from starting. Thread-safe.
+class CkptClient::CancelGroup {
+ public:
+  // False when the group is already cancelled: the caller must not start its stream.
+  bool Add(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return false;
+    active_.insert(context);
+    return true;
+  }
+  // Must be called before `context` is destroyed.
+  void Remove(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.erase(context);
+  }
+  void CancelAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    // TryCancel only flags the call; it never blocks, so holding mu_ is fine.
+    for (grpc::ClientContext* context : active_) context->TryCancel();
+  }
+
+ private:
+  std::mutex mu_;
+  bool cancelled_ = false;
+  std::set<grpc::ClientContext*> active_;
+};
+
+CkptClient::CkptClient(std::string address, ClientOptions options,
+                       std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::CheckpointService::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<CkptClient>> CkptClient::Connect(const std::string& address,
+                                                                ClientOptions options) {
+  if (address.empty()) return absl::InvalidArgumentError("empty server address");
+  if (options.unary_timeout <= absl::ZeroDuration() ||
+      options.stream_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("client timeouts must be positive");
+  }
+  if (options.max_receive_message_bytes <= 0) {
+    return absl::InvalidArgumentError("max_receive_message_bytes must be positive");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", address));
+  }
+  if (options.connect_timeout > absl::ZeroDuration() &&
+      !channel->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("ckptd at ", address, " is not reachable within ",
+                                               absl::FormatDuration(options.connect_timeout)));
+  }
+  return std::unique_ptr<CkptClient>(new CkptClient(address, options, std::move(channel)));
+}
+
+absl::Status CkptClient::Annotate(absl::Status status) const {
+  // These two mean the server never answered; the address is then the useful context. Other
+  // codes carry the server's own message, which already names what failed.
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return WithPrefix(status, absl::StrCat("ckptd at ", address_, ": "));
+  }
+  return status;
+}
+
+void CkptClient::SetStreamDeadline(grpc::ClientContext* context) const {
+  if (options_.stream_timeout != absl::InfiniteDuration()) {
+    context->set_deadline(DeadlineAfter(options_.stream_timeout));
+  }
+}
+
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> CkptClient::Unary(Method method, const Request& request) {
+  grpc::ClientContext context;
+  if (options_.unary_timeout != absl::InfiniteDuration()) {
+    context.set_deadline(DeadlineAfter(options_.unary_timeout));
+  }
+  Response response;
+  const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status));
+  return response;
+}
+
+// ---------------------------------------------------------------- strategies
+
+absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategy(const std::string& name,
+                                                         const Strategy& strategy,
+                                                         bool overwrite) {
+  v1::PutStrategyRequest request;
+  request.set_name(name);
+  // JSON rather than binary: it keeps tensor_shape, which the server uses to validate uploads.
+  request.set_content(SerializeStrategy(strategy, StrategyFormat::kJson));
+  request.set_format(v1::STRATEGY_FORMAT_JSON);
+  request.set_overwrite(overwrite);
+  CKPT_ASSIGN_OR_RETURN(v1::PutStrategyResponse response,
+                        (Unary<v1::PutStrategyRequest, v1::PutStrategyResponse>(
+                            &v1::CheckpointService::Stub::PutStrategy, request)));
+  return response.info();
+}
+
+absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategyFile(const std::string& name,
+                                                             const std::string& path,
+                                                             bool overwrite) {
+  CKPT_ASSIGN_OR_RETURN(Strategy strategy, LoadStrategyPath(path));
+  return PutStrategy(name, strategy, overwrite);
+}
+
+absl::StatusOr<RemoteStrategy> CkptClient::GetStrategy(const std::string& name) {
+  v1::GetStrategyRequest request;
+  request.set_name(name);
+  request.set_format(v1::STRATEGY_FORMAT_JSON);
+  CKPT_ASSIGN_OR_RETURN(v1::GetStrategyResponse response,
+                        (Unary<v1::GetStrategyRequest, v1::GetStrategyResponse>(
+                            &v1::CheckpointService::Stub::GetStrategy, request)));
+  absl::StatusOr<Strategy> strategy = ParseStrategy(response.content(), StrategyFormat::kJson);
+  if (!strategy.ok()) {
+    return WithPrefix(strategy.status(), absl::StrCat("strategy ", name, " from the server: "));
+  }
+  return RemoteStrategy{response.info(), *std::move(strategy)};
+}
+
+absl::StatusOr<std::vector<v1::StrategyInfo>> CkptClient::ListStrategies() {
+  CKPT_ASSIGN_OR_RETURN(v1::ListStrategiesResponse response,
+                        (Unary<v1::ListStrategiesRequest, v1::ListStrategiesResponse>(
+                            &v1::CheckpointService::Stub::ListStrategies, {})));
+  return std::vector<v1::StrategyInfo>(response.strategies().begin(),
+                                       response.strategies().end());
+}
+
+absl::Status CkptClient::DeleteStrategy(const std::string& name) {
+  v1::DeleteStrategyRequest request;
+  request.set_name(name);
+  return Unary<v1::DeleteStrategyRequest, v1::DeleteStrategyResponse>(
+             &v1::CheckpointService::Stub::DeleteStrategy, request)
+      .status();
+}
+
+// ---------------------------------------------------------------- uploads
+
+absl::StatusOr<v1::UploadResponse> CkptClient::UploadRank(const std::string& checkpoint_id,
+                                                          const std::string& strategy_name,
+                                                          int64_t rank,
+                                                          const std::string& file_path,
+                                                          ProgressFn progress) {
+  return UploadRankImpl(checkpoint_id, strategy_name, rank, file_path, progress, nullptr);
+}
+
+absl::StatusOr<v1::UploadResponse> CkptClient::UploadWholeFile(const std::string& checkpoint_id,
+                                                               const std::string& path,
+                                                               ProgressFn progress) {
+  return UploadRankImpl(checkpoint_id, "", 0, path, progress, nullptr);
+}
+
+absl::StatusOr<v1::UploadResponse> CkptClient::UploadRankImpl(
+    const std::string& checkpoint_id, const std::string& strategy_name, int64_t rank,
+    const std::string& file_path, const ProgressFn& progress, CancelGroup* group) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileByteSource> source, FileByteSource::Open(file_path));
+  const int64_t file_size = std::max<int64_t>(source->size(), 0);
+  CkptReader reader(source.get());
+
+  grpc::ClientContext context;
+  SetStreamDeadline(&context);
+  if (group != nullptr && !group->Add(&context)) {
+    return absl::CancelledError(
+        absl::StrCat("upload of rank ", rank, " not started: another rank failed"));
+  }
+  // Leaves the group before `context` dies, whichever way this function returns.
+  struct Membership {
+    CancelGroup* group;
+    grpc::ClientContext* context;
+    ~Membership() {
+      if (group != nullptr) group->Remove(context);
+    }
+  } membership{group, &context};
+
+  v1::UploadResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> stream =
+      stub_->Upload(&context, &response);
+
+  // Sends the whole file. Returns a local error (bad file), or OK with *broken set when the server
+  // closed the stream early (its status then comes from Finish()).
+  bool broken = false;
+  auto send_file = [&]() -> absl::Status {
+    auto file_error = [&](const absl::Status& status) {
+      return WithPrefix(status, absl::StrCat(file_path, ": "));
+    };
+    // The reader's errors already name the file (FileByteSource::Describe()).
+    auto next_value = [&]() { return reader.NextValue(); };
+    v1::UploadRequest message;
+    auto send = [&]() {
+      if (!stream->Write(message)) broken = true;
+      return !broken;
+    };
+    // Sends `bytes` in ≤ 1 MiB messages; `end_offset` is the file offset just past the Value
+    // holding them, for progress.
+    auto send_bytes = [&](std::string_view bytes, int64_t end_offset) {
+      for (size_t pos = 0; pos < bytes.size();) {
+        const size_t n = std::min(kDataMessageBytes, bytes.size() - pos);
+        message.set_data(bytes.data() + pos, n);
+        if (!send()) return false;
+        pos += n;
+        if (progress) {
+          const int64_t unsent = static_cast<int64_t>(bytes.size() - pos);
+          progress(std::clamp<int64_t>(end_offset - unsent, 0, file_size), file_size);
+        }
+      }
+      return true;
+    };
+
+    message.mutable_header()->set_checkpoint_id(checkpoint_id);
+    message.mutable_header()->set_strategy(strategy_name);
+    message.mutable_header()->set_rank(rank);
+    message.mutable_header()->set_source_file(SourceFileLabel(file_path));
+    if (!send()) return absl::OkStatus();
+    if (progress) progress(0, file_size);
+
+    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> value, next_value());
+    while (value.has_value()) {
+      CkptTensor first = *std::move(value);
+      value.reset();
+      std::optional<CkptTensor> lookahead;
+      int64_t total = 0;
+      if (first.dtype == DType::kStr) {
+        // str values carry no element count in their dims, so the size is only known once every
+        // Value of the tensor is read; they are short scalars, so joining them costs nothing.
+        while (true) {
+          CKPT_ASSIGN_OR_RETURN(lookahead, next_value());
+          if (!lookahead || lookahead->name != first.name) break;
+          if (lookahead->dtype != DType::kStr) {
+            return file_error(absl::InvalidArgumentError(absl::StrCat(
+                "tensor ", first.name, " mixes str and ", Sv(DTypeName(lookahead->dtype)),
+                " chunks")));
+          }
+          first.data += lookahead->data;
+        }
+        total = static_cast<int64_t>(first.data.size());
+      } else {
+        // Every chunk of a split tensor repeats the tensor's full dims (spec §1.2), so the first
+        // one tells the total size before its bytes are sent.
+        absl::StatusOr<int64_t> elements = NumElements(first.shape());
+        absl::StatusOr<int64_t> bytes =
+            elements.ok() ? ByteSizeOf(first.dtype, *elements) : elements.status();
+        if (!bytes.ok()) {
+          return file_error(WithPrefix(bytes.status(), absl::StrCat("tensor ", first.name, ": ")));
+        }
+        total = *bytes;
+      }
+
+      v1::UploadTensorHeader* header = message.mutable_tensor();
+      header->set_name(first.name);
+      header->set_dtype(std::string(DTypeName(first.dtype)));
+      header->mutable_dims()->Assign(first.dims.begin(), first.dims.end());
+      header->set_total_bytes(total);
+      if (!send()) return absl::OkStatus();
+
+      // `first.data` holds the current chunk; later chunks replace it, so at most one is held.
+      int64_t sent = 0;
+      while (true) {
+        const int64_t size = static_cast<int64_t>(first.data.size());
+        if (size > total - sent) {
+          return file_error(absl::InvalidArgumentError(absl::StrCat(
+              "tensor ", first.name, " (", Sv(DTypeName(first.dtype)), ", dims ",
+              ShapeToString(first.dims), ") has more content than the ", total,
+              " bytes its dims need")));
+        }
+        if (!send_bytes(first.data, reader.offset())) return absl::OkStatus();
+        sent += size;
+        if (first.dtype == DType::kStr) break;
+        CKPT_ASSIGN_OR_RETURN(lookahead, next_value());
+        if (!lookahead || lookahead->name != first.name) break;
+        if (lookahead->dtype != first.dtype || lookahead->dims != first.dims) {
+          return file_error(absl::InvalidArgumentError(absl::StrCat(
+              "tensor ", first.name, " has chunks of different dtype or dims (",
+              Sv(DTypeName(first.dtype)), " ", ShapeToString(first.dims), " then ",
+              Sv(DTypeName(lookahead->dtype)), " ", ShapeToString(lookahead->dims), ")")));
+        }
+        first.data = std::move(lookahead->data);
+        lookahead.reset();
+      }
+      if (sent != total) {
+        return file_error(absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", first.name, " (", Sv(DTypeName(first.dtype)), ", dims ",
+            ShapeToString(first.dims), ") has ", sent, " bytes of content but its dims need ",
+            total)));
+      }
+      value = std::move(lookahead);
+    }
+    return absl::OkStatus();
+  };
+
+  const absl::Status local = send_file();
+  if (!local.ok()) {
+    // The server drops a rank whose stream is cancelled, so nothing half-sent becomes visible.
+    context.TryCancel();
+    stream->Finish().ok();  // the call's status is CANCELLED; the local error is the news
+    return local;
+  }
+  if (!broken) stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  if (!status.ok()) return Annotate(FromGrpcStatus(status));
+  if (broken) {
+    return absl::InternalError(absl::StrCat("ckptd closed the upload of ", file_path,
+                                            " early without an error"));
+  }
+  if (progress) progress(file_size, file_size);
+  return response;
+}
+
+absl::StatusOr<UploadSummary> CkptClient::UploadDirectory(const std::string& checkpoint_id,
+                                                          const std::string& strategy_name,
+                                                          const std::string& dir,
+                                                          UploadDirectoryOptions options,
+                                                          ProgressFn progress) {
+  if (options.parallelism < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("upload parallelism must be at least 1, got ", options.parallelism));
+  }
+  if (strategy_name.empty()) {
+    return absl::InvalidArgumentError("uploading a rank directory needs a strategy name");
+  }
+  // Only the world size is needed; the info avoids parsing the strategy.
+  v1::GetStrategyRequest strategy_request;
+  strategy_request.set_name(strategy_name);
+  strategy_request.set_format(v1::STRATEGY_FORMAT_BINARY);
+  CKPT_ASSIGN_OR_RETURN(v1::GetStrategyResponse strategy,
+                        (Unary<v1::GetStrategyRequest, v1::GetStrategyResponse>(
+                            &v1::CheckpointService::Stub::GetStrategy, strategy_request)));
+  const int64_t world = strategy.info().world_size();
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ResolveRankFiles(dir, world));
+
+  UploadSummary summary;
+  summary.checkpoint_id = checkpoint_id;
+  summary.ranks.resize(files.size());
+  for (size_t r = 0; r < files.size(); ++r) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(files[r], ec);
+    summary.ranks[r].rank = static_cast<int64_t>(r);
+    summary.ranks[r].file = files[r];
+    summary.ranks[r].file_bytes = ec ? 0 : static_cast<int64_t>(size);
+    summary.file_bytes += summary.ranks[r].file_bytes;
+  }
+
+  CancelGroup group;
+  std::mutex mu;
+  absl::Status first_error;  // guarded by mu
+  std::atomic<size_t> next_rank{0};
+  std::atomic<int64_t> done_bytes{0};
+  const int64_t total_bytes = summary.file_bytes;
+
+  auto worker = [&]() {
+    while (true) {
+      const size_t r = next_rank.fetch_add(1);
+      if (r >= files.size()) return;
+      // Each rank reports its own file offset; the sum over ranks is what the caller sees.
+      ProgressFn rank_progress;
+      if (progress) {
+        rank_progress = [&, reported = int64_t{0}](int64_t done, int64_t) mutable {
+          const int64_t sum = done_bytes.fetch_add(done - reported) + (done - reported);
+          reported = done;
+          progress(sum, total_bytes);
+        };
+      }
+      absl::StatusOr<v1::UploadResponse> response =
+          UploadRankImpl(checkpoint_id, strategy_name, static_cast<int64_t>(r), files[r],
+                         rank_progress, &group);
+      if (!response.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          // Ranks cancelled because of this failure report CANCELLED; keep the cause.
+          if (first_error.ok()) first_error = response.status();
+        }
+        group.CancelAll();
+        return;
+      }
+      summary.ranks[r].response = *std::move(response);
+    }
+  };
+  const size_t thread_count =
+      std::min(files.size(), static_cast<size_t>(options.parallelism));
+  std::vector<std::thread> threads;
+  threads.reserve(thread_count);
+  for (size_t i = 0; i < thread_count; ++i) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  if (!first_error.ok()) return first_error;
+
+  summary.ranks_total = world;
+  for (const RankUploadResult& result : summary.ranks) {
+    const v1::UploadResponse& response = result.response;
+    summary.committed = summary.committed || response.committed();
+    summary.ranks_received = std::max(summary.ranks_received, response.ranks_received());
+    if (response.ranks_total() > 0) summary.ranks_total = response.ranks_total();
+    summary.bytes_stored += response.bytes_stored();
+  }
+  return summary;
+}
+
+// ---------------------------------------------------------------- fetch
+
+absl::Status CkptClient::Fetch(const v1::FetchRequest& request, TensorVisitor& visitor) {
+  grpc::ClientContext context;
+  SetStreamDeadline(&context);
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> stream = stub_->Fetch(&context, request);
+  FetchChecker checker(&visitor);
+  v1::FetchResponse message;
+  absl::Status local;
+  while (stream->Read(&message)) {
+    local = checker.Consume(message);
+    if (!local.ok()) break;
+  }
+  if (!local.ok()) {
+    // Stop the server producing bytes nobody reads; drain what is already in flight so that
+    // Finish() can complete.
+    context.TryCancel();
+    while (stream->Read(&message)) {
+    }
+    stream->Finish().ok();  // CANCELLED; the local error is the news
+    return local;
+  }
+  CKPT_RETURN_IF_ERROR(Annotate(FromGrpcStatus(stream->Finish())));
+  return checker.End();
+}
+
+absl::StatusOr<std::vector<FetchedTensor>> CkptClient::FetchAll(const v1::FetchRequest& request,
+                                                                v1::FetchPlanSummary* summary) {
+  CollectingVisitor visitor;
+  CKPT_RETURN_IF_ERROR(Fetch(request, visitor));
+  if (summary != nullptr) *summary = std::move(visitor.summary());
+  return std::move(visitor.tensors());
+}
+
+absl::StatusOr<v1::FetchPlanSummary> CkptClient::FetchToFile(const v1::FetchRequest& request,
+                                                             const std::string& path,
+                                                             ProgressFn progress) {
+  // The sink writes a temporary file and publishes it only on Commit(); returning early destroys
+  // it, which removes the temporary, so a failed fetch leaves no file behind.
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> sink, AtomicFileSink::Create(path));
+  CkptFileVisitor visitor(sink.get(), &progress);
+  CKPT_RETURN_IF_ERROR(Fetch(request, visitor));
+  CKPT_RETURN_IF_ERROR(visitor.Finish());
+  CKPT_RETURN_IF_ERROR(sink->Commit());
+  return visitor.summary();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> CkptClient::ListCheckpoints() {
+  CKPT_ASSIGN_OR_RETURN(v1::ListCheckpointsResponse response,
+                        (Unary<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(
+                            &v1::CheckpointService::Stub::ListCheckpoints, {})));
+  return std::vector<v1::CheckpointInfo>(response.checkpoints().begin(),
+                                         response.checkpoints().end());
+}
+
+absl::StatusOr<v1::DescribeCheckpointResponse> CkptClient::DescribeCheckpoint(
+    const std::string& checkpoint_id) {
+  v1::DescribeCheckpointRequest request;
+  request.set_checkpoint_id(checkpoint_id);
+  return Unary<v1::DescribeCheckpointRequest, v1::DescribeCheckpointResponse>(
+      &v1::CheckpointService::Stub::DescribeCheckpoint, request);
+}
+
+absl::Status CkptClient::DeleteCheckpoint(const std::string& checkpoint_id) {
+  v1::DeleteCheckpointRequest request;
+  request.set_checkpoint_id(checkpoint_id);
+  return Unary<v1::DeleteCheckpointRequest, v1::DeleteCheckpointResponse>(
+             &v1::CheckpointService::Stub::DeleteCheckpoint, request)
+      .status();
+}
+
+absl::StatusOr<v1::RankDependenciesResponse> CkptClient::RankDependencies(
+    const v1::RankDependenciesRequest& request) {
+  return Unary<v1::RankDependenciesRequest, v1::RankDependenciesResponse>(
+      &v1::CheckpointService::Stub::RankDependencies, request);
+}
+
+// ---------------------------------------------------------------- rank directory helpers
+
+std::optional<std::pair<int64_t, int64_t>> ParseEpochStep(std::string_view file_name) {
+  constexpr std::string_view kSuffix = ".ckpt";
+  if (!file_name.ends_with(kSuffix)) return std::nullopt;
+  const std::string_view stem = file_name.substr(0, file_name.size() - kSuffix.size());
+  const size_t dash = stem.rfind('-');
+  if (dash == std::string_view::npos) return std::nullopt;
+  const std::string_view numbers = stem.substr(dash + 1);
+  const size_t underscore = numbers.find('_');
+  if (underscore == std::string_view::npos) return std::nullopt;
+  const std::optional<int64_t> epoch = ParseDecimal(numbers.substr(0, underscore));
+  const std::optional<int64_t> step = ParseDecimal(numbers.substr(underscore + 1));
+  if (!epoch || !step) return std::nullopt;
+  return std::make_pair(*epoch, *step);
+}
+
+absl::StatusOr<std::string> SelectRankCheckpointFile(const std::string& rank_dir) {
+  struct Candidate {
+    std::string name;
+    fs::path path;
+    std::optional<std::pair<int64_t, int64_t>> epoch_step;
+    fs::file_time_type mtime;
+  };
+  std::vector<Candidate> candidates;
+  std::error_code ec;
+  fs::directory_iterator it(rank_dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.size() <= 5 || !name.ends_with(".ckpt")) continue;
+    std::error_code entry_ec;
+    if (!it->is_regular_file(entry_ec)) continue;
+    const fs::file_time_type mtime = it->last_write_time(entry_ec);
+    if (entry_ec) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot stat ", it->path().string(), ": ", entry_ec.message()));
+    }
+    std::optional<std::pair<int64_t, int64_t>> epoch_step = ParseEpochStep(name);
+    candidates.push_back({std::move(name), it->path(), epoch_step, mtime});
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", rank_dir, ": ", ec.message()));
+  if (candidates.empty()) {
+    return absl::NotFoundError(absl::StrCat(rank_dir, " holds no .ckpt file"));
+  }
+  // Epoch/step numbers are only comparable when every name has them; a stray "final.ckpt" makes
+  // the modification time the only meaningful order.
+  const bool numbered = std::all_of(candidates.begin(), candidates.end(),
+                                    [](const Candidate& c) { return c.epoch_step.has_value(); });
+  auto older = [numbered](const Candidate& a, const Candidate& b) {
+    if (numbered && a.epoch_step != b.epoch_step) return a.epoch_step < b.epoch_step;
+    if (a.mtime != b.mtime) return a.mtime < b.mtime;
+    return a.name < b.name;
+  };
+  return std::max_element(candidates.begin(), candidates.end(), older)->path.string();
+}
+
+absl::StatusOr<std::vector<std::string>> ResolveRankFiles(const std::string& dir,
+                                                          int64_t world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size must be positive, got ", world_size));
+  }
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
+  }
+  std::map<int64_t, std::string> found;
+  std::vector<int64_t> beyond;
+  fs::directory_iterator it(dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("rank_")) continue;
+    const std::string_view digits = std::string_view(name).substr(5);
+    if (digits.empty() ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;  // rank_backup and the like are not rank directories (MindSpore: rank_[0-9]*)
+    }
+    std::error_code entry_ec;
+    if (!it->is_directory(entry_ec)) continue;
+    const std::optional<int64_t> rank = ParseDecimal(digits);
+    if (!rank || absl::StrCat("rank_", *rank) != name) {
+      // rank_01 next to rank_1 would be ambiguous; MindSpore writes no leading zeros.
+      return absl::InvalidArgumentError(absl::StrCat(
+          it->path().string(), ": rank directories are named rank_<r> without leading zeros"));
+    }
+    if (*rank >= world_size) {
+      beyond.push_back(*rank);
+    } else {
+      found[*rank] = it->path().string();
+    }
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+
+  std::vector<int64_t> missing;
+  for (int64_t r = 0; r < world_size; ++r) {
+    if (!found.contains(r)) missing.push_back(r);
+  }
+  if (!missing.empty() || !beyond.empty()) {
+    std::sort(beyond.begin(), beyond.end());
+    std::string problems;
+    if (!missing.empty()) absl::StrAppend(&problems, "missing ", RankList(missing));
+    if (!beyond.empty()) {
+      absl::StrAppend(&problems, problems.empty() ? "" : "; ", "unexpected ", RankList(beyond),
+                      " beyond the world");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, " does not match the strategy's ", world_size, " ranks (rank_0..rank_",
+        world_size - 1, "): ", problems));
+  }
+
+  std::vector<std::string> files;
+  files.reserve(static_cast<size_t>(world_size));
+  for (const auto& [rank, rank_dir] : found) {
+    CKPT_ASSIGN_OR_RETURN(std::string file, SelectRankCheckpointFile(rank_dir));
+    files.push_back(std::move(file));
+  }
+  return files;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,223 @@
+// C++ client library of ckptd (proto/ckpt.proto): strategies, uploads of MindSpore rank
+// directories, streamed fetches with per-message checksum verification, and dependency queries.
+// Every method returns absl::Status / absl::StatusOr with the server's gRPC code unchanged (the
+// codes are numerically identical), so callers handle one error type.
+#ifndef CKPT_CLIENT_CLIENT_H_
+#define CKPT_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ckpt.grpc.pb.h"
+#include "ckpt.pb.h"
+#include "core/strategy.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/support/status.h"
+
+namespace ckpt {
+
+// Converts a gRPC status to an absl::Status with the same code and message. The only place the
+// client reads a grpc::Status.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Reports bytes transferred so far and the expected total (0 when unknown). Called from the thread
+// doing the transfer; UploadDirectory calls it from several threads, so it must be thread-safe
+// there.
+using ProgressFn = std::function<void(int64_t done_bytes, int64_t total_bytes)>;
+
+struct ClientOptions {
+  // Deadline of each unary call. Default 30 s.
+  absl::Duration unary_timeout = absl::Seconds(30);
+  // Deadline of each Upload or Fetch stream. Default: none, because a rank file of hundreds of
+  // GiB legitimately takes hours; cancel through the process instead.
+  absl::Duration stream_timeout = absl::InfiniteDuration();
+  // Largest message accepted from the server. Default 8 MiB (data messages are ≤ 1 MiB; strategy
+  // and describe responses can be a few MiB).
+  int max_receive_message_bytes = 8 << 20;
+  // When positive, Connect() waits up to this long for the channel to become ready and fails
+  // with UNAVAILABLE otherwise. Default 0: connect lazily; the first call reports an unreachable
+  // server (calls fail fast rather than waiting for it).
+  absl::Duration connect_timeout = absl::ZeroDuration();
+};
+
+struct UploadDirectoryOptions {
+  // Rank files uploaded at the same time (each on its own stream and thread). Default 4.
+  int parallelism = 4;
+};
+
+// One rank of an UploadDirectory.
+struct RankUploadResult {
+  int64_t rank = 0;
+  std::string file;        // the .ckpt chosen in rank_<r>/
+  int64_t file_bytes = 0;  // its size
+  v1::UploadResponse response;
+};
+
+struct UploadSummary {
+  std::string checkpoint_id;
+  // True when one of these ranks completed the checkpoint and the server committed it.
+  bool committed = false;
+  // Ranks the server has received (at the last response) and the ranks the checkpoint needs.
+  int64_t ranks_received = 0;
+  int64_t ranks_total = 0;
+  // Sum of the uploaded files' sizes and of the bytes the server stored after de-duplication.
+  int64_t file_bytes = 0;
+  int64_t bytes_stored = 0;
+  // By rank.
+  std::vector<RankUploadResult> ranks;
+};
+
+// A strategy read back from the server.
+struct RemoteStrategy {
+  v1::StrategyInfo info;
+  Strategy strategy;
+};
+
+// Receives a Fetch stream in order: OnSummary once, then per tensor OnTensor, OnData for each
+// piece (already checksum-verified, sizes checked against the header) and OnTensorEnd. A non-OK
+// return aborts the fetch (the stream is cancelled) and Fetch returns that status. Called on the
+// thread that called Fetch.
+class TensorVisitor {
+ public:
+  virtual ~TensorVisitor() = default;
+  virtual absl::Status OnSummary(const v1::FetchPlanSummary& summary) = 0;
+  virtual absl::Status OnTensor(const v1::FetchTensorHeader& header) = 0;
+  // `data` is valid only during the call.
+  virtual absl::Status OnData(std::string_view data) = 0;
+  virtual absl::Status OnTensorEnd() = 0;
+};
+
+// One tensor of FetchAll.
+struct FetchedTensor {
+  v1::FetchTensorHeader header;
+  std::string data;
+};
+
+// Client of one ckptd server. Thread-safe: every method may be called concurrently (each call has
+// its own gRPC context); owns its channel.
+class CkptClient {
+ public:
+  // `address` is a gRPC target ("HOST:PORT", "unix:PATH", ...). Plaintext channel.
+  static absl::StatusOr<std::unique_ptr<CkptClient>> Connect(const std::string& address,
+                                                             ClientOptions options = {});
+
+  CkptClient(const CkptClient&) = delete;
+  CkptClient& operator=(const CkptClient&) = delete;
+
+  const std::string& address() const { return address_; }
+
+  // ------------------------------------------------------------------------------- strategies
+
+  // Registers `strategy` (sent as MindSpore JSON, which keeps tensor shapes) under `name`.
+  absl::StatusOr<v1::StrategyInfo> PutStrategy(const std::string& name, const Strategy& strategy,
+                                               bool overwrite);
+  // Loads a binary or .json strategy file, or merges a directory of per-stage files
+  // (LoadStrategyPath), then PutStrategy.
+  absl::StatusOr<v1::StrategyInfo> PutStrategyFile(const std::string& name,
+                                                   const std::string& path, bool overwrite);
+  absl::StatusOr<RemoteStrategy> GetStrategy(const std::string& name);
+  absl::StatusOr<std::vector<v1::StrategyInfo>> ListStrategies();
+  absl::Status DeleteStrategy(const std::string& name);
+
+  // ------------------------------------------------------------------------------- uploads
+
+  // Streams one source rank's MindSpore .ckpt: one Value in memory at a time, sent as ≤ 1 MiB
+  // data messages, one UploadTensorHeader per tensor (consecutive same-name Values are one
+  // tensor). `progress` gets file bytes consumed / file size. INVALID_ARGUMENT naming the file
+  // and tensor for a malformed file.
+  absl::StatusOr<v1::UploadResponse> UploadRank(const std::string& checkpoint_id,
+                                                const std::string& strategy_name, int64_t rank,
+                                                const std::string& file_path,
+                                                ProgressFn progress = nullptr);
+  // Uploads DIR/rank_<r>/ for every rank r of the strategy's world (see ResolveRankFiles), at
+  // most options.parallelism at a time. The first failure cancels the other streams and is
+  // returned. `progress` (thread-safe) gets the summed file bytes of all ranks.
+  absl::StatusOr<UploadSummary> UploadDirectory(const std::string& checkpoint_id,
+                                                const std::string& strategy_name,
+                                                const std::string& dir, UploadDirectoryOptions options = {},
+                                                ProgressFn progress = nullptr);
+  // A whole-tensor checkpoint (one file, no strategy): rank 0 with an empty strategy name.
+  absl::StatusOr<v1::UploadResponse> UploadWholeFile(const std::string& checkpoint_id,
+                                                     const std::string& path,
+                                                     ProgressFn progress = nullptr);
+
+  // ------------------------------------------------------------------------------- fetch
+
+  // Streams `request` into `visitor`, verifying the protocol (summary first, data inside a
+  // tensor, byte totals equal to the headers and summary) and every piece's xxh64. DATA_LOSS
+  // naming the tensor on a checksum or size mismatch; the visitor's error if it aborts.
+  absl::Status Fetch(const v1::FetchRequest& request, TensorVisitor& visitor);
+  // Everything in memory (tests, small checkpoints). `summary` receives the plan when non-null.
+  absl::StatusOr<std::vector<FetchedTensor>> FetchAll(const v1::FetchRequest& request,
+                                                      v1::FetchPlanSummary* summary = nullptr);
+  // Writes the fetched tensors as a MindSpore .ckpt at `path`, streaming. The file appears
+  // (atomically) only when the whole fetch succeeded. `progress` gets data bytes received /
+  // the plan's total. Returns the plan summary.
+  absl::StatusOr<v1::FetchPlanSummary> FetchToFile(const v1::FetchRequest& request,
+                                                   const std::string& path,
+                                                   ProgressFn progress = nullptr);
+
+  // ------------------------------------------------------------------------------- checkpoints
+
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints();
+  absl::StatusOr<v1::DescribeCheckpointResponse> DescribeCheckpoint(
+      const std::string& checkpoint_id);
+  absl::Status DeleteCheckpoint(const std::string& checkpoint_id);
+  absl::StatusOr<v1::RankDependenciesResponse> RankDependencies(
+      const v1::RankDependenciesRequest& request);
+
+ private:
+  class CancelGroup;
+
+  CkptClient(std::string address, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  // Runs one unary RPC with the unary deadline.
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Unary(Method method, const Request& request);
+  // UploadRank, registering its stream in `group` (may be null) so that a sibling's failure can
+  // cancel it.
+  absl::StatusOr<v1::UploadResponse> UploadRankImpl(const std::string& checkpoint_id,
+                                                    const std::string& strategy_name,
+                                                    int64_t rank, const std::string& file_path,
+                                                    const ProgressFn& progress, CancelGroup* group);
+  // Adds the server address to transport-level failures (nothing answered).
+  absl::Status Annotate(absl::Status status) const;
+  void SetStreamDeadline(grpc::ClientContext* context) const;
+
+  const std::string address_;
+  const ClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::CheckpointService::Stub> stub_;
+};
+
+// ---------------------------------------------------------------- rank directory helpers
+
+// The epoch and step of a MindSpore checkpoint name "<prefix>-<epoch>_<step>.ckpt" (the prefix
+// may itself contain '-'), or nullopt for any other name.
+std::optional<std::pair<int64_t, int64_t>> ParseEpochStep(std::string_view file_name);
+
+// The newest .ckpt among the regular files of `rank_dir` (other files are ignored). When every
+// candidate is named "<prefix>-<epoch>_<step>.ckpt" the largest (epoch, step) wins, compared
+// numerically (MindSpore compares names, so x-9_10.ckpt beats x-10_10.ckpt: spec §5 item 7);
+// otherwise, and between equal numbers, the latest modification time, then the largest name.
+// NOT_FOUND when the directory holds no .ckpt file.
+absl::StatusOr<std::string> SelectRankCheckpointFile(const std::string& rank_dir);
+
+// The checkpoint file of every rank of DIR: DIR must hold exactly rank_0 .. rank_{world_size-1}
+// (other entries not named rank_<digits> are ignored). INVALID_ARGUMENT naming the missing
+// ranks, or the rank directories beyond the world; errors of SelectRankCheckpointFile.
+absl::StatusOr<std::vector<std::string>> ResolveRankFiles(const std::string& dir,
+                                                          int64_t world_size);
+
+}  // namespace ckpt
+
+#endif  // CKPT_CLIENT_CLIENT_H_

@@ -1,0 +1,524 @@
+#include "service/checkpoint_service.h"
+
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "service/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace ckpt {
+namespace {
+
+std::shared_ptr<spdlog::logger> Logger() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::default_logger()->clone("service");
+    return l;
+  }();
+  return logger;
+}
+
+absl::Status Unavailable() {
+  return absl::UnavailableError("ckptd is shutting down");
+}
+
+}  // namespace
+
+void LogRpc(const char* method, const std::string& peer, const absl::Status& status,
+            int64_t bytes, absl::Duration latency, const std::string& detail) {
+  const auto level = status.ok() ? spdlog::level::info : spdlog::level::warn;
+  Logger()->log(level, "event=rpc method={} peer={} status={} bytes={} ms={:.1f}{}{}{}", method,
+                peer, absl::StatusCodeToString(status.code()), bytes,
+                absl::ToDoubleMilliseconds(latency), detail.empty() ? "" : " ", detail,
+                status.ok() ? "" : absl::StrCat(" error=\"", status.message(), "\""));
+}
+
+// ------------------------------------------------------------------------------- ByteBudget
+
+bool ByteBudget::TryAcquire(int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (used_ > 0 && used_ + n > limit_) return false;
+  used_ += n;
+  return true;
+}
+
+void ByteBudget::Release(int64_t n) {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= n;
+    wake.swap(waiters_);
+  }
+  for (auto& w : wake) w();
+}
+
+void ByteBudget::Wait(std::function<void()> wake) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (used_ == 0) {
+    lock.unlock();
+    wake();
+    return;
+  }
+  waiters_.push_back(std::move(wake));
+}
+
+int64_t ByteBudget::in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_;
+}
+
+// ------------------------------------------------------------------------------- unary
+
+CheckpointServiceImpl::CheckpointServiceImpl(CheckpointManager* manager, Executor* executor,
+                                             ServiceOptions options)
+    : manager_(manager),
+      executor_(executor),
+      options_(options),
+      budget_(options.server_bytes_in_flight) {}
+
+template <typename Fn>
+grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerContext* ctx,
+                                                       const char* method, Fn fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time start = absl::Now();
+  if (shutting_down_) {
+    LogRpc(method, ctx->peer(), Unavailable(), 0, absl::Now() - start);
+    reactor->Finish(ToGrpcStatus(Unavailable()));
+    return reactor;
+  }
+  executor_->Submit([ctx, reactor, method, start, fn = std::move(fn)]() mutable {
+    const absl::Status status = fn();
+    LogRpc(method, ctx->peer(), status, 0, absl::Now() - start);
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::PutStrategy(grpc::CallbackServerContext* ctx,
+                                                             const v1::PutStrategyRequest* req,
+                                                             v1::PutStrategyResponse* resp) {
+  return Unary(ctx, "PutStrategy", [this, req, resp]() -> absl::Status {
+    auto info = manager_->PutStrategy(req->name(), req->content(), req->format(), req->overwrite());
+    if (!info.ok()) return info.status();
+    *resp->mutable_info() = *info;
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStrategy(grpc::CallbackServerContext* ctx,
+                                                             const v1::GetStrategyRequest* req,
+                                                             v1::GetStrategyResponse* resp) {
+  return Unary(ctx, "GetStrategy", [this, req, resp]() -> absl::Status {
+    auto s = manager_->GetStrategy(req->name());
+    if (!s.ok()) return s.status();
+    *resp->mutable_info() = CheckpointManager::InfoOf(req->name(), **s);
+    resp->set_content(SerializeStrategy(**s, req->format() == v1::STRATEGY_FORMAT_JSON
+                                                 ? StrategyFormat::kJson
+                                                 : StrategyFormat::kBinary));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::ListStrategies(
+    grpc::CallbackServerContext* ctx, const v1::ListStrategiesRequest*,
+    v1::ListStrategiesResponse* resp) {
+  return Unary(ctx, "ListStrategies", [this, resp]() -> absl::Status {
+    auto list = manager_->ListStrategies();
+    if (!list.ok()) return list.status();
+    for (auto& info : *list) *resp->add_strategies() = std::move(info);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteStrategy(
+    grpc::CallbackServerContext* ctx, const v1::DeleteStrategyRequest* req,
+    v1::DeleteStrategyResponse*) {
+  return Unary(ctx, "DeleteStrategy",
+               [this, req]() { return manager_->DeleteStrategy(req->name()); });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::ListCheckpoints(
+    grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest*,
+    v1::ListCheckpointsResponse* resp) {
+  return Unary(ctx, "ListCheckpoints", [this, resp]() -> absl::Status {
+    auto list = manager_->ListCheckpoints();
+    if (!list.ok()) return list.status();
+    for (auto& info : *list) *resp->add_checkpoints() = std::move(info);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::DescribeCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::DescribeCheckpointRequest* req,
+    v1::DescribeCheckpointResponse* resp) {
+  return Unary(ctx, "DescribeCheckpoint", [this, req, resp]() -> absl::Status {
+    auto d = manager_->DescribeCheckpoint(req->checkpoint_id());
+    if (!d.ok()) return d.status();
+    *resp = std::move(*d);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::DeleteCheckpointRequest* req,
+    v1::DeleteCheckpointResponse*) {
+  return Unary(ctx, "DeleteCheckpoint",
+               [this, req]() { return manager_->DeleteCheckpoint(req->checkpoint_id()); });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::RankDependencies(
+    grpc::CallbackServerContext* ctx, const v1::RankDependenciesRequest* req,
+    v1::RankDependenciesResponse* resp) {
+  return Unary(ctx, "RankDependencies", [this, req, resp]() -> absl::Status {
+    auto r = manager_->RankDependencies(*req);
+    if (!r.ok()) return r.status();
+    *resp = std::move(*r);
+    return absl::OkStatus();
+  });
+}
+
+// ------------------------------------------------------------------------------- Upload
+
+namespace {
+
+// Reads one rank's stream. Each message is handled on the executor, and the next read starts
+// only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
+class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+ public:
+  UploadReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
+                v1::UploadResponse* response)
+      : service_(service), ctx_(ctx), response_(response), start_(absl::Now()) {
+    if (service_->shutting_down()) {
+      Done(Unavailable());
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // half-close by the client, or cancellation
+      service_->executor()->Submit([this] { Complete(); });
+      return;
+    }
+    service_->executor()->Submit([this] {
+      const absl::Status s = Handle();
+      if (!s.ok()) {
+        upload_.reset();  // undoes this rank's contributions
+        Done(s);
+        return;
+      }
+      StartRead(&request_);
+    });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Handle() {
+    switch (request_.kind_case()) {
+      case v1::UploadRequest::kHeader: {
+        if (upload_) return absl::InvalidArgumentError("a second upload header in one stream");
+        header_ = request_.header();
+        auto u = service_->manager()->BeginUpload(header_);
+        if (!u.ok()) return u.status();
+        upload_ = std::move(*u);
+        return absl::OkStatus();
+      }
+      case v1::UploadRequest::kTensor:
+        if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
+        return upload_->StartTensor(request_.tensor());
+      case v1::UploadRequest::kData:
+        if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
+        if (static_cast<int64_t>(request_.data().size()) >
+            service_->options().max_upload_message_bytes) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("data message of ", request_.data().size(), " bytes exceeds ",
+                           service_->options().max_upload_message_bytes));
+        }
+        return upload_->Append(request_.data());
+      case v1::UploadRequest::KIND_NOT_SET:
+        return absl::InvalidArgumentError("empty upload message");
+    }
+    return absl::InvalidArgumentError("unknown upload message");
+  }
+
+  void Complete() {
+    if (ctx_->IsCancelled()) {
+      upload_.reset();
+      Done(absl::CancelledError("upload cancelled by the client"));
+      return;
+    }
+    if (!upload_) {
+      Done(absl::InvalidArgumentError("upload stream ended before its header"));
+      return;
+    }
+    auto r = upload_->Finish();
+    if (!r.ok()) {
+      upload_.reset();
+      Done(r.status());
+      return;
+    }
+    *response_ = *r;
+    if (r->committed()) service_->manager()->OnUploadFinished(header_.checkpoint_id());
+    Done(absl::OkStatus());
+  }
+
+  // Logs and finishes; nothing may touch `this` afterwards (OnDone may run at once).
+  void Done(const absl::Status& s) {
+    std::string detail = absl::StrCat("checkpoint=", header_.checkpoint_id(), " rank=", header_.rank());
+    if (s.ok() && response_->committed()) detail += " committed=true";
+    LogRpc("Upload", ctx_->peer(), s, upload_ ? upload_->bytes_received() : 0,
+           absl::Now() - start_, detail);
+    Finish(ToGrpcStatus(s));
+  }
+
+  CheckpointServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::UploadResponse* const response_;
+  const absl::Time start_;
+  v1::UploadRequest request_;
+  v1::UploadHeader header_;
+  std::unique_ptr<RankUpload> upload_;
+};
+
+// ------------------------------------------------------------------------------- Fetch
+
+// The state of one Fetch, shared by the reactor (gRPC events) and the producer task (executor).
+// The producer fills a bounded queue; writes drain it. At most one producer task runs at a time.
+class FetchCall : public std::enable_shared_from_this<FetchCall> {
+ public:
+  FetchCall(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
+            v1::FetchRequest request, grpc::ServerWriteReactor<v1::FetchResponse>* reactor)
+      : service_(service),
+        peer_(ctx->peer()),
+        request_(std::move(request)),
+        reactor_(reactor),
+        start_(absl::Now()) {}
+
+  void Start() {
+    if (service_->shutting_down()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_ = Unavailable();
+      producer_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = true;
+    }
+    auto self = shared_from_this();
+    service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  void OnWriteDone(bool ok) {
+    int64_t released = 0;
+    bool resume = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released += sizes_.front();
+      queued_bytes_ -= sizes_.front();
+      queue_.pop_front();
+      sizes_.pop_front();
+      writing_ = false;
+      if (!ok) {
+        cancelled_ = true;
+        for (int64_t s : sizes_) released += s;
+        queue_.clear();
+        sizes_.clear();
+        queued_bytes_ = 0;
+      } else if (!queue_.empty()) {
+        writing_ = true;
+        reactor_->StartWrite(&queue_.front());
+      }
+      if (!running_ && !producer_done_ && !cancelled_ &&
+          queued_bytes_ < service_->options().stream_bytes_in_flight) {
+        running_ = true;
+        resume = true;
+      }
+      MaybeFinishLocked();
+    }
+    service_->budget()->Release(released);
+    if (resume) {
+      auto self = shared_from_this();
+      service_->executor()->Submit([self] { self->Produce(); });
+    }
+  }
+
+  void OnCancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    MaybeFinishLocked();
+  }
+
+  void OnDone() {
+    int64_t released = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reactor_ = nullptr;
+      for (int64_t s : sizes_) released += s;
+      queue_.clear();
+      sizes_.clear();
+    }
+    service_->budget()->Release(released);
+  }
+
+ private:
+  // Runs on the executor: produces messages until the stream's queue is full, the server budget
+  // is exhausted, or the stream ends.
+  void Produce() {
+    if (!stream_) {
+      auto s = service_->manager()->OpenFetch(request_);
+      if (!s.ok()) {
+        EndProducer(s.status());
+        return;
+      }
+      stream_ = std::move(*s);
+    }
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (cancelled_ || reactor_ == nullptr) {
+          running_ = false;
+          MaybeFinishLocked();
+          return;
+        }
+        if (queued_bytes_ >= service_->options().stream_bytes_in_flight) {
+          running_ = false;  // OnWriteDone resumes us
+          return;
+        }
+      }
+      if (!has_next_) {
+        auto more = stream_->Next(&next_);
+        if (!more.ok()) {
+          EndProducer(more.status());
+          return;
+        }
+        if (!*more) {
+          EndProducer(absl::OkStatus());
+          return;
+        }
+        has_next_ = true;
+        next_size_ = static_cast<int64_t>(next_.ByteSizeLong());
+      }
+      if (!service_->budget()->TryAcquire(next_size_)) {
+        // Server-wide budget exhausted: wait for any stream to release bytes.
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          running_ = false;
+        }
+        std::weak_ptr<FetchCall> weak = shared_from_this();
+        service_->budget()->Wait([weak] {
+          if (auto self = weak.lock()) self->Resume();
+        });
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reactor_ == nullptr || cancelled_) {
+        service_->budget()->Release(next_size_);
+        has_next_ = false;
+        continue;
+      }
+      bytes_ += next_.has_data() ? static_cast<int64_t>(next_.data().data().size()) : 0;
+      queue_.push_back(std::move(next_));
+      sizes_.push_back(next_size_);
+      queued_bytes_ += next_size_;
+      has_next_ = false;
+      if (!writing_) {
+        writing_ = true;
+        reactor_->StartWrite(&queue_.front());
+      }
+    }
+  }
+
+  void Resume() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_ || producer_done_ || reactor_ == nullptr) return;
+      running_ = true;
+    }
+    auto self = shared_from_this();
+    service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  void EndProducer(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_ = status;
+    producer_done_ = true;
+    running_ = false;
+    MaybeFinishLocked();
+  }
+
+  // Finishes exactly once, when nothing is being written and either everything was produced or
+  // the call was cancelled.
+  void MaybeFinishLocked() {
+    if (finished_ || reactor_ == nullptr || writing_ || running_) return;
+    absl::Status status;
+    if (cancelled_) {
+      status = absl::CancelledError("fetch cancelled (client gone or deadline exceeded)");
+    } else if (producer_done_ && queue_.empty()) {
+      status = final_;
+    } else {
+      return;
+    }
+    finished_ = true;
+    LogRpc("Fetch", peer_, status, bytes_, absl::Now() - start_,
+           absl::StrCat("checkpoint=", request_.checkpoint_id(), " target=",
+                        request_.merged() ? std::string("merged")
+                                          : absl::StrCat(request_.strategy(), "/", request_.rank())));
+    reactor_->Finish(ToGrpcStatus(status));
+  }
+
+  CheckpointServiceImpl* const service_;
+  const std::string peer_;
+  const v1::FetchRequest request_;
+  std::unique_ptr<FetchStream> stream_;  // producer only
+  v1::FetchResponse next_;               // producer only
+  bool has_next_ = false;                // producer only
+  int64_t next_size_ = 0;                // producer only
+
+  std::mutex mu_;
+  grpc::ServerWriteReactor<v1::FetchResponse>* reactor_;  // null after OnDone
+  std::deque<v1::FetchResponse> queue_;  // front is being written while writing_
+  std::deque<int64_t> sizes_;
+  int64_t queued_bytes_ = 0;
+  int64_t bytes_ = 0;
+  bool writing_ = false;
+  bool running_ = false;
+  bool producer_done_ = false;
+  bool cancelled_ = false;
+  bool finished_ = false;
+  absl::Status final_;
+  const absl::Time start_;
+};
+
+class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
+ public:
+  FetchReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
+               const v1::FetchRequest* request)
+      : call_(std::make_shared<FetchCall>(service, ctx, *request, this)) {
+    call_->Start();
+  }
+  void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
+  void OnCancel() override { call_->OnCancel(); }
+  void OnDone() override {
+    call_->OnDone();
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<FetchCall> call_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::UploadRequest>* CheckpointServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+  return new UploadReactor(this, ctx, resp);
+}
+
+grpc::ServerWriteReactor<v1::FetchResponse>* CheckpointServiceImpl::Fetch(
+    grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
+  return new FetchReactor(this, ctx, req);
+}
+
+}  // namespace ckpt

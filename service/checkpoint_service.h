@@ -1,0 +1,107 @@
+// gRPC handlers of ckpt.v1.CheckpointService (callback API): thin adapters from protos to
+// CheckpointManager. Blocking work runs on the Executor, never on gRPC's threads.
+#ifndef CKPT_SERVICE_CHECKPOINT_SERVICE_H_
+#define CKPT_SERVICE_CHECKPOINT_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ckpt.grpc.pb.h"
+#include "service/executor.h"
+#include "service/manager.h"
+
+namespace ckpt {
+
+// Server-wide cap on fetch bytes queued for sending. Thread-safe.
+class ByteBudget {
+ public:
+  explicit ByteBudget(int64_t limit) : limit_(limit) {}
+  // Takes `n` bytes if they fit (a single request larger than the limit fits an empty budget).
+  bool TryAcquire(int64_t n);
+  // Returns bytes and wakes the streams waiting for room.
+  void Release(int64_t n);
+  // Calls `wake` once when bytes are next released.
+  void Wait(std::function<void()> wake);
+  int64_t in_use() const;
+
+ private:
+  mutable std::mutex mu_;
+  const int64_t limit_;
+  int64_t used_ = 0;
+  std::vector<std::function<void()>> waiters_;
+};
+
+struct ServiceOptions {
+  // Fetch bytes queued per stream before the producer pauses. Default 8 MiB.
+  int64_t stream_bytes_in_flight = int64_t{8} << 20;
+  // Fetch bytes queued across the server. Default 256 MiB.
+  int64_t server_bytes_in_flight = int64_t{256} << 20;
+  // Largest accepted upload data message. The API promises ≤ 1 MiB.
+  int64_t max_upload_message_bytes = int64_t{1} << 20;
+};
+
+class CheckpointServiceImpl final : public v1::CheckpointService::CallbackService {
+ public:
+  CheckpointServiceImpl(CheckpointManager* manager, Executor* executor, ServiceOptions options);
+
+  // New calls get UNAVAILABLE from now on.
+  void StartShutdown() { shutting_down_ = true; }
+
+  grpc::ServerUnaryReactor* PutStrategy(grpc::CallbackServerContext* ctx,
+                                        const v1::PutStrategyRequest* req,
+                                        v1::PutStrategyResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStrategy(grpc::CallbackServerContext* ctx,
+                                        const v1::GetStrategyRequest* req,
+                                        v1::GetStrategyResponse* resp) override;
+  grpc::ServerUnaryReactor* ListStrategies(grpc::CallbackServerContext* ctx,
+                                           const v1::ListStrategiesRequest* req,
+                                           v1::ListStrategiesResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteStrategy(grpc::CallbackServerContext* ctx,
+                                           const v1::DeleteStrategyRequest* req,
+                                           v1::DeleteStrategyResponse* resp) override;
+  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* ctx,
+                                                     v1::UploadResponse* resp) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                            const v1::ListCheckpointsRequest* req,
+                                            v1::ListCheckpointsResponse* resp) override;
+  grpc::ServerUnaryReactor* DescribeCheckpoint(grpc::CallbackServerContext* ctx,
+                                               const v1::DescribeCheckpointRequest* req,
+                                               v1::DescribeCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteCheckpoint(grpc::CallbackServerContext* ctx,
+                                             const v1::DeleteCheckpointRequest* req,
+                                             v1::DeleteCheckpointResponse* resp) override;
+  grpc::ServerWriteReactor<v1::FetchResponse>* Fetch(grpc::CallbackServerContext* ctx,
+                                                     const v1::FetchRequest* req) override;
+  grpc::ServerUnaryReactor* RankDependencies(grpc::CallbackServerContext* ctx,
+                                             const v1::RankDependenciesRequest* req,
+                                             v1::RankDependenciesResponse* resp) override;
+
+  CheckpointManager* manager() const { return manager_; }
+  Executor* executor() const { return executor_; }
+  ByteBudget* budget() { return &budget_; }
+  const ServiceOptions& options() const { return options_; }
+  bool shutting_down() const { return shutting_down_; }
+
+ private:
+  template <typename Fn>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, Fn fn);
+
+  CheckpointManager* const manager_;
+  Executor* const executor_;
+  const ServiceOptions options_;
+  ByteBudget budget_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+// One structured log line per RPC.
+void LogRpc(const char* method, const std::string& peer, const absl::Status& status,
+            int64_t bytes, absl::Duration latency, const std::string& detail = "");
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICE_CHECKPOINT_SERVICE_H_

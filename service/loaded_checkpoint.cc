@@ -1,0 +1,38 @@
+#include "service/loaded_checkpoint.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace ckpt {
+
+absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadedCheckpoint::Decode(
+    const std::string& bytes) {
+  auto out = std::make_shared<LoadedCheckpoint>();
+  if (!out->manifest.ParseFromString(bytes)) {
+    return absl::DataLossError("a stored checkpoint manifest does not parse");
+  }
+  const records::CheckpointManifest& m = out->manifest;
+  if (!m.strategy_json().empty()) {
+    CKPT_ASSIGN_OR_RETURN(Strategy s, ParseStrategy(m.strategy_json(), StrategyFormat::kJson));
+    out->strategy = std::make_shared<const Strategy>(std::move(s));
+  }
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const records::TensorRecord& t = m.tensors(i);
+    out->tensor_by_name[t.name()] = i;
+    TensorInfo info;
+    info.name = t.name();
+    CKPT_ASSIGN_OR_RETURN(info.dtype, ParseDType(t.dtype()));
+    info.global_shape.assign(t.global_shape().begin(), t.global_shape().end());
+    if (!t.sharded()) {
+      std::set<int64_t> holders;
+      for (const auto& b : t.blobs()) holders.insert(b.holders().begin(), b.holders().end());
+      info.holders.assign(holders.begin(), holders.end());
+    }
+    out->catalog.push_back(std::move(info));
+  }
+  return std::shared_ptr<const LoadedCheckpoint>(std::move(out));
+}
+
+}  // namespace ckpt

@@ -1,0 +1,30 @@
+// A committed checkpoint's manifest decoded for serving: its source strategy, tensor lookup and
+// the planner catalog. Immutable; shared between concurrent fetches.
+#ifndef CKPT_SERVICE_LOADED_CHECKPOINT_H_
+#define CKPT_SERVICE_LOADED_CHECKPOINT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "ckpt_records.pb.h"
+#include "core/reshard.h"
+#include "core/strategy.h"
+
+namespace ckpt {
+
+struct LoadedCheckpoint {
+  records::CheckpointManifest manifest;
+  std::shared_ptr<const Strategy> strategy;  // null: a single whole-tensor source rank
+  absl::flat_hash_map<std::string, int> tensor_by_name;  // -> index in manifest.tensors
+  std::vector<TensorInfo> catalog;                        // planner input, manifest order
+
+  // Decodes and checks a stored manifest.
+  static absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> Decode(const std::string& bytes);
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICE_LOADED_CHECKPOINT_H_

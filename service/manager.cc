@@ -1,0 +1,365 @@
+#include "service/manager.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ckpt_records.pb.h"
+#include "core/status_macros.h"
+
+namespace ckpt {
+namespace {
+
+bool MatchesAny(const google::protobuf::RepeatedPtrField<std::string>& globs,
+                std::string_view name) {
+  const std::string n(name);
+  for (const std::string& g : globs) {
+    if (fnmatch(g.c_str(), n.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status ValidateName(const std::string& what, const std::string& name) {
+  const bool ok_chars = std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+  if (name.empty() || name.size() > 200 || !ok_chars || name[0] == '.' || name[0] == '-') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " \"", name, "\" is invalid: use 1-200 characters of [A-Za-z0-9._-], not starting "
+        "with '.' or '-'"));
+  }
+  return absl::OkStatus();
+}
+
+CheckpointManager::CheckpointManager(CheckpointStore* store, ManagerOptions options)
+    : store_(store), options_(std::move(options)) {}
+
+v1::StrategyInfo CheckpointManager::InfoOf(const std::string& name, const Strategy& s) {
+  v1::StrategyInfo info;
+  info.set_name(name);
+  info.set_parameter_count(static_cast<int64_t>(s.params().size()));
+  info.set_devices_per_stage(s.devices_per_stage());
+  info.set_stage_count(s.stage_count());
+  info.set_world_size(s.world_size());
+  return info;
+}
+
+absl::StatusOr<v1::StrategyInfo> CheckpointManager::PutStrategy(const std::string& name,
+                                                                const std::string& content,
+                                                                v1::StrategyFormat format,
+                                                                bool overwrite) {
+  CKPT_RETURN_IF_ERROR(ValidateName("strategy name", name));
+  auto parsed = ParseStrategy(content, format == v1::STRATEGY_FORMAT_JSON ? StrategyFormat::kJson
+                                                                          : StrategyFormat::kBinary);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy ", name, ": ", parsed.status().message()));
+  }
+  records::StrategyRecord record;
+  record.set_name(name);
+  record.set_strategy_json(SerializeStrategy(*parsed, StrategyFormat::kJson));
+  record.set_created_unix(absl::ToUnixSeconds(absl::Now()));
+  CKPT_RETURN_IF_ERROR(store_->PutStrategy(name, record.SerializeAsString(), overwrite));
+  auto shared = std::make_shared<const Strategy>(*std::move(parsed));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    strategies_[name] = shared;
+  }
+  InvalidatePlans();
+  return InfoOf(name, *shared);
+}
+
+absl::StatusOr<std::shared_ptr<const Strategy>> CheckpointManager::GetStrategy(
+    const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = strategies_.find(name); it != strategies_.end()) return it->second;
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetStrategy(name));
+  records::StrategyRecord record;
+  if (!record.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("stored strategy ", name, " does not parse"));
+  }
+  CKPT_ASSIGN_OR_RETURN(Strategy s, ParseStrategy(record.strategy_json(), StrategyFormat::kJson));
+  auto shared = std::make_shared<const Strategy>(std::move(s));
+  std::lock_guard<std::mutex> lock(mu_);
+  strategies_[name] = shared;
+  return shared;
+}
+
+absl::StatusOr<std::vector<v1::StrategyInfo>> CheckpointManager::ListStrategies() {
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, store_->ListStrategies());
+  std::vector<v1::StrategyInfo> out;
+  for (const std::string& name : names) {
+    auto s = GetStrategy(name);
+    if (s.status().code() == absl::StatusCode::kNotFound) continue;  // deleted meanwhile
+    CKPT_RETURN_IF_ERROR(s.status());
+    out.push_back(InfoOf(name, **s));
+  }
+  return out;
+}
+
+absl::Status CheckpointManager::DeleteStrategy(const std::string& name) {
+  CKPT_RETURN_IF_ERROR(store_->DeleteStrategy(name));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    strategies_.erase(name);
+  }
+  InvalidatePlans();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RankUpload>> CheckpointManager::BeginUpload(
+    const v1::UploadHeader& header) {
+  CKPT_RETURN_IF_ERROR(ValidateName("checkpoint id", header.checkpoint_id()));
+  const std::string& id = header.checkpoint_id();
+  std::shared_ptr<PendingCheckpoint> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = pending_.find(id); it != pending_.end() && !it->second->committed()) {
+      pending = it->second;
+    }
+  }
+  if (!pending) {
+    auto existing = store_->GetManifest(id);
+    if (existing.ok()) {
+      return absl::AlreadyExistsError(absl::StrCat("checkpoint ", id, " already exists"));
+    }
+    if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
+    std::shared_ptr<const Strategy> strategy;
+    std::string json;
+    if (!header.strategy().empty()) {
+      CKPT_ASSIGN_OR_RETURN(strategy, GetStrategy(header.strategy()));
+      json = SerializeStrategy(*strategy, StrategyFormat::kJson);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = pending_.find(id); it != pending_.end() && !it->second->committed()) {
+      pending = it->second;  // another rank created it meanwhile
+    } else {
+      CKPT_ASSIGN_OR_RETURN(uint64_t data_id, store_->BeginData());
+      pending = std::make_shared<PendingCheckpoint>(id, header.strategy(), std::move(strategy),
+                                                    std::move(json), data_id, store_,
+                                                    options_.upload);
+      pending_[id] = pending;
+    }
+  }
+  // Every rank stream of one checkpoint must name the same strategy.
+  if (header.strategy() != pending->strategy_name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", header.rank(), " names strategy \"", header.strategy(), "\" but checkpoint ", id,
+        " is being uploaded with strategy \"", pending->strategy_name(), "\""));
+  }
+  return RankUpload::Start(pending, header.rank(), header.source_file());
+}
+
+void CheckpointManager::OnUploadFinished(const std::string& checkpoint_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(checkpoint_id);
+  if (it != pending_.end() && it->second->committed()) pending_.erase(it);
+}
+
+int CheckpointManager::ExpireIdleUploads() {
+  std::vector<std::shared_ptr<PendingCheckpoint>> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time cutoff = absl::Now() - options_.upload_idle_timeout;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->committed()) {
+        it = pending_.erase(it);
+      } else if (it->second->IdleSince(cutoff)) {
+        expired.push_back(it->second);
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& p : expired) (void)store_->DiscardData(p->data_id());
+  return static_cast<int>(expired.size());
+}
+
+absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> CheckpointManager::LoadCheckpoint(
+    const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = checkpoints_.find(id); it != checkpoints_.end()) return it->second;
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetManifest(id));
+  auto loaded = LoadedCheckpoint::Decode(bytes);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat("checkpoint ", id, ": ", loaded.status().message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoints_[id] = *loaded;
+  return *loaded;
+}
+
+v1::CheckpointInfo CheckpointManager::InfoOf(const LoadedCheckpoint& c) const {
+  const records::CheckpointManifest& m = c.manifest;
+  v1::CheckpointInfo info;
+  info.set_id(m.id());
+  info.set_strategy(m.strategy_name());
+  info.set_ranks(m.world_size());
+  info.set_tensor_count(m.tensors_size());
+  int64_t logical = 0, stored = 0;
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const TensorInfo& t = c.catalog[i];
+    logical += t.dtype == DType::kStr ? m.tensors(i).blobs(0).total_bytes()
+                                      : *ByteSizeOf(t.dtype, *NumElements(t.global_shape));
+    for (const auto& b : m.tensors(i).blobs()) stored += b.total_bytes();
+  }
+  info.set_logical_bytes(logical);
+  info.set_stored_bytes(stored);
+  info.set_created_unix(m.created_unix());
+  return info;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointManager::ListCheckpoints() {
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> ids, store_->ListCheckpoints());
+  std::vector<v1::CheckpointInfo> out;
+  for (const std::string& id : ids) {
+    auto c = LoadCheckpoint(id);
+    if (c.status().code() == absl::StatusCode::kNotFound) continue;
+    CKPT_RETURN_IF_ERROR(c.status());
+    out.push_back(InfoOf(**c));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::DescribeCheckpointResponse> CheckpointManager::DescribeCheckpoint(
+    const std::string& id) {
+  CKPT_ASSIGN_OR_RETURN(auto c, LoadCheckpoint(id));
+  v1::DescribeCheckpointResponse out;
+  *out.mutable_info() = InfoOf(*c);
+  for (int i = 0; i < c->manifest.tensors_size(); ++i) {
+    const records::TensorRecord& t = c->manifest.tensors(i);
+    v1::TensorDescription* d = out.add_tensors();
+    d->set_name(t.name());
+    d->set_dtype(t.dtype());
+    *d->mutable_global_shape() = t.global_shape();
+    d->set_kind(t.sharded() ? v1::TENSOR_KIND_SHARDED : v1::TENSOR_KIND_VERBATIM);
+    if (t.sharded() && c->strategy) {
+      if (const Layout* l = ResolveLayout(*c->strategy, t.name(), true)) d->set_layout(l->ToString());
+    }
+    d->set_stored_slices(t.blobs_size());
+    int64_t stored = 0;
+    for (const auto& b : t.blobs()) stored += b.total_bytes();
+    d->set_stored_bytes(stored);
+  }
+  return out;
+}
+
+absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
+  CKPT_RETURN_IF_ERROR(store_->DeleteCheckpoint(id));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoints_.erase(id);
+  }
+  InvalidatePlans();
+  return absl::OkStatus();
+}
+
+void CheckpointManager::InvalidatePlans() {
+  std::lock_guard<std::mutex> lock(mu_);
+  plans_.clear();
+}
+
+absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
+    const v1::FetchRequest& request, std::shared_ptr<const LoadedCheckpoint> ckpt) {
+  std::shared_ptr<const Strategy> dst;
+  if (!request.merged()) {
+    if (request.strategy().empty()) {
+      return absl::InvalidArgumentError("fetch needs a destination strategy or merged");
+    }
+    CKPT_ASSIGN_OR_RETURN(dst, GetStrategy(request.strategy()));
+  }
+  const std::string key = absl::StrCat(
+      request.checkpoint_id(), "\x1f", request.merged() ? "\x01merged" : request.strategy(), "\x1f",
+      absl::StrJoin(request.include(), "\x1e"), "\x1f", absl::StrJoin(request.exclude(), "\x1e"),
+      "\x1f", request.strict());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+      if (it->first == key) {
+        auto planner = it->second;
+        std::rotate(it, it + 1, plans_.end());  // most recent at the back
+        return planner;
+      }
+    }
+  }
+  PlanOptions options;
+  options.strict = request.strict();
+  const auto include = request.include();
+  const auto exclude = request.exclude();
+  if (!include.empty() || !exclude.empty()) {
+    options.select = [include, exclude](std::string_view name) {
+      return (include.empty() || MatchesAny(include, name)) && !MatchesAny(exclude, name);
+    };
+  }
+  auto planner = Resharder::Create(ckpt->strategy, dst, ckpt->catalog, options);
+  if (!planner.ok()) {
+    return absl::Status(planner.status().code(),
+                        absl::StrCat("checkpoint ", request.checkpoint_id(), ": ",
+                                     planner.status().message()));
+  }
+  auto shared = std::make_shared<const Resharder>(*std::move(planner));
+  std::lock_guard<std::mutex> lock(mu_);
+  plans_.emplace_back(key, shared);
+  if (plans_.size() > options_.plan_cache_entries) plans_.erase(plans_.begin());
+  return shared;
+}
+
+absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
+    const v1::FetchRequest& request) {
+  CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
+  CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
+  CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_, options_.fetch);
+}
+
+absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(
+    const v1::RankDependenciesRequest& request) {
+  if (request.destination_strategy().empty()) {
+    return absl::InvalidArgumentError("dependencies need a destination strategy");
+  }
+  CKPT_ASSIGN_OR_RETURN(auto dst, GetStrategy(request.destination_strategy()));
+  std::shared_ptr<const Resharder> planner;
+  if (request.source_case() == v1::RankDependenciesRequest::kCheckpointId) {
+    CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
+    v1::FetchRequest as_fetch;
+    as_fetch.set_checkpoint_id(request.checkpoint_id());
+    as_fetch.set_strategy(request.destination_strategy());
+    CKPT_ASSIGN_OR_RETURN(planner, Planner(as_fetch, ckpt));
+  } else if (request.source_case() == v1::RankDependenciesRequest::kSourceStrategy) {
+    CKPT_ASSIGN_OR_RETURN(auto src, GetStrategy(request.source_strategy()));
+    CKPT_ASSIGN_OR_RETURN(Resharder r, Resharder::CreateFromLayouts(src, dst));
+    planner = std::make_shared<const Resharder>(std::move(r));
+  } else {
+    return absl::InvalidArgumentError("dependencies need a checkpoint id or a source strategy");
+  }
+  v1::RankDependenciesResponse out;
+  if (request.ranks_case() == v1::RankDependenciesRequest::kAll) {
+    CKPT_ASSIGN_OR_RETURN(auto all, planner->AllSourceRanks());
+    for (size_t r = 0; r < all.size(); ++r) {
+      v1::RankSources* rs = out.add_ranks();
+      rs->set_rank(static_cast<int64_t>(r));
+      for (int64_t s : all[r]) rs->add_source_ranks(s);
+    }
+  } else if (request.ranks_case() == v1::RankDependenciesRequest::kRank) {
+    CKPT_ASSIGN_OR_RETURN(auto ranks, planner->SourceRanks(request.rank()));
+    v1::RankSources* rs = out.add_ranks();
+    rs->set_rank(request.rank());
+    for (int64_t s : ranks) rs->add_source_ranks(s);
+  } else {
+    return absl::InvalidArgumentError("dependencies need a rank or all");
+  }
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,91 @@
+// The service's logic with absl types only: strategies, uploads, checkpoints, fetch planning and
+// dependencies over a CheckpointStore. The gRPC layer (checkpoint_service.h) is a thin adapter.
+#ifndef CKPT_SERVICE_MANAGER_H_
+#define CKPT_SERVICE_MANAGER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ckpt.pb.h"
+#include "core/reshard.h"
+#include "core/strategy.h"
+#include "service/fetch_stream.h"
+#include "service/loaded_checkpoint.h"
+#include "service/upload_session.h"
+#include "storage/checkpoint_store.h"
+
+namespace ckpt {
+
+struct ManagerOptions {
+  UploadOptions upload;
+  FetchOptions fetch;
+  // Uploads with no active stream and no progress for this long are discarded.
+  absl::Duration upload_idle_timeout = absl::Minutes(30);
+  // Planned fetches (checkpoint × destination strategy × filters) kept for reuse.
+  size_t plan_cache_entries = 64;
+};
+
+// Thread-safe. Does not own the store.
+class CheckpointManager {
+ public:
+  CheckpointManager(CheckpointStore* store, ManagerOptions options);
+
+  // --- strategies ---
+  absl::StatusOr<v1::StrategyInfo> PutStrategy(const std::string& name, const std::string& content,
+                                               v1::StrategyFormat format, bool overwrite);
+  absl::StatusOr<std::shared_ptr<const Strategy>> GetStrategy(const std::string& name);
+  absl::StatusOr<std::vector<v1::StrategyInfo>> ListStrategies();
+  absl::Status DeleteStrategy(const std::string& name);
+  static v1::StrategyInfo InfoOf(const std::string& name, const Strategy& strategy);
+
+  // --- uploads ---
+  // Opens the stream of one source rank (creating the pending checkpoint on first use).
+  absl::StatusOr<std::unique_ptr<RankUpload>> BeginUpload(const v1::UploadHeader& header);
+  // Discards pending uploads idle for longer than the timeout. Returns how many.
+  int ExpireIdleUploads();
+  // Forget a pending checkpoint once committed.
+  void OnUploadFinished(const std::string& checkpoint_id);
+
+  // --- checkpoints ---
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints();
+  absl::StatusOr<v1::DescribeCheckpointResponse> DescribeCheckpoint(const std::string& id);
+  absl::Status DeleteCheckpoint(const std::string& id);
+
+  // --- serving ---
+  absl::StatusOr<std::unique_ptr<FetchStream>> OpenFetch(const v1::FetchRequest& request);
+  absl::StatusOr<v1::RankDependenciesResponse> RankDependencies(
+      const v1::RankDependenciesRequest& request);
+
+  CheckpointStore* store() const { return store_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(const std::string& id);
+  absl::StatusOr<std::shared_ptr<const Resharder>> Planner(const v1::FetchRequest& request,
+                                                           std::shared_ptr<const LoadedCheckpoint> ckpt);
+  v1::CheckpointInfo InfoOf(const LoadedCheckpoint& ckpt) const;
+  void InvalidatePlans();
+
+  CheckpointStore* const store_;
+  const ManagerOptions options_;
+
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<PendingCheckpoint>> pending_;
+  std::map<std::string, std::shared_ptr<const Strategy>> strategies_;  // decoded cache
+  std::map<std::string, std::shared_ptr<const LoadedCheckpoint>> checkpoints_;  // decoded cache
+  // Plan cache: key -> planner; a plain list (small) with most recent at the back.
+  std::vector<std::pair<std::string, std::shared_ptr<const Resharder>>> plans_;
+};
+
+// Validates an id or name: 1-200 characters of [A-Za-z0-9._-], not starting with '.' or '-'.
+absl::Status ValidateName(const std::string& what, const std::string& name);
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICE_MANAGER_H_

@@ -1,0 +1,612 @@
+#include "service/upload_session.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/absl_compat.h"
+#include "core/reshard.h"
+#include "core/status_macros.h"
+#include "core/strided_copy.h"
+
+namespace ckpt {
+namespace {
+
+constexpr size_t kMaxNameBytes = 4096;
+constexpr int kMaxDims = 64;
+
+// Element bits and shape under which a tensor's bytes are chunked: str values are raw bytes.
+int StorageBits(DType dtype) { return dtype == DType::kStr ? 8 : ElementBits(dtype); }
+DType CopyType(DType dtype) { return dtype == DType::kStr ? DType::kUInt8 : dtype; }
+
+std::string StagesString(const std::vector<int32_t>& stages) {
+  return absl::StrCat("[", absl::StrJoin(stages, ", "), "]");
+}
+
+void AddHolder(records::BlobRecord& record, int64_t rank) {
+  auto* holders = record.mutable_holders();
+  if (std::find(holders->begin(), holders->end(), rank) != holders->end()) return;
+  holders->Add(rank);
+  std::sort(holders->begin(), holders->end());
+}
+
+void RemoveHolder(records::BlobRecord& record, int64_t rank) {
+  auto* holders = record.mutable_holders();
+  holders->erase(std::remove(holders->begin(), holders->end(), rank), holders->end());
+}
+
+void SetBox(records::BlobRecord& record, const Box& box) {
+  record.clear_box_lo();
+  record.clear_box_hi();
+  for (int64_t v : box.lo) record.add_box_lo(v);
+  for (int64_t v : box.hi) record.add_box_hi(v);
+}
+
+}  // namespace
+
+PendingCheckpoint::PendingCheckpoint(std::string id, std::string strategy_name,
+                                     std::shared_ptr<const Strategy> strategy,
+                                     std::string strategy_json, uint64_t data_id,
+                                     CheckpointStore* store, UploadOptions options)
+    : id_(std::move(id)),
+      strategy_name_(std::move(strategy_name)),
+      strategy_(std::move(strategy)),
+      strategy_json_(std::move(strategy_json)),
+      data_id_(data_id),
+      store_(store),
+      options_(std::move(options)),
+      last_activity_(absl::Now()) {}
+
+int64_t PendingCheckpoint::world_size() const { return strategy_ ? strategy_->world_size() : 1; }
+
+bool PendingCheckpoint::IdleSince(absl::Time cutoff) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_.empty() && last_activity_ < cutoff;
+}
+
+bool PendingCheckpoint::committed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return committed_;
+}
+
+void PendingCheckpoint::ReleaseRank(int64_t rank) {
+  for (auto it = tensors_.begin(); it != tensors_.end();) {
+    Tensor& t = *it->second;
+    t.ranks.erase(rank);
+    for (auto c = t.cells.begin(); c != t.cells.end();) {
+      // A slice this rank was still writing is incomplete: drop the claim (a retry rewrites the
+      // same chunk keys). Completed slices stay: their bytes and checksums are valid.
+      if (c->second.owner_rank == rank && c->second.state == BlobState::kWriting) {
+        c = t.cells.erase(c);
+      } else {
+        RemoveHolder(c->second.record, rank);
+        ++c;
+      }
+    }
+    for (auto v = t.variants.begin(); v != t.variants.end();) {
+      RemoveHolder(v->record, rank);
+      if (v->record.holders().empty()) {
+        v = t.variants.erase(v);
+      } else {
+        ++v;
+      }
+    }
+    it = t.ranks.empty() ? tensors_.erase(it) : std::next(it);
+  }
+  source_files_.erase(rank);
+  active_.erase(rank);
+  cv_.notify_all();
+}
+
+records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
+  records::CheckpointManifest m;
+  m.set_id(id_);
+  m.set_strategy_name(strategy_name_);
+  m.set_strategy_json(strategy_json_);
+  m.set_world_size(world_size());
+  m.set_data_id(data_id_);
+  m.set_created_unix(absl::ToUnixSeconds(absl::Now()));
+  std::vector<const Tensor*> order;
+  for (const auto& [name, t] : tensors_) order.push_back(t.get());
+  std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) {
+    return std::tie(a->first_rank, a->position) < std::tie(b->first_rank, b->position);
+  });
+  for (const Tensor* t : order) {
+    records::TensorRecord* r = m.add_tensors();
+    *r = t->record;
+    r->clear_blobs();
+    for (const auto& [cell, blob] : t->cells) *r->add_blobs() = blob.record;
+    for (const Blob& blob : t->variants) *r->add_blobs() = blob.record;
+  }
+  for (int64_t r = 0; r < world_size(); ++r) {
+    auto it = source_files_.find(r);
+    m.add_source_files(it == source_files_.end() ? "" : it->second);
+  }
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
+    std::shared_ptr<PendingCheckpoint> pending, int64_t rank, std::string source_file) {
+  {
+    std::lock_guard<std::mutex> lock(pending->mu_);
+    const int64_t world = pending->world_size();
+    if (rank < 0 || rank >= world) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "rank ", rank, " is outside the source world of ", world, " ranks",
+          pending->strategy_ ? absl::StrCat(" of strategy ", pending->strategy_name_)
+                             : " (a whole-tensor checkpoint has one rank, 0)"));
+    }
+    if (pending->committed_) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("checkpoint ", pending->id_, " is already complete"));
+    }
+    if (pending->received_.contains(rank)) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " of checkpoint ",
+                                                   pending->id_, " was already received"));
+    }
+    if (pending->active_.contains(rank)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " of checkpoint ", pending->id_, " is being uploaded by another stream"));
+    }
+    pending->active_.insert(rank);
+    pending->source_files_[rank] = std::move(source_file);
+    pending->last_activity_ = absl::Now();
+  }
+  return std::unique_ptr<RankUpload>(new RankUpload(std::move(pending), rank));
+}
+
+RankUpload::RankUpload(std::shared_ptr<PendingCheckpoint> pending, int64_t rank)
+    : pending_(std::move(pending)),
+      rank_(rank),
+      stage_(pending_->strategy_
+                 ? static_cast<int32_t>(rank / pending_->strategy_->devices_per_stage())
+                 : 0),
+      local_rank_(pending_->strategy_ ? rank % pending_->strategy_->devices_per_stage() : 0) {}
+
+RankUpload::~RankUpload() {
+  if (finished_) return;
+  std::lock_guard<std::mutex> lock(pending_->mu_);
+  pending_->ReleaseRank(rank_);
+}
+
+std::string RankUpload::Where() const {
+  return absl::StrCat("checkpoint ", pending_->id_, " rank ", rank_);
+}
+
+absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
+  if (current_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": tensor ", current_->name, " got ", current_->received, " of ",
+                     current_->total, " bytes before the next tensor header"));
+  }
+  const std::string& name = h.name();
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": tensor names must be 1-", kMaxNameBytes, " bytes"));
+  }
+  if (sent_.contains(name)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": tensor ", name, " appears twice in the rank's file"));
+  }
+  auto dtype_or = ParseDType(h.dtype());
+  if (!dtype_or.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": tensor ", name, ": ", dtype_or.status().message()));
+  }
+  const DType dtype = *dtype_or;
+  if (h.dims_size() > kMaxDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": tensor ", name, " has ", h.dims_size(), " dims (max ", kMaxDims, ")"));
+  }
+  Shape local(h.dims().begin(), h.dims().end());
+  for (int64_t d : local) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", name, " has shape ",
+                                                     ShapeToString(local), " with a negative dim"));
+    }
+  }
+  // MindSpore's reader treats dims [0] (and every str value) as a scalar (spec §1.4).
+  if (dtype == DType::kStr || local == Shape{0}) local.clear();
+  const int64_t total = h.total_bytes();
+  if (dtype == DType::kStr) {
+    if (total < 0 || total % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(), ": str tensor ", name, " has ",
+                                                     total, " bytes; UTF-32 needs a multiple of 4"));
+    }
+  } else {
+    auto elements = NumElements(local);
+    if (!elements.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), ": tensor ", name, ": ", elements.status().message()));
+    }
+    auto bytes = ByteSizeOf(dtype, *elements);
+    if (!bytes.ok() || *bytes != total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(), ": tensor ", name, " announces ", total, " bytes but ", Sv(DTypeName(dtype)),
+          " ", ShapeToString(local), " needs ",
+          bytes.ok() ? absl::StrCat(*bytes) : std::string(bytes.status().message())));
+    }
+  }
+  const Layout* layout =
+      pending_->strategy_ ? ResolveLayout(*pending_->strategy_, name, true) : nullptr;
+  if (layout && dtype == DType::kStr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": str tensor ", name, " cannot have a layout in the strategy"));
+  }
+
+  Current cur;
+  cur.name = name;
+  cur.dtype = dtype;
+  cur.total = total;
+  {
+    std::lock_guard<std::mutex> lock(pending_->mu_);
+    pending_->last_activity_ = absl::Now();
+    auto& slot = pending_->tensors_[name];
+    const bool first = slot == nullptr;
+    if (first) {
+      slot = std::make_unique<PendingCheckpoint::Tensor>();
+      slot->record.set_name(name);
+      slot->record.set_dtype(std::string(DTypeName(dtype)));
+      slot->record.set_tensor_index(pending_->next_tensor_index_++);
+      slot->dtype = dtype;
+      slot->first_rank = rank_;
+      slot->position = position_;
+    }
+    PendingCheckpoint::Tensor& t = *slot;
+    if (t.dtype != dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", name, ": rank ", rank_, " has dtype ", Sv(DTypeName(dtype)),
+          " but earlier ranks sent ", Sv(DTypeName(t.dtype))));
+    }
+    if (rank_ < t.first_rank) {
+      t.first_rank = rank_;
+      t.position = position_;
+    }
+    Shape global;
+    if (layout) {
+      if (!std::count(layout->stages.begin(), layout->stages.end(), stage_)) {
+        if (first) pending_->tensors_.erase(name);
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", name, ": rank ", rank_, " is in pipeline stage ", stage_,
+            " but the strategy places it in stages ", StagesString(layout->stages)));
+      }
+      auto g = layout->GlobalShapeFromLocal(local);
+      absl::Status valid = g.ok() ? layout->Validate(*g) : g.status();
+      if (!valid.ok()) {
+        if (first) pending_->tensors_.erase(name);
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": rank ", rank_,
+                                                       " holds shape ", ShapeToString(local),
+                                                       ", which does not fit layout ",
+                                                       layout->ToString(), ": ", valid.message()));
+      }
+      global = *g;
+    } else {
+      global = local;
+    }
+    if (!first) {
+      const Shape known(t.record.global_shape().begin(), t.record.global_shape().end());
+      if (known != global) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
+            layout ? absl::StrCat(" (global ", ShapeToString(global), ")") : std::string(),
+            " but earlier ranks imply global shape ", ShapeToString(known)));
+      }
+    } else {
+      for (int64_t d : global) t.record.add_global_shape(d);
+      t.record.set_sharded(layout != nullptr);
+      if (layout) t.layout = *layout;
+    }
+    t.ranks.insert(rank_);
+    cur.tensor_index = t.record.tensor_index();
+    if (layout) {
+      const std::vector<int64_t> grid = layout->Grid(global.size());
+      const std::vector<int64_t> cell = *layout->CellOf(local_rank_, global.size());
+      int64_t id = 0;
+      for (size_t i = 0; i < cell.size(); ++i) id = id * grid[i] + cell[i];
+      cur.cell = id;
+      cur.blob_index = static_cast<uint32_t>(id);
+      cur.box = CellBox(global, grid, cell);
+      auto it = t.cells.find(id);
+      if (it != t.cells.end()) {
+        cur.mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
+      } else {
+        PendingCheckpoint::Blob blob;
+        blob.owner_rank = rank_;
+        blob.record.set_cell(id);
+        blob.record.set_blob_index(cur.blob_index);
+        SetBox(blob.record, cur.box);
+        t.cells.emplace(id, std::move(blob));
+        cur.mode = Mode::kWrite;
+      }
+    } else {
+      cur.box = Box::Whole(global);
+      if (total <= pending_->options_.verbatim_dedupe_bytes) {
+        cur.mode = Mode::kBuffer;
+      } else {
+        cur.mode = Mode::kWrite;
+        cur.blob_index = t.next_blob_index++;
+        PendingCheckpoint::Blob blob;
+        blob.owner_rank = rank_;
+        blob.record.set_cell(cur.blob_index);
+        blob.record.set_blob_index(cur.blob_index);
+        SetBox(blob.record, cur.box);
+        AddHolder(blob.record, rank_);
+        t.variants.push_back(std::move(blob));
+      }
+    }
+  }
+  if (total > 0) {
+    const Shape storage = dtype == DType::kStr ? Shape{total} : cur.box.shape();
+    auto grid = ChunkGrid::Make(storage, StorageBits(dtype), pending_->options_.chunk_grid);
+    if (!grid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), ": tensor ", name, ": ", grid.status().message()));
+    }
+    cur.grid = *std::move(grid);
+  }
+  sent_.insert(name);
+  ++position_;
+  current_ = std::move(cur);
+  if (total == 0) return FinishTensor();
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::Append(std::string_view data) {
+  if (!current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": data before a tensor header"));
+  }
+  Current& c = *current_;
+  if (static_cast<int64_t>(data.size()) > c.total - c.received) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", c.name,
+                                                   " sends more than the announced ", c.total,
+                                                   " bytes"));
+  }
+  c.received += static_cast<int64_t>(data.size());
+  bytes_received_ += static_cast<int64_t>(data.size());
+  if (c.mode == Mode::kBuffer) {
+    c.band.append(data);
+  } else {
+    const ChunkGrid& g = *c.grid;
+    const Shape& shape = g.shape();
+    const int64_t row_bytes =
+        shape.empty() ? g.total_bytes() : g.total_bytes() / shape[0];
+    while (!data.empty()) {
+      const int64_t rows = shape.empty() ? 1 : std::min(g.band_rows(), shape[0] - c.band_start_row);
+      const int64_t band_bytes = rows * row_bytes;
+      const size_t take =
+          std::min(data.size(), static_cast<size_t>(band_bytes - static_cast<int64_t>(c.band.size())));
+      c.band.append(data.substr(0, take));
+      data.remove_prefix(take);
+      if (static_cast<int64_t>(c.band.size()) == band_bytes) CKPT_RETURN_IF_ERROR(FlushBand(false));
+    }
+  }
+  if (c.received == c.total) return FinishTensor();
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::FlushBand(bool /*last*/) {
+  Current& c = *current_;
+  const ChunkGrid& g = *c.grid;
+  const Shape& shape = g.shape();
+  const int64_t band_index = shape.empty() ? 0 : c.band_start_row / g.band_rows();
+  const int64_t per_band = g.chunks_per_band();
+  Box band_box = Box::Whole(shape);
+  if (!shape.empty()) {
+    band_box.lo[0] = c.band_start_row;
+    band_box.hi[0] = std::min(shape[0], c.band_start_row + g.band_rows());
+  }
+  std::vector<std::string> owned;
+  owned.reserve(per_band);
+  std::vector<ChunkWrite> writes;
+  for (int64_t k = 0; k < per_band; ++k) {
+    const int64_t chunk = band_index * per_band + k;
+    std::string_view bytes;
+    if (per_band == 1) {
+      bytes = c.band;  // the band is exactly one chunk
+    } else {
+      const Box cb = g.ChunkBox(chunk);
+      owned.emplace_back(static_cast<size_t>(g.ChunkBytes(chunk)), '\0');
+      CKPT_RETURN_IF_ERROR(
+          CopyBoxRegion(CopyType(c.dtype), c.band.data(), band_box, owned.back().data(), cb, cb));
+      bytes = owned.back();
+    }
+    c.checksums.push_back(ChunkChecksum(bytes));
+    if (c.mode == Mode::kWrite || c.mode == Mode::kBuffer) {
+      writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
+                         static_cast<uint32_t>(chunk)},
+                        bytes});
+    }
+  }
+  if (!writes.empty()) {
+    CKPT_RETURN_IF_ERROR(pending_->store_->PutChunks(writes));
+    for (const ChunkWrite& w : writes) bytes_stored_ += static_cast<int64_t>(w.bytes.size());
+  }
+  c.band.clear();
+  c.band_start_row = band_box.hi.empty() ? 1 : band_box.hi[0];
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::StoreVerbatim() {
+  Current& c = *current_;
+  // Chunk and checksum the buffered value without writing, then write only if no identical copy
+  // is stored yet.
+  std::vector<uint64_t> checksums;
+  if (c.grid) {
+    const ChunkGrid& g = *c.grid;
+    for (int64_t k = 0; k < g.chunk_count(); ++k) {
+      const Box cb = g.ChunkBox(k);
+      std::string bytes(static_cast<size_t>(g.ChunkBytes(k)), '\0');
+      CKPT_RETURN_IF_ERROR(CopyBoxRegion(CopyType(c.dtype), c.band.data(),
+                                         Box::Whole(g.shape()), bytes.data(), cb, cb));
+      checksums.push_back(ChunkChecksum(bytes));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(pending_->mu_);
+    PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
+    for (PendingCheckpoint::Blob& v : t.variants) {
+      if (v.state == PendingCheckpoint::BlobState::kDone &&
+          std::equal(v.record.chunk_xxh64().begin(), v.record.chunk_xxh64().end(),
+                     checksums.begin(), checksums.end())) {
+        AddHolder(v.record, rank_);
+        return absl::OkStatus();
+      }
+    }
+    c.blob_index = t.next_blob_index++;
+  }
+  // Write it as a new variant through the band path: the whole value is one band sequence.
+  std::string value = std::move(c.band);
+  c.band.clear();
+  c.band_start_row = 0;
+  c.checksums.clear();
+  if (c.grid) {
+    const ChunkGrid& g = *c.grid;
+    const Shape& shape = g.shape();
+    const int64_t row_bytes = shape.empty() ? g.total_bytes() : g.total_bytes() / shape[0];
+    std::string_view rest = value;
+    while (!rest.empty()) {
+      const int64_t rows = shape.empty() ? 1 : std::min(g.band_rows(), shape[0] - c.band_start_row);
+      const size_t take = static_cast<size_t>(rows * row_bytes);
+      c.band.assign(rest.substr(0, take));
+      rest.remove_prefix(take);
+      CKPT_RETURN_IF_ERROR(FlushBand(rest.empty()));
+    }
+  }
+  std::lock_guard<std::mutex> lock(pending_->mu_);
+  PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
+  PendingCheckpoint::Blob blob;
+  blob.owner_rank = rank_;
+  blob.state = PendingCheckpoint::BlobState::kDone;
+  blob.record.set_cell(c.blob_index);
+  blob.record.set_blob_index(c.blob_index);
+  SetBox(blob.record, c.box);
+  if (c.grid) {
+    for (int64_t v : c.grid->tile()) blob.record.add_tile(v);
+  }
+  for (uint64_t x : c.checksums) blob.record.add_chunk_xxh64(x);
+  blob.record.set_total_bytes(c.total);
+  AddHolder(blob.record, rank_);
+  t.variants.push_back(std::move(blob));
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::FinishTensor() {
+  Current& c = *current_;
+  if (c.mode == Mode::kBuffer) {
+    CKPT_RETURN_IF_ERROR(StoreVerbatim());
+  } else if (c.mode == Mode::kVerify) {
+    verifications_.push_back({c.name, c.cell, std::move(c.checksums), c.box});
+  } else {
+    std::lock_guard<std::mutex> lock(pending_->mu_);
+    PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
+    PendingCheckpoint::Blob* blob = nullptr;
+    if (t.layout) {
+      blob = &t.cells.at(c.cell);
+    } else {
+      for (auto& v : t.variants) {
+        if (v.record.blob_index() == c.blob_index) blob = &v;
+      }
+    }
+    if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", c.name));
+    blob->record.clear_tile();
+    if (c.grid) {
+      for (int64_t v : c.grid->tile()) blob->record.add_tile(v);
+    }
+    blob->record.clear_chunk_xxh64();
+    for (uint64_t x : c.checksums) blob->record.add_chunk_xxh64(x);
+    blob->record.set_total_bytes(c.total);
+    AddHolder(blob->record, rank_);
+    blob->state = PendingCheckpoint::BlobState::kDone;
+    pending_->last_activity_ = absl::Now();
+    pending_->cv_.notify_all();
+  }
+  current_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": stream ended after ",
+                                                   current_->received, " of ", current_->total,
+                                                   " bytes of tensor ", current_->name));
+  }
+  if (const Strategy* s = pending_->strategy_.get()) {
+    for (const auto& [name, param] : s->params()) {
+      if (std::count(param.layout.stages.begin(), param.layout.stages.end(), stage_) &&
+          !sent_.contains(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(), " (pipeline stage ", stage_, ") did not send parameter ", name,
+            ", which the strategy places in stages ", StagesString(param.layout.stages)));
+      }
+    }
+  }
+  std::unique_lock<std::mutex> lock(pending_->mu_);
+  // Replicas: wait until the rank that writes the same slice is done, then compare checksums.
+  for (const Verification& v : verifications_) {
+    auto ready = [&] {
+      auto t = pending_->tensors_.find(v.name);
+      if (t == pending_->tensors_.end()) return true;
+      auto c = t->second->cells.find(v.cell);
+      return c == t->second->cells.end() || c->second.state == PendingCheckpoint::BlobState::kDone;
+    };
+    if (!pending_->cv_.wait_for(lock, absl::ToChronoSeconds(pending_->options_.replica_wait),
+                                ready)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          Where(), ": timed out waiting for the rank uploading the same slice of ", v.name));
+    }
+    auto t = pending_->tensors_.find(v.name);
+    auto c = t == pending_->tensors_.end() ? decltype(t->second->cells.end()){}
+                                           : t->second->cells.find(v.cell);
+    if (t == pending_->tensors_.end() || c == t->second->cells.end()) {
+      return absl::AbortedError(absl::StrCat(Where(), ": the rank uploading the same slice ",
+                                             v.box.ToString(), " of ", v.name,
+                                             " failed; upload this rank again"));
+    }
+    const auto& stored = c->second.record.chunk_xxh64();
+    if (!std::equal(stored.begin(), stored.end(), v.checksums.begin(), v.checksums.end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", v.name, ": rank ", rank_, "'s copy of slice ", v.box.ToString(),
+          " differs from rank ", c->second.owner_rank,
+          "'s (replicated slices must be identical)"));
+    }
+    AddHolder(c->second.record, rank_);
+  }
+  pending_->received_.insert(rank_);
+  pending_->active_.erase(rank_);
+  pending_->last_activity_ = absl::Now();
+  v1::UploadResponse response;
+  response.set_checkpoint_id(pending_->id_);
+  response.set_ranks_received(static_cast<int64_t>(pending_->received_.size()));
+  response.set_ranks_total(pending_->world_size());
+  response.set_bytes_stored(bytes_stored_);
+  for (const std::string& w : warnings_) response.add_warnings(w);
+  if (static_cast<int64_t>(pending_->received_.size()) == pending_->world_size()) {
+    // Every slice of every sharded tensor must have arrived.
+    for (const auto& [name, t] : pending_->tensors_) {
+      if (!t->layout) continue;
+      int64_t cells = 1;
+      for (int64_t g : t->layout->Grid(t->record.global_shape_size())) cells *= g;
+      if (static_cast<int64_t>(t->cells.size()) != cells) {
+        pending_->received_.erase(rank_);
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", name, ": only ", t->cells.size(), " of ", cells,
+            " distinct slices were received"));
+      }
+    }
+    const records::CheckpointManifest manifest = pending_->BuildManifest();
+    absl::Status s = pending_->store_->CommitCheckpoint(pending_->id_,
+                                                        manifest.SerializeAsString(),
+                                                        pending_->data_id_);
+    if (!s.ok()) {
+      pending_->received_.erase(rank_);
+      return s;
+    }
+    pending_->committed_ = true;
+    response.set_committed(true);
+  }
+  finished_ = true;
+  return response;
+}
+
+}  // namespace ckpt

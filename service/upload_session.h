@@ -1,0 +1,164 @@
+// Receiving a checkpoint: one RankUpload per source-rank stream, all feeding one PendingCheckpoint
+// that commits atomically when its last rank has been received and validated.
+#ifndef CKPT_SERVICE_UPLOAD_SESSION_H_
+#define CKPT_SERVICE_UPLOAD_SESSION_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ckpt.pb.h"
+#include "ckpt_records.pb.h"
+#include "core/chunk_grid.h"
+#include "core/dtype.h"
+#include "core/layout.h"
+#include "core/strategy.h"
+#include "storage/checkpoint_store.h"
+
+namespace ckpt {
+
+struct UploadOptions {
+  ChunkGridOptions chunk_grid;
+  // Verbatim (non-sharded) tensors up to this size are buffered so that identical copies from
+  // several ranks are stored once; larger ones are stored per rank.
+  int64_t verbatim_dedupe_bytes = int64_t{64} << 20;
+  // How long a rank that re-sends a slice another rank is still writing waits for it.
+  absl::Duration replica_wait = absl::Minutes(10);
+};
+
+class RankUpload;
+
+// The shared state of one checkpoint being uploaded. Thread-safe (one mutex); owned by the
+// manager's pending map and by every RankUpload of it (shared_ptr).
+class PendingCheckpoint {
+ public:
+  PendingCheckpoint(std::string id, std::string strategy_name,
+                    std::shared_ptr<const Strategy> strategy, std::string strategy_json,
+                    uint64_t data_id, CheckpointStore* store, UploadOptions options);
+
+  const std::string& id() const { return id_; }
+  const std::string& strategy_name() const { return strategy_name_; }
+  uint64_t data_id() const { return data_id_; }
+  int64_t world_size() const;
+  // True when no stream is active and nothing happened since `cutoff`.
+  bool IdleSince(absl::Time cutoff) const;
+  bool committed() const;
+
+ private:
+  friend class RankUpload;
+
+  enum class BlobState { kWriting, kDone };
+  struct Blob {
+    records::BlobRecord record;
+    BlobState state = BlobState::kWriting;
+    int64_t owner_rank = -1;
+  };
+  struct Tensor {
+    records::TensorRecord record;  // blobs filled at commit
+    DType dtype = DType::kFloat32;
+    std::optional<Layout> layout;  // set when sharded
+    std::map<int64_t, Blob> cells;  // sharded: grid cell -> blob
+    std::vector<Blob> variants;     // verbatim: distinct contents
+    std::set<int64_t> ranks;        // ranks that sent it
+    int64_t first_rank = 0;         // order key: (first_rank, position)
+    int64_t position = 0;
+    uint32_t next_blob_index = 0;
+  };
+
+  // Builds the manifest; requires mu_ held and every rank received.
+  records::CheckpointManifest BuildManifest() const;
+  void ReleaseRank(int64_t rank);  // mu_ held: undo a failed rank's contributions
+
+  const std::string id_;
+  const std::string strategy_name_;
+  const std::shared_ptr<const Strategy> strategy_;  // null: one whole-tensor rank
+  const std::string strategy_json_;
+  const uint64_t data_id_;
+  CheckpointStore* const store_;
+  const UploadOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<Tensor>> tensors_;
+  std::uint32_t next_tensor_index_ = 0;
+  std::set<int64_t> received_;
+  std::set<int64_t> active_;
+  std::map<int64_t, std::string> source_files_;
+  absl::Time last_activity_;
+  bool committed_ = false;
+};
+
+// One source rank's stream. Not thread-safe: calls come in stream order. Destroying an unfinished
+// upload undoes its contributions (a client killed mid-upload leaves nothing visible).
+class RankUpload {
+ public:
+  // FAILED_PRECONDITION when the rank is already being received or was received.
+  static absl::StatusOr<std::unique_ptr<RankUpload>> Start(std::shared_ptr<PendingCheckpoint> pending,
+                                                           int64_t rank, std::string source_file);
+  ~RankUpload();
+
+  absl::Status StartTensor(const v1::UploadTensorHeader& header);
+  absl::Status Append(std::string_view data);
+  // Validates completeness, waits for replicas being written by other ranks, and commits the
+  // checkpoint when this was its last rank.
+  absl::StatusOr<v1::UploadResponse> Finish();
+
+  int64_t rank() const { return rank_; }
+  int64_t bytes_received() const { return bytes_received_; }
+
+ private:
+  RankUpload(std::shared_ptr<PendingCheckpoint> pending, int64_t rank);
+
+  enum class Mode { kWrite, kVerify, kBuffer };
+  struct Current {
+    std::string name;
+    DType dtype = DType::kFloat32;
+    Mode mode = Mode::kWrite;
+    Box box;  // the slice in global coordinates
+    std::optional<ChunkGrid> grid;
+    int64_t total = 0;
+    int64_t received = 0;
+    int64_t cell = 0;
+    uint32_t tensor_index = 0;
+    uint32_t blob_index = 0;
+    std::string band;  // bytes of the current band of tile rows (or the whole verbatim value)
+    int64_t band_start_row = 0;
+    std::vector<uint64_t> checksums;  // per chunk, in chunk order
+  };
+  struct Verification {
+    std::string name;
+    int64_t cell = 0;
+    std::vector<uint64_t> checksums;
+    Box box;
+  };
+
+  absl::Status FlushBand(bool last);
+  absl::Status FinishTensor();
+  absl::Status StoreVerbatim();
+  std::string Where() const;  // "checkpoint X rank R"
+
+  std::shared_ptr<PendingCheckpoint> pending_;
+  const int64_t rank_;
+  const int32_t stage_;
+  const int64_t local_rank_;
+  std::optional<Current> current_;
+  std::set<std::string> sent_;
+  std::vector<Verification> verifications_;
+  int64_t bytes_received_ = 0;
+  int64_t bytes_stored_ = 0;
+  int64_t position_ = 0;
+  std::vector<std::string> warnings_;
+  bool finished_ = false;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICE_UPLOAD_SESSION_H_

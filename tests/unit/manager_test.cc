@@ -1,0 +1,343 @@
+// The service's data path in process (no gRPC): upload ranks through RankUpload, commit, fetch
+// through FetchStream, and compare every byte with slices generated independently.
+#include "service/manager.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "client/sample.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_store.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kSeed = 5;
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = NewMemoryStore();
+    ManagerOptions options;
+    // Small chunks and bands so that tiles, bands and caches are all exercised.
+    options.upload.chunk_grid.target_chunk_bytes = 256;
+    options.upload.chunk_grid.min_column_bytes = 16;
+    options.upload.verbatim_dedupe_bytes = 1024;
+    options.fetch.band_bytes = 300;
+    options.fetch.max_message_bytes = 100;
+    options.fetch.chunk_cache_bytes = 1024;
+    manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
+  }
+
+  void PutStrategy(const std::string& name, const Strategy& s) {
+    auto info = manager_->PutStrategy(name, SerializeStrategy(s, StrategyFormat::kJson),
+                                      v1::STRATEGY_FORMAT_JSON, false);
+    ASSERT_TRUE(info.ok()) << info.status();
+  }
+
+  // Uploads one rank of the demo tensors laid out by `strategy` (empty name: whole file).
+  absl::Status UploadRank(const std::string& id, const std::string& strategy_name,
+                          const Strategy* strategy, int64_t rank,
+                          const std::vector<SampleTensor>& tensors, size_t piece = 37) {
+    v1::UploadHeader h;
+    h.set_checkpoint_id(id);
+    h.set_strategy(strategy_name);
+    h.set_rank(rank);
+    auto upload = manager_->BeginUpload(h);
+    if (!upload.ok()) return upload.status();
+    for (const SampleTensor& t : tensors) {
+      Box box = Box::Whole(t.global_shape);
+      if (strategy) {
+        const Layout* l = ResolveLayout(*strategy, t.name, true);
+        if (l) {
+          const int32_t stage = static_cast<int32_t>(rank / strategy->devices_per_stage());
+          if (!std::count(l->stages.begin(), l->stages.end(), stage)) continue;
+          box = *l->SliceBox(t.global_shape, rank % strategy->devices_per_stage());
+        }
+      }
+      const std::string bytes = SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed);
+      v1::UploadTensorHeader th;
+      th.set_name(t.name);
+      th.set_dtype(std::string(DTypeName(t.dtype)));
+      for (int64_t d : box.shape()) th.add_dims(d);
+      th.set_total_bytes(static_cast<int64_t>(bytes.size()));
+      if (auto s = (*upload)->StartTensor(th); !s.ok()) return s;
+      for (size_t pos = 0; pos < bytes.size(); pos += piece) {
+        if (auto s = (*upload)->Append(std::string_view(bytes).substr(pos, piece)); !s.ok()) {
+          return s;
+        }
+      }
+    }
+    auto r = (*upload)->Finish();
+    if (!r.ok()) return r.status();
+    manager_->OnUploadFinished(id);
+    return absl::OkStatus();
+  }
+
+  void UploadAll(const std::string& id, const std::string& name, const Strategy& s,
+                 const std::vector<SampleTensor>& tensors) {
+    for (int64_t r = s.world_size() - 1; r >= 0; --r) {  // any order works
+      ASSERT_TRUE(UploadRank(id, name, &s, r, tensors).ok()) << "rank " << r;
+    }
+  }
+
+  struct Fetched {
+    v1::FetchPlanSummary summary;
+    std::vector<std::pair<v1::FetchTensorHeader, std::string>> tensors;
+  };
+  absl::StatusOr<Fetched> Fetch(const v1::FetchRequest& req) {
+    auto stream = manager_->OpenFetch(req);
+    if (!stream.ok()) return stream.status();
+    Fetched out;
+    v1::FetchResponse msg;
+    while (true) {
+      auto more = (*stream)->Next(&msg);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      if (msg.has_summary()) out.summary = msg.summary();
+      if (msg.has_tensor()) out.tensors.push_back({msg.tensor(), ""});
+      if (msg.has_data()) {
+        EXPECT_LE(msg.data().data().size(), 100u);
+        EXPECT_EQ(msg.data().xxh64(), ChunkChecksum(msg.data().data()));
+        out.tensors.back().second += msg.data().data();
+      }
+    }
+    return out;
+  }
+
+  // Every tensor delivered to `rank` of `dst` equals the independently generated slice.
+  void ExpectRankMatches(const std::string& id, const std::string& dst_name, const Strategy& dst,
+                         int64_t rank, const std::vector<SampleTensor>& tensors) {
+    v1::FetchRequest req;
+    req.set_checkpoint_id(id);
+    req.set_strategy(dst_name);
+    req.set_rank(rank);
+    auto got = Fetch(req);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const int32_t stage = static_cast<int32_t>(rank / dst.devices_per_stage());
+    size_t expected_count = 0;
+    for (const SampleTensor& t : tensors) {
+      const Layout* l = ResolveLayout(dst, t.name, true);
+      if (l && !std::count(l->stages.begin(), l->stages.end(), stage)) continue;
+      ++expected_count;
+      const Box box = l ? *l->SliceBox(t.global_shape, rank % dst.devices_per_stage())
+                        : Box::Whole(t.global_shape);
+      auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
+                             [&](const auto& p) { return p.first.name() == t.name; });
+      ASSERT_NE(it, got->tensors.end()) << t.name << " missing from rank " << rank;
+      EXPECT_EQ(Shape(it->first.box_lo().begin(), it->first.box_lo().end()), box.lo) << t.name;
+      EXPECT_EQ(Shape(it->first.local_shape().begin(), it->first.local_shape().end()), box.shape());
+      ASSERT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed))
+          << t.name << " rank " << rank;
+    }
+    // Plus the two verbatim scalars? The demo upload here sends none.
+    EXPECT_EQ(got->tensors.size(), expected_count);
+  }
+
+  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<CheckpointManager> manager_;
+};
+
+TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+  // Back to the source layout (optimizer shard, 2 stages) from the stored 8-rank copy.
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    ExpectRankMatches("ck", "src", src, r, DemoTensors());
+  }
+}
+
+TEST_F(ManagerTest, MergedFetchDeliversWholeTensors) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  UploadAll("ck", "src", src, DemoTensors());
+  v1::FetchRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_merged(true);
+  auto got = Fetch(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tensors.size(), DemoTensors().size());
+  for (const SampleTensor& t : DemoTensors()) {
+    auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
+                           [&](const auto& p) { return p.first.name() == t.name; });
+    ASSERT_NE(it, got->tensors.end());
+    EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape, Box::Whole(t.global_shape), kSeed));
+  }
+}
+
+TEST_F(ManagerTest, WholeFileSourceServedSharded) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  ASSERT_TRUE(UploadRank("whole", "", nullptr, 0, DemoTensors()).ok());
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    ExpectRankMatches("whole", "src", src, r, DemoTensors());
+  }
+  auto info = manager_->DescribeCheckpoint("whole");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->info().ranks(), 1);
+}
+
+TEST_F(ManagerTest, IncompleteUploadIsInvisibleAndRetryable) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  for (int64_t r = 0; r < 7; ++r) ASSERT_TRUE(UploadRank("ck", "src", &src, r, DemoTensors()).ok());
+  EXPECT_TRUE(manager_->ListCheckpoints()->empty());
+  v1::FetchRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_merged(true);
+  EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
+  // Rank 7 dies mid-tensor: still invisible, and the rank can be sent again.
+  {
+    v1::UploadHeader h;
+    h.set_checkpoint_id("ck");
+    h.set_strategy("src");
+    h.set_rank(7);
+    auto u = manager_->BeginUpload(h);
+    ASSERT_TRUE(u.ok());
+    v1::UploadTensorHeader th;
+    th.set_name(DemoTensors()[0].name);
+    th.set_dtype("Float32");
+    th.add_dims(48);  // rank 7 holds rows 48-96 of the [96, 24] embedding
+    th.add_dims(24);
+    th.set_total_bytes(48 * 24 * 4);
+    ASSERT_TRUE((*u)->StartTensor(th).ok());
+    ASSERT_TRUE((*u)->Append(std::string(100, 'x')).ok());
+  }  // destroyed unfinished
+  EXPECT_TRUE(manager_->ListCheckpoints()->empty());
+  ASSERT_TRUE(UploadRank("ck", "src", &src, 7, DemoTensors()).ok());
+  EXPECT_EQ(manager_->ListCheckpoints()->size(), 1u);
+  ExpectRankMatches("ck", "src", src, 5, DemoTensors());
+}
+
+TEST_F(ManagerTest, BadUploadsGetClearErrors) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  auto tensors = DemoTensors();
+  // Rank out of range.
+  auto s = UploadRank("ck", "src", &src, 8, tensors);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  // Unknown strategy.
+  s = UploadRank("ck2", "nope", &src, 0, tensors);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  // A rank that misses a parameter of its stage.
+  std::vector<SampleTensor> fewer(tensors.begin() + 1, tensors.end());
+  s = UploadRank("ck", "src", &src, 0, fewer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("did not send parameter"));
+  ASSERT_TRUE(UploadRank("ck", "src", &src, 0, tensors).ok());
+  // A local shape implying another global shape than rank 0's.
+  auto wrong = tensors;
+  wrong[1].global_shape = {44, 24};
+  s = UploadRank("ck", "src", &src, 1, wrong);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("earlier ranks imply global shape [48, 24]"));
+  // A dtype differing from rank 0's.
+  wrong = tensors;
+  wrong[1].dtype = DType::kFloat32;
+  s = UploadRank("ck", "src", &src, 1, wrong);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("dtype Float32 but earlier ranks sent BFloat16"));
+  // A rank sending a parameter of another pipeline stage.
+  std::vector<SampleTensor> other_stage = tensors;
+  s = UploadRank("ck", "src", &src, 1, other_stage);  // rank 1 is fine: stage 0
+  ASSERT_TRUE(s.ok()) << s;
+  v1::UploadHeader h;
+  h.set_checkpoint_id("ck");
+  h.set_strategy("src");
+  h.set_rank(0);
+  EXPECT_EQ(manager_->BeginUpload(h).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(manager_->ListCheckpoints()->empty());
+}
+
+TEST_F(ManagerTest, DivergentReplicasAreRejected) {
+  // dev [2,2], map [0,-1]: ranks 0 and 2 hold the same rows.
+  Layout l;
+  l.dev_matrix = {2, 2};
+  l.tensor_map = {{0}, {}};
+  std::map<std::string, StrategyParam> params;
+  params["w"].layout = l;
+  const Strategy s = *Strategy::Create(params, 1);
+  PutStrategy("s", s);
+  std::vector<SampleTensor> t = {{"w", DType::kFloat32, {4, 4}}};
+  ASSERT_TRUE(UploadRank("ck", "s", &s, 0, t).ok());
+  // Rank 2 uploads a different tensor under the same name: its slice differs from rank 0's.
+  v1::UploadHeader h;
+  h.set_checkpoint_id("ck");
+  h.set_strategy("s");
+  h.set_rank(2);
+  auto u = manager_->BeginUpload(h);
+  ASSERT_TRUE(u.ok());
+  v1::UploadTensorHeader th;
+  th.set_name("w");
+  th.set_dtype("Float32");
+  th.add_dims(2);
+  th.add_dims(4);
+  th.set_total_bytes(32);
+  ASSERT_TRUE((*u)->StartTensor(th).ok());
+  ASSERT_TRUE((*u)->Append(std::string(32, '\x7')).ok());
+  auto r = (*u)->Finish();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("differs from rank 0"));
+}
+
+TEST_F(ManagerTest, FetchErrors) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  v1::FetchRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_strategy("dst");
+  req.set_rank(3);
+  EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kOutOfRange);
+  req.set_checkpoint_id("nope");
+  req.set_rank(0);
+  EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
+  req.set_checkpoint_id("ck");
+  req.set_strategy("missing");
+  EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
+  // Include/exclude globs.
+  req.set_strategy("dst");
+  req.add_include("layers.0.*");
+  req.add_exclude("*.bias");
+  auto got = Fetch(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const auto& [h, bytes] : got->tensors) {
+    EXPECT_THAT(h.name(), HasSubstr("layers.0."));
+    EXPECT_THAT(h.name(), ::testing::Not(HasSubstr(".bias")));
+  }
+  EXPECT_EQ(got->tensors.size(), 3u);  // dense.weight, output.weight, norm.gamma
+}
+
+TEST_F(ManagerTest, DependenciesFromCheckpointAndStrategies) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  v1::RankDependenciesRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_destination_strategy("dst");
+  req.set_all(true);
+  auto by_ckpt = manager_->RankDependencies(req);
+  ASSERT_TRUE(by_ckpt.ok()) << by_ckpt.status();
+  ASSERT_EQ(by_ckpt->ranks_size(), 3);
+  req.set_source_strategy("src");
+  auto by_layout = manager_->RankDependencies(req);
+  ASSERT_TRUE(by_layout.ok());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(by_ckpt->ranks(r).source_ranks().empty());
+    EXPECT_EQ(by_ckpt->ranks(r).source_ranks_size(), by_layout->ranks(r).source_ranks_size());
+  }
+  req.set_rank(7);
+  EXPECT_EQ(manager_->RankDependencies(req).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -1,0 +1,718 @@
+// One conformance suite for every CheckpointStore (DESIGN.md §5), plus tests only the RocksDB
+// store can pass (persistence, on-disk corruption, the directory lock).
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "storage/checkpoint_store.h"
+#include "storage/internal/rocksdb_store_internal.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+#define STORE_TEST_CONCAT_INNER_(a, b) a##b
+#define STORE_TEST_CONCAT_(a, b) STORE_TEST_CONCAT_INNER_(a, b)
+
+#define ASSERT_OK(expr)                               \
+  do {                                                \
+    const ::absl::Status store_test_s_ = (expr);      \
+    ASSERT_TRUE(store_test_s_.ok()) << store_test_s_; \
+  } while (0)
+#define EXPECT_OK(expr)                               \
+  do {                                                \
+    const ::absl::Status store_test_s_ = (expr);      \
+    EXPECT_TRUE(store_test_s_.ok()) << store_test_s_; \
+  } while (0)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL_(STORE_TEST_CONCAT_(store_test_sor_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                               \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();           \
+  lhs = std::move(*tmp)
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+ChunkAddress Addr(uint64_t data_id, uint32_t tensor, uint32_t blob, uint32_t chunk) {
+  return ChunkAddress{data_id, tensor, blob, chunk};
+}
+
+enum class StoreKind { kMemory, kRocksDb };
+
+std::string KindName(StoreKind kind) { return kind == StoreKind::kMemory ? "Memory" : "RocksDb"; }
+void PrintTo(StoreKind kind, std::ostream* os) { *os << KindName(kind); }
+
+// Owns a temporary directory and the store under test; can close and reopen it.
+class StoreFixture : public ::testing::Test {
+ protected:
+  explicit StoreFixture(StoreKind kind) : kind_(kind) {
+    // Tests must not depend on this machine's free space; the reserve is tested explicitly.
+    options_.min_free_disk_bytes = 0;
+  }
+
+  void SetUp() override {
+    char tmpl[] = "/tmp/ckpt_store_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr) << "mkdtemp: " << std::strerror(errno);
+    root_ = tmpl;
+    db_dir_ = root_ + "/db";
+    ASSERT_NO_FATAL_FAILURE(Open());
+  }
+
+  void TearDown() override {
+    store_.reset();
+    if (root_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+  }
+
+  bool persistent() const { return kind_ == StoreKind::kRocksDb; }
+
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> Make(const StoreOptions& options) {
+    if (kind_ == StoreKind::kMemory) return NewMemoryStore(options);
+    return OpenRocksDbStore(db_dir_, options);
+  }
+
+  void Open() { ASSERT_OK_AND_ASSIGN(store_, Make(options_)); }
+
+  // Closes the store and opens the same directory again (RocksDB only).
+  void Reopen() {
+    ASSERT_TRUE(persistent());
+    store_.reset();
+    ASSERT_NO_FATAL_FAILURE(Open());
+  }
+
+  // Begins a data id and writes `chunks` (address data ids are overwritten with the new id).
+  uint64_t Upload(std::vector<std::pair<ChunkAddress, std::string>>* chunks) {
+    absl::StatusOr<uint64_t> id = store_->BeginData();
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return 0;
+    std::vector<ChunkWrite> writes;
+    for (auto& [address, bytes] : *chunks) {
+      address.data_id = *id;
+      writes.push_back(ChunkWrite{address, bytes});
+    }
+    EXPECT_OK(store_->PutChunks(writes));
+    return *id;
+  }
+
+  // Reads a chunk and checks its bytes.
+  void ExpectChunk(const ChunkAddress& address, const std::string& bytes) {
+    absl::StatusOr<std::unique_ptr<ChunkData>> data =
+        store_->ReadChunk(address, ChunkChecksum(bytes));
+    ASSERT_TRUE(data.ok()) << address.ToString() << ": " << data.status();
+    EXPECT_TRUE((*data)->bytes() == bytes) << address.ToString() << ": " << (*data)->bytes().size()
+                                           << " bytes read, " << bytes.size() << " expected";
+  }
+
+  void ExpectNoChunk(const ChunkAddress& address) {
+    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, 0);
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound)
+        << address.ToString() << ": " << data.status();
+  }
+
+  const StoreKind kind_;
+  StoreOptions options_;
+  std::string root_;
+  std::string db_dir_;
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+class StoreConformanceTest : public StoreFixture, public ::testing::WithParamInterface<StoreKind> {
+ protected:
+  StoreConformanceTest() : StoreFixture(GetParam()) {}
+};
+
+// --- Strategies ---------------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, StrategiesCrud) {
+  const std::string record("rec\0ord", 7);  // records are bytes, NULs included
+  ASSERT_OK(store_->PutStrategy("dp8", record, /*overwrite=*/false));
+  ASSERT_OK_AND_ASSIGN(std::string got, store_->GetStrategy("dp8"));
+  EXPECT_EQ(got, record);
+
+  absl::Status exists = store_->PutStrategy("dp8", "other", /*overwrite=*/false);
+  EXPECT_EQ(exists.code(), absl::StatusCode::kAlreadyExists) << exists;
+  EXPECT_THAT(Msg(exists), HasSubstr("dp8"));
+  ASSERT_OK_AND_ASSIGN(got, store_->GetStrategy("dp8"));
+  EXPECT_EQ(got, record);
+
+  ASSERT_OK(store_->PutStrategy("dp8", "", /*overwrite=*/true));
+  ASSERT_OK_AND_ASSIGN(got, store_->GetStrategy("dp8"));
+  EXPECT_EQ(got, "");
+
+  absl::StatusOr<std::string> missing = store_->GetStrategy("tp4");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(Msg(missing.status()), HasSubstr("tp4"));
+
+  ASSERT_OK(store_->PutStrategy("mp2", "b", false));
+  ASSERT_OK(store_->PutStrategy("A", "c", false));
+  ASSERT_OK(store_->PutStrategy("dp8.stage1", "d", false));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, store_->ListStrategies());
+  EXPECT_THAT(names, ElementsAre("A", "dp8", "dp8.stage1", "mp2"));
+
+  ASSERT_OK(store_->DeleteStrategy("dp8"));
+  EXPECT_EQ(store_->GetStrategy("dp8").status().code(), absl::StatusCode::kNotFound);
+  absl::Status again = store_->DeleteStrategy("dp8");
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
+  EXPECT_THAT(Msg(again), HasSubstr("dp8"));
+  ASSERT_OK_AND_ASSIGN(names, store_->ListStrategies());
+  EXPECT_THAT(names, ElementsAre("A", "dp8.stage1", "mp2"));
+  // Strategies and checkpoints are separate namespaces.
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> checkpoints, store_->ListCheckpoints());
+  EXPECT_THAT(checkpoints, IsEmpty());
+}
+
+// --- Chunks -------------------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, BeginDataReturnsFreshIds) {
+  std::set<uint64_t> ids;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_OK_AND_ASSIGN(uint64_t id, store_->BeginData());
+    EXPECT_TRUE(ids.insert(id).second) << "data id " << id << " returned twice";
+  }
+}
+
+TEST_P(StoreConformanceTest, ChunksRoundTrip) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks;
+  chunks.emplace_back(Addr(0, 0, 0, 0), "");                       // empty
+  chunks.emplace_back(Addr(0, 0, 0, 1), RandomBytes(1 << 20, 1));  // 1 MiB
+  chunks.emplace_back(Addr(0, 0, 1, 0), RandomBytes(4095, 2));     // around the
+  chunks.emplace_back(Addr(0, 0, 1, 1), RandomBytes(4096, 3));     // blob threshold
+  for (uint32_t i = 0; i < 300; ++i) {
+    chunks.emplace_back(Addr(0, 1 + i % 7, i % 3, i), RandomBytes(1 + (i * 37) % 700, 10 + i));
+  }
+  // Extreme indices stay distinct (keys are fixed-width big-endian).
+  chunks.emplace_back(Addr(0, 0xffffffffu, 0xffffffffu, 0xffffffffu), "last");
+  const uint64_t id = Upload(&chunks);
+
+  int64_t bytes = 0;
+  for (const auto& [address, data] : chunks) {
+    ASSERT_EQ(address.data_id, id);
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, data));
+    bytes += static_cast<int64_t>(data.size());
+  }
+  const StoreStats stats = store_->stats();
+  EXPECT_EQ(stats.chunks_written, static_cast<int64_t>(chunks.size()));
+  EXPECT_EQ(stats.chunk_bytes_written, bytes);
+  EXPECT_EQ(stats.chunks_read, static_cast<int64_t>(chunks.size()));
+  EXPECT_EQ(stats.chunk_bytes_read, bytes);
+
+  // Rewriting a chunk of a live upload replaces it (an upload retried after a stream reset).
+  ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), "again"}}));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 0), "again"));
+  EXPECT_OK(store_->PutChunks({}));
+}
+
+TEST_P(StoreConformanceTest, ChunkDataStaysValidAfterLaterWrites) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
+      {Addr(0, 0, 0, 0), RandomBytes(100000, 4)}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
+                       store_->ReadChunk(chunks[0].first, ChunkChecksum(chunks[0].second)));
+  for (uint32_t i = 1; i < 50; ++i) {
+    ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, i), RandomBytes(20000, i)}}));
+  }
+  EXPECT_TRUE(data->bytes() == chunks[0].second);
+}
+
+TEST_P(StoreConformanceTest, ReadChunkVerifiesChecksum) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
+      {Addr(0, 3, 1, 12), RandomBytes(5000, 5)}, {Addr(0, 3, 1, 13), "tiny"}};
+  const uint64_t id = Upload(&chunks);
+  for (const auto& [address, bytes] : chunks) {
+    const uint64_t wrong = ChunkChecksum(bytes + "x");
+    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, wrong);
+    ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
+    EXPECT_THAT(Msg(data.status()),
+                HasSubstr("chunk " + address.ToString() + " failed its checksum"));
+  }
+  absl::StatusOr<std::unique_ptr<ChunkData>> absent =
+      store_->ReadChunk(Addr(id, 3, 1, 14), ChunkChecksum(""));
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound) << absent.status();
+  EXPECT_THAT(Msg(absent.status()), HasSubstr(Addr(id, 3, 1, 14).ToString()));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id + 1, 3, 1, 12)));
+}
+
+TEST_P(StoreConformanceTest, PutChunksRequiresLiveData) {
+  absl::Status never = store_->PutChunks({ChunkWrite{Addr(987654, 0, 0, 0), "x"}});
+  EXPECT_EQ(never.code(), absl::StatusCode::kFailedPrecondition) << never;
+  EXPECT_THAT(Msg(never), HasSubstr("987654"));
+
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {{Addr(0, 0, 0, 0), "a"}};
+  const uint64_t committed = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt", "manifest", committed));
+  absl::Status after_commit = store_->PutChunks({ChunkWrite{Addr(committed, 0, 0, 1), "b"}});
+  EXPECT_EQ(after_commit.code(), absl::StatusCode::kFailedPrecondition) << after_commit;
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(committed, 0, 0, 1)));
+
+  ASSERT_OK_AND_ASSIGN(const uint64_t discarded, store_->BeginData());
+  ASSERT_OK(store_->DiscardData(discarded));
+  absl::Status after_discard = store_->PutChunks({ChunkWrite{Addr(discarded, 0, 0, 0), "c"}});
+  EXPECT_EQ(after_discard.code(), absl::StatusCode::kFailedPrecondition) << after_discard;
+
+  // A batch with one bad id writes nothing at all.
+  ASSERT_OK_AND_ASSIGN(const uint64_t live, store_->BeginData());
+  absl::Status mixed = store_->PutChunks(
+      {ChunkWrite{Addr(live, 0, 0, 0), "d"}, ChunkWrite{Addr(discarded, 0, 0, 0), "e"}});
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kFailedPrecondition) << mixed;
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(live, 0, 0, 0)));
+  EXPECT_EQ(store_->stats().chunks_written, 1);
+}
+
+TEST_P(StoreConformanceTest, DiscardDataRemovesOnlyItsChunks) {
+  std::vector<std::pair<ChunkAddress, std::string>> before = {{Addr(0, 0, 0, 0), "before"},
+                                                              {Addr(0, 9, 9, 9), "before-last"}};
+  std::vector<std::pair<ChunkAddress, std::string>> victim = {
+      {Addr(0, 0, 0, 0), "v0"},
+      {Addr(0, 0, 0, 1), RandomBytes(9000, 6)},
+      {Addr(0, 0xffffffffu, 0xffffffffu, 0xffffffffu), "v-last"}};
+  std::vector<std::pair<ChunkAddress, std::string>> after = {{Addr(0, 0, 0, 0), "after"}};
+  Upload(&before);
+  const uint64_t id = Upload(&victim);
+  Upload(&after);
+
+  ASSERT_OK(store_->DiscardData(id));
+  for (const auto& [address, bytes] : victim) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+  for (const auto& [address, bytes] : before) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  for (const auto& [address, bytes] : after) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+
+  absl::Status again = store_->DiscardData(id);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  // A discarded id cannot be committed either.
+  absl::Status commit = store_->CommitCheckpoint("late", "m", id);
+  EXPECT_EQ(commit.code(), absl::StatusCode::kFailedPrecondition) << commit;
+  EXPECT_EQ(store_->GetManifest("late").status().code(), absl::StatusCode::kNotFound);
+}
+
+// --- Checkpoints --------------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, CommitMakesManifestVisibleOnce) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {{Addr(0, 0, 0, 0), "bytes"}};
+  const uint64_t id = Upload(&chunks);
+  absl::StatusOr<std::string> before = store_->GetManifest("run1/step100");
+  EXPECT_EQ(before.status().code(), absl::StatusCode::kNotFound) << before.status();
+  EXPECT_THAT(Msg(before.status()), HasSubstr("run1/step100"));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids, store_->ListCheckpoints());
+  EXPECT_THAT(ids, IsEmpty());
+
+  const std::string manifest("mani\0fest", 9);
+  ASSERT_OK(store_->CommitCheckpoint("run1/step100", manifest, id));
+  ASSERT_OK_AND_ASSIGN(std::string got, store_->GetManifest("run1/step100"));
+  EXPECT_EQ(got, manifest);
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(chunks[0].first, "bytes"));
+
+  // A second upload under the same checkpoint id loses and changes nothing; its data stays live.
+  std::vector<std::pair<ChunkAddress, std::string>> second = {{Addr(0, 0, 0, 0), "second"}};
+  const uint64_t id2 = Upload(&second);
+  absl::Status dup = store_->CommitCheckpoint("run1/step100", "other manifest", id2);
+  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists) << dup;
+  EXPECT_THAT(Msg(dup), HasSubstr("run1/step100"));
+  ASSERT_OK_AND_ASSIGN(got, store_->GetManifest("run1/step100"));
+  EXPECT_EQ(got, manifest);
+  EXPECT_OK(store_->PutChunks({ChunkWrite{Addr(id2, 0, 0, 1), "still live"}}));
+  EXPECT_OK(store_->DiscardData(id2));
+
+  // The committed data id is no longer live: it cannot back a second checkpoint.
+  absl::Status reuse = store_->CommitCheckpoint("run1/step200", manifest, id);
+  EXPECT_EQ(reuse.code(), absl::StatusCode::kFailedPrecondition) << reuse;
+  absl::Status unknown = store_->CommitCheckpoint("run1/step300", manifest, 555555);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kFailedPrecondition) << unknown;
+  ASSERT_OK_AND_ASSIGN(ids, store_->ListCheckpoints());
+  EXPECT_THAT(ids, ElementsAre("run1/step100"));
+}
+
+TEST_P(StoreConformanceTest, ConcurrentCommitsOfOneIdHaveOneWinner) {
+  constexpr int kThreads = 6;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < kThreads; ++i) {
+    ASSERT_OK_AND_ASSIGN(uint64_t id, store_->BeginData());
+    ids.push_back(id);
+  }
+  std::vector<absl::Status> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = store_->CommitCheckpoint("same", "manifest " + std::to_string(i), ids[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int winner = -1;
+  for (int i = 0; i < kThreads; ++i) {
+    if (results[i].ok()) {
+      EXPECT_EQ(winner, -1) << "commits " << winner << " and " << i << " both won";
+      winner = i;
+    } else {
+      EXPECT_EQ(results[i].code(), absl::StatusCode::kAlreadyExists) << results[i];
+    }
+  }
+  ASSERT_NE(winner, -1);
+  ASSERT_OK_AND_ASSIGN(std::string got, store_->GetManifest("same"));
+  EXPECT_EQ(got, "manifest " + std::to_string(winner));
+}
+
+TEST_P(StoreConformanceTest, ListCheckpointsIsSorted) {
+  for (const char* name : {"b", "a/2", "a/10", "c", "A"}) {
+    ASSERT_OK_AND_ASSIGN(uint64_t id, store_->BeginData());
+    ASSERT_OK(store_->CommitCheckpoint(name, name, id));
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids, store_->ListCheckpoints());
+  EXPECT_THAT(ids, ElementsAre("A", "a/10", "a/2", "b", "c"));
+}
+
+TEST_P(StoreConformanceTest, DeleteCheckpointRemovesManifestAndChunks) {
+  std::vector<std::pair<ChunkAddress, std::string>> first = {
+      {Addr(0, 0, 0, 0), "first0"}, {Addr(0, 5, 2, 7), RandomBytes(70000, 7)}};
+  std::vector<std::pair<ChunkAddress, std::string>> second = {{Addr(0, 0, 0, 0), "second0"}};
+  const uint64_t id1 = Upload(&first);
+  ASSERT_OK(store_->CommitCheckpoint("one", "m1", id1));
+  const uint64_t id2 = Upload(&second);
+  ASSERT_OK(store_->CommitCheckpoint("two", "m2", id2));
+
+  ASSERT_OK(store_->DeleteCheckpoint("one"));
+  EXPECT_EQ(store_->GetManifest("one").status().code(), absl::StatusCode::kNotFound);
+  for (const auto& [address, bytes] : first) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+  for (const auto& [address, bytes] : second) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids, store_->ListCheckpoints());
+  EXPECT_THAT(ids, ElementsAre("two"));
+
+  absl::Status again = store_->DeleteCheckpoint("one");
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
+  EXPECT_THAT(Msg(again), HasSubstr("one"));
+  // The id is free again.
+  ASSERT_OK_AND_ASSIGN(uint64_t id3, store_->BeginData());
+  EXPECT_OK(store_->CommitCheckpoint("one", "m3", id3));
+}
+
+// --- Garbage collection -------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, CollectGarbageKeepsLiveAndCommittedData) {
+  std::vector<std::pair<ChunkAddress, std::string>> committed = {
+      {Addr(0, 0, 0, 0), "c0"}, {Addr(0, 1, 0, 0), RandomBytes(10000, 8)}};
+  std::vector<std::pair<ChunkAddress, std::string>> unfinished = {
+      {Addr(0, 0, 0, 0), "u0"}, {Addr(0, 2, 0, 0), RandomBytes(10000, 9)}};
+  std::vector<std::pair<ChunkAddress, std::string>> discarded = {{Addr(0, 0, 0, 0), "d0"}};
+  const uint64_t committed_id = Upload(&committed);
+  ASSERT_OK(store_->CommitCheckpoint("kept", "m", committed_id));
+  const uint64_t unfinished_id = Upload(&unfinished);
+  const uint64_t discarded_id = Upload(&discarded);
+  ASSERT_OK(store_->DiscardData(discarded_id));
+
+  // The unfinished upload is live: collection must not touch it.
+  ASSERT_OK_AND_ASSIGN(int64_t collected, store_->CollectGarbage());
+  EXPECT_EQ(collected, 0);
+  for (const auto& [address, bytes] : committed)
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  for (const auto& [address, bytes] : unfinished)
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  EXPECT_OK(store_->PutChunks({ChunkWrite{Addr(unfinished_id, 3, 0, 0), "more"}}));
+
+  if (!persistent()) return;
+  // A restart ends every upload (as a crash would): the unfinished one is collected at open.
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  for (const auto& [address, bytes] : unfinished) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(unfinished_id, 3, 0, 0)));
+  for (const auto& [address, bytes] : committed)
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  absl::Status stale = store_->PutChunks({ChunkWrite{Addr(unfinished_id, 0, 0, 0), "x"}});
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  ASSERT_OK_AND_ASSIGN(collected, store_->CollectGarbage());
+  EXPECT_EQ(collected, 0);  // already done by the open
+  ASSERT_OK_AND_ASSIGN(const uint64_t next, store_->BeginData());
+  EXPECT_GT(next, std::max({committed_id, unfinished_id, discarded_id}));
+}
+
+// --- Free disk ----------------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, PutChunksRefusedBelowDiskReserve) {
+  auto free_bytes = std::make_shared<std::atomic<int64_t>>(500);
+  options_.min_free_disk_bytes = 1000;
+  options_.free_disk_bytes = [free_bytes]() -> absl::StatusOr<int64_t> {
+    return free_bytes->load();
+  };
+  store_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open());
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+
+  absl::Status full = store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), "abc"}});
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_THAT(Msg(full), HasSubstr("500 bytes free"));
+  EXPECT_THAT(Msg(full), HasSubstr("reserve of 1000 bytes"));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 0)));
+
+  // The check counts the bytes about to be written: 1010 free leaves room for 10, not 11.
+  free_bytes->store(1010);
+  absl::Status would_fall_below =
+      store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), std::string(11, 'x')}});
+  EXPECT_EQ(would_fall_below.code(), absl::StatusCode::kResourceExhausted) << would_fall_below;
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 0)));
+  ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), std::string(10, 'x')}}));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 0), std::string(10, 'x')));
+  EXPECT_EQ(store_->stats().chunks_written, 1);
+
+  // A failing measurement refuses the write rather than risking the disk.
+  options_.free_disk_bytes = []() -> absl::StatusOr<int64_t> {
+    return absl::UnavailableError("statfs failed");
+  };
+  store_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open());
+  ASSERT_OK_AND_ASSIGN(const uint64_t id2, store_->BeginData());
+  absl::Status broken = store_->PutChunks({ChunkWrite{Addr(id2, 0, 0, 0), "abc"}});
+  EXPECT_FALSE(broken.ok());
+  EXPECT_THAT(Msg(broken), HasSubstr("statfs failed"));
+}
+
+// --- Jobs ---------------------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, JobsPutGetListOverwrite) {
+  absl::StatusOr<std::string> missing = store_->GetJob("job-1");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(Msg(missing.status()), HasSubstr("job-1"));
+  ASSERT_OK_AND_ASSIGN(std::vector<JobRecord> jobs, store_->ListJobs());
+  EXPECT_THAT(jobs, IsEmpty());
+
+  ASSERT_OK(store_->PutJob("job-2", "queued"));
+  ASSERT_OK(store_->PutJob("job-1", std::string("run\0ning", 8)));
+  ASSERT_OK(store_->PutJob("job-2", "done"));
+  ASSERT_OK_AND_ASSIGN(std::string got, store_->GetJob("job-2"));
+  EXPECT_EQ(got, "done");
+  ASSERT_OK_AND_ASSIGN(jobs, store_->ListJobs());
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0].id, "job-1");
+  EXPECT_EQ(jobs[0].record, std::string("run\0ning", 8));
+  EXPECT_EQ(jobs[1].id, "job-2");
+  EXPECT_EQ(jobs[1].record, "done");
+}
+
+// --- Concurrency --------------------------------------------------------------------------------
+
+TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
+  constexpr int kThreads = 4;
+  constexpr uint32_t kChunks = 60;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto fail = [&](const std::string& what, const absl::Status& s) {
+        if (errors[t].empty()) errors[t] = what + ": " + s.ToString();
+      };
+      absl::StatusOr<uint64_t> id = store_->BeginData();
+      if (!id.ok()) return fail("BeginData", id.status());
+      std::vector<std::string> payloads;
+      for (uint32_t c = 0; c < kChunks; ++c) {
+        payloads.push_back(RandomBytes(100 + (c * 131) % 9000, t * 1000 + c));
+      }
+      for (uint32_t c = 0; c < kChunks; c += 6) {
+        std::vector<ChunkWrite> batch;
+        for (uint32_t k = c; k < c + 6; ++k) batch.push_back({Addr(*id, 0, k % 2, k), payloads[k]});
+        absl::Status put = store_->PutChunks(batch);
+        if (!put.ok()) return fail("PutChunks", put);
+        // Read back what this thread wrote so far while the others keep writing.
+        absl::StatusOr<std::unique_ptr<ChunkData>> data =
+            store_->ReadChunk(Addr(*id, 0, c % 2, c), ChunkChecksum(payloads[c]));
+        if (!data.ok()) return fail("ReadChunk", data.status());
+      }
+      // Every other thread throws its upload away; the rest commit.
+      if (t % 2 == 1) {
+        absl::Status discard = store_->DiscardData(*id);
+        if (!discard.ok()) fail("DiscardData", discard);
+        return;
+      }
+      absl::Status commit = store_->CommitCheckpoint("ckpt-" + std::to_string(t), "m", *id);
+      if (!commit.ok()) return fail("CommitCheckpoint", commit);
+      for (uint32_t k = 0; k < kChunks; ++k) {
+        absl::StatusOr<std::unique_ptr<ChunkData>> data =
+            store_->ReadChunk(Addr(*id, 0, k % 2, k), ChunkChecksum(payloads[k]));
+        if (!data.ok()) return fail("ReadChunk after commit", data.status());
+      }
+    });
+  }
+  // Garbage collection concurrently with everything else must not remove live or committed data.
+  std::string gc_error;
+  threads.emplace_back([&] {
+    for (int i = 0; i < 5; ++i) {
+      absl::StatusOr<int64_t> collected = store_->CollectGarbage();
+      if (!collected.ok()) gc_error = collected.status().ToString();
+    }
+  });
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(gc_error, IsEmpty());
+  for (int t = 0; t < kThreads; ++t) EXPECT_THAT(errors[t], IsEmpty()) << "thread " << t;
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids, store_->ListCheckpoints());
+  EXPECT_THAT(ids, ElementsAre("ckpt-0", "ckpt-2"));
+  EXPECT_EQ(store_->stats().chunks_written, kThreads * kChunks);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStores, StoreConformanceTest,
+                         ::testing::Values(StoreKind::kMemory, StoreKind::kRocksDb),
+                         [](const ::testing::TestParamInfo<StoreKind>& info) {
+                           return KindName(info.param);
+                         });
+
+// --- RocksDB only -------------------------------------------------------------------------------
+
+class RocksDbStoreTest : public StoreFixture {
+ protected:
+  RocksDbStoreTest() : StoreFixture(StoreKind::kRocksDb) {}
+};
+
+TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
+  ASSERT_OK(store_->PutStrategy("dp8", "strategy", false));
+  ASSERT_OK(store_->PutJob("job-1", "running"));
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
+      {Addr(0, 0, 0, 0), RandomBytes(1 << 20, 11)},
+      {Addr(0, 0, 0, 1), "small"},
+      {Addr(0, 1, 0, 0), ""}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt", "manifest", id));
+  // Part before a Flush (in SST and blob files), part only in the WAL.
+  ASSERT_OK(store_->Flush());
+  ASSERT_OK(store_->PutStrategy("tp2", "strategy2", false));
+  ASSERT_OK(store_->PutJob("job-1", "done"));
+  std::vector<std::pair<ChunkAddress, std::string>> more = {
+      {Addr(0, 0, 0, 0), RandomBytes(300000, 12)}};
+  const uint64_t id2 = Upload(&more);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt2", "manifest2", id2));
+
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  EXPECT_EQ(store_->stats().chunks_written, 0);  // counters are per open
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> strategies, store_->ListStrategies());
+  EXPECT_THAT(strategies, ElementsAre("dp8", "tp2"));
+  ASSERT_OK_AND_ASSIGN(std::string got, store_->GetStrategy("tp2"));
+  EXPECT_EQ(got, "strategy2");
+  ASSERT_OK_AND_ASSIGN(got, store_->GetJob("job-1"));
+  EXPECT_EQ(got, "done");
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids, store_->ListCheckpoints());
+  EXPECT_THAT(ids, ElementsAre("ckpt", "ckpt2"));
+  ASSERT_OK_AND_ASSIGN(got, store_->GetManifest("ckpt2"));
+  EXPECT_EQ(got, "manifest2");
+  for (const auto& [address, bytes] : chunks) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  for (const auto& [address, bytes] : more) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+
+  // Deleting after a reopen still finds the data id behind the manifest.
+  ASSERT_OK(store_->DeleteCheckpoint("ckpt"));
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  for (const auto& [address, bytes] : chunks) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+  for (const auto& [address, bytes] : more) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  ASSERT_OK_AND_ASSIGN(const uint64_t next, store_->BeginData());
+  EXPECT_GT(next, id2);
+}
+
+TEST_F(RocksDbStoreTest, DataIdsNeverRepeatAcrossRestarts) {
+  std::set<uint64_t> seen;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 3; ++i) {  // begun, never used: still never handed out again
+      ASSERT_OK_AND_ASSIGN(uint64_t id, store_->BeginData());
+      EXPECT_TRUE(seen.insert(id).second) << "data id " << id << " reused";
+      EXPECT_EQ(id, *seen.rbegin());
+    }
+    ASSERT_NO_FATAL_FAILURE(Reopen());
+  }
+}
+
+TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
+  const std::string original = RandomBytes(8192, 13);
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {{Addr(0, 2, 0, 5), original}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt", "m", id));
+  store_.reset();
+
+  {  // Replace the stored bytes behind the store's back (same length, one bit flipped).
+    namespace internal = rocksdb_store_internal;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {internal::kMetaFamily, rocksdb::ColumnFamilyOptions()},
+        {internal::kChunksFamily, rocksdb::ColumnFamilyOptions()},
+        {internal::kJobsFamily, rocksdb::ColumnFamilyOptions()}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(rocksdb::DBOptions(), db_dir_, families, &handles, &raw);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::string damaged = original;
+    damaged[4000] ^= 0x10;
+    s = raw->Put(rocksdb::WriteOptions(), handles[2], internal::ChunkKey(chunks[0].first), damaged);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (rocksdb::ColumnFamilyHandle* h : handles)
+      EXPECT_TRUE(raw->DestroyColumnFamilyHandle(h).ok());
+    EXPECT_TRUE(raw->Close().ok());
+    delete raw;
+  }
+
+  ASSERT_NO_FATAL_FAILURE(Open());
+  absl::StatusOr<std::unique_ptr<ChunkData>> data =
+      store_->ReadChunk(chunks[0].first, ChunkChecksum(original));
+  ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
+  EXPECT_THAT(Msg(data.status()),
+              HasSubstr("chunk " + chunks[0].first.ToString() + " failed its checksum"));
+}
+
+TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> second = OpenRocksDbStore(db_dir_, options_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(Msg(second.status()), HasSubstr("cannot open RocksDB store in " + db_dir_));
+  EXPECT_THAT(Msg(second.status()), HasSubstr("LOCK"));
+  // The first store is unaffected.
+  EXPECT_OK(store_->PutJob("j", "r"));
+}
+
+TEST_F(RocksDbStoreTest, OpenCreatesMissingDirectories) {
+  const std::string nested = root_ + "/a/b/c";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointStore> store, OpenRocksDbStore(nested, options_));
+  EXPECT_OK(store->PutStrategy("s", "r", false));
+  EXPECT_TRUE(std::filesystem::exists(nested + "/CURRENT"));
+}
+
+TEST_F(RocksDbStoreTest, OpenOnAFileFailsNamingIt) {
+  const std::string file = root_ + "/not_a_dir";
+  std::ofstream(file) << "x";
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenRocksDbStore(file, options_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(Msg(store.status()), HasSubstr(file));
+}
+
+TEST_F(RocksDbStoreTest, MeasuresFreeDiskWhenNotInjected) {
+  options_.min_free_disk_bytes = int64_t{1} << 60;  // more than any test machine has
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+  absl::Status full = store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), "abc"}});
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_THAT(Msg(full), HasSubstr(db_dir_));
+  EXPECT_THAT(Msg(full), HasSubstr(std::to_string(options_.min_free_disk_bytes)));
+
+  options_.min_free_disk_bytes = 0;
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK_AND_ASSIGN(const uint64_t id2, store_->BeginData());
+  EXPECT_OK(store_->PutChunks({ChunkWrite{Addr(id2, 0, 0, 0), "abc"}}));
+}
+
+}  // namespace
+}  // namespace ckpt
