@@ -90,6 +90,142 @@ std::string SourceFileLabel(const std::string& path) {
   return p.filename().string();
 }
 
+// Streams one rank's .ckpt into an Upload call: one Value in memory at a time, ≤ 1 MiB data
+// messages, one UploadTensorHeader per tensor (consecutive same-name Values are one tensor). Not
+// thread-safe; borrows the reader and the stream.
+class RankFileSender {
+ public:
+  RankFileSender(CkptReader* reader, grpc::ClientWriter<v1::UploadRequest>* stream,
+                 const std::string& path, int64_t file_size, const ProgressFn& progress)
+      : reader_(reader),
+        stream_(stream),
+        path_(path),
+        file_size_(file_size),
+        progress_(progress) {}
+
+  // Sends `header` and every tensor of the file. Returns an error for a bad file (the caller
+  // cancels the call), or OK: either everything was sent, or broken() is true because the server
+  // ended the call early, and its status comes from Finish().
+  absl::Status Send(const v1::UploadHeader& header) {
+    *message_.mutable_header() = header;
+    if (!Write()) return absl::OkStatus();
+    Report(0);
+    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> value, reader_->NextValue());
+    while (value.has_value()) {
+      CKPT_ASSIGN_OR_RETURN(value, SendTensor(*std::move(value)));
+      if (broken_) return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  bool broken() const { return broken_; }
+
+ private:
+  // Sends the tensor starting with Value `first` and returns the first Value of the next one
+  // (nullopt at the end of the file).
+  absl::StatusOr<std::optional<CkptTensor>> SendTensor(CkptTensor first) {
+    std::optional<CkptTensor> next;
+    int64_t total = 0;
+    if (first.dtype == DType::kStr) {
+      // str values carry no element count in their dims, so the size is only known once every
+      // Value of the tensor is read; they are short scalars, so joining them costs nothing.
+      while (true) {
+        CKPT_ASSIGN_OR_RETURN(next, reader_->NextValue());
+        if (!next || next->name != first.name) break;
+        if (next->dtype != DType::kStr) {
+          return FileError(absl::StrCat("tensor ", first.name, " mixes str and ",
+                                        Sv(DTypeName(next->dtype)), " chunks"));
+        }
+        first.data += next->data;
+      }
+      total = static_cast<int64_t>(first.data.size());
+    } else {
+      // Every chunk of a split tensor repeats the tensor's full dims (spec §1.2), so the first
+      // one tells the total size before any byte is sent.
+      absl::StatusOr<int64_t> elements = NumElements(first.shape());
+      absl::StatusOr<int64_t> bytes =
+          elements.ok() ? ByteSizeOf(first.dtype, *elements) : elements.status();
+      if (!bytes.ok()) {
+        return FileError(absl::StrCat("tensor ", first.name, ": ", bytes.status().message()));
+      }
+      total = *bytes;
+    }
+
+    v1::UploadTensorHeader* header = message_.mutable_tensor();
+    header->set_name(first.name);
+    header->set_dtype(std::string(DTypeName(first.dtype)));
+    header->mutable_dims()->Assign(first.dims.begin(), first.dims.end());
+    header->set_total_bytes(total);
+    if (!Write()) return std::nullopt;
+
+    // `first.data` holds the current chunk; the next one replaces it, so one chunk is held.
+    int64_t sent = 0;
+    while (true) {
+      const int64_t size = static_cast<int64_t>(first.data.size());
+      if (size > total - sent) {
+        return FileError(absl::StrCat("tensor ", first.name, " (", Sv(DTypeName(first.dtype)),
+                                      ", dims ", ShapeToString(first.dims),
+                                      ") has more content than the ", total,
+                                      " bytes its dims need"));
+      }
+      if (!WriteData(first.data, reader_->offset())) return std::nullopt;
+      sent += size;
+      if (first.dtype == DType::kStr) break;  // `next` is already the following tensor
+      CKPT_ASSIGN_OR_RETURN(next, reader_->NextValue());
+      if (!next || next->name != first.name) break;
+      if (next->dtype != first.dtype || next->dims != first.dims) {
+        return FileError(absl::StrCat(
+            "tensor ", first.name, " has chunks of different dtype or dims (",
+            Sv(DTypeName(first.dtype)), " ", ShapeToString(first.dims), " then ",
+            Sv(DTypeName(next->dtype)), " ", ShapeToString(next->dims), ")"));
+      }
+      first.data = std::move(next->data);
+      next.reset();
+    }
+    if (sent != total) {
+      return FileError(absl::StrCat("tensor ", first.name, " (", Sv(DTypeName(first.dtype)),
+                                    ", dims ", ShapeToString(first.dims), ") has ", sent,
+                                    " bytes of content but its dims need ", total));
+    }
+    return next;
+  }
+
+  // Sends `bytes` in ≤ 1 MiB messages; `end_offset` is the file offset just past the Value that
+  // holds them, from which progress is derived.
+  bool WriteData(std::string_view bytes, int64_t end_offset) {
+    for (size_t pos = 0; pos < bytes.size();) {
+      const size_t n = std::min(kDataMessageBytes, bytes.size() - pos);
+      message_.set_data(bytes.data() + pos, n);
+      if (!Write()) return false;
+      pos += n;
+      Report(end_offset - static_cast<int64_t>(bytes.size() - pos));
+    }
+    return true;
+  }
+
+  bool Write() {
+    if (!stream_->Write(message_)) broken_ = true;
+    return !broken_;
+  }
+
+  void Report(int64_t done) {
+    if (progress_) progress_(std::clamp<int64_t>(done, 0, file_size_), file_size_);
+  }
+
+  // The reader's own errors already name the file (FileByteSource::Describe()); ours must too.
+  absl::Status FileError(std::string_view message) const {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": ", Sv(message)));
+  }
+
+  CkptReader* reader_;
+  grpc::ClientWriter<v1::UploadRequest>* stream_;
+  const std::string& path_;
+  const int64_t file_size_;
+  const ProgressFn& progress_;
+  v1::UploadRequest message_;  // reused: consecutive data messages keep the buffer capacity
+  bool broken_ = false;
+};
+
 // Checks the order and sizes of a Fetch stream and verifies each data message's checksum before
 // handing it to the visitor. Not thread-safe (one stream).
 class FetchChecker {
@@ -460,128 +596,23 @@ absl::StatusOr<v1::UploadResponse> CkptClient::UploadRankImpl(
   std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> stream =
       stub_->Upload(&context, &response);
 
-  // Sends the whole file. Returns a local error (bad file), or OK with *broken set when the server
-  // closed the stream early (its status then comes from Finish()).
-  bool broken = false;
-  auto send_file = [&]() -> absl::Status {
-    auto file_error = [&](const absl::Status& status) {
-      return WithPrefix(status, absl::StrCat(file_path, ": "));
-    };
-    // The reader's errors already name the file (FileByteSource::Describe()).
-    auto next_value = [&]() { return reader.NextValue(); };
-    v1::UploadRequest message;
-    auto send = [&]() {
-      if (!stream->Write(message)) broken = true;
-      return !broken;
-    };
-    // Sends `bytes` in ≤ 1 MiB messages; `end_offset` is the file offset just past the Value
-    // holding them, for progress.
-    auto send_bytes = [&](std::string_view bytes, int64_t end_offset) {
-      for (size_t pos = 0; pos < bytes.size();) {
-        const size_t n = std::min(kDataMessageBytes, bytes.size() - pos);
-        message.set_data(bytes.data() + pos, n);
-        if (!send()) return false;
-        pos += n;
-        if (progress) {
-          const int64_t unsent = static_cast<int64_t>(bytes.size() - pos);
-          progress(std::clamp<int64_t>(end_offset - unsent, 0, file_size), file_size);
-        }
-      }
-      return true;
-    };
-
-    message.mutable_header()->set_checkpoint_id(checkpoint_id);
-    message.mutable_header()->set_strategy(strategy_name);
-    message.mutable_header()->set_rank(rank);
-    message.mutable_header()->set_source_file(SourceFileLabel(file_path));
-    if (!send()) return absl::OkStatus();
-    if (progress) progress(0, file_size);
-
-    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> value, next_value());
-    while (value.has_value()) {
-      CkptTensor first = *std::move(value);
-      value.reset();
-      std::optional<CkptTensor> lookahead;
-      int64_t total = 0;
-      if (first.dtype == DType::kStr) {
-        // str values carry no element count in their dims, so the size is only known once every
-        // Value of the tensor is read; they are short scalars, so joining them costs nothing.
-        while (true) {
-          CKPT_ASSIGN_OR_RETURN(lookahead, next_value());
-          if (!lookahead || lookahead->name != first.name) break;
-          if (lookahead->dtype != DType::kStr) {
-            return file_error(absl::InvalidArgumentError(absl::StrCat(
-                "tensor ", first.name, " mixes str and ", Sv(DTypeName(lookahead->dtype)),
-                " chunks")));
-          }
-          first.data += lookahead->data;
-        }
-        total = static_cast<int64_t>(first.data.size());
-      } else {
-        // Every chunk of a split tensor repeats the tensor's full dims (spec §1.2), so the first
-        // one tells the total size before its bytes are sent.
-        absl::StatusOr<int64_t> elements = NumElements(first.shape());
-        absl::StatusOr<int64_t> bytes =
-            elements.ok() ? ByteSizeOf(first.dtype, *elements) : elements.status();
-        if (!bytes.ok()) {
-          return file_error(WithPrefix(bytes.status(), absl::StrCat("tensor ", first.name, ": ")));
-        }
-        total = *bytes;
-      }
-
-      v1::UploadTensorHeader* header = message.mutable_tensor();
-      header->set_name(first.name);
-      header->set_dtype(std::string(DTypeName(first.dtype)));
-      header->mutable_dims()->Assign(first.dims.begin(), first.dims.end());
-      header->set_total_bytes(total);
-      if (!send()) return absl::OkStatus();
-
-      // `first.data` holds the current chunk; later chunks replace it, so at most one is held.
-      int64_t sent = 0;
-      while (true) {
-        const int64_t size = static_cast<int64_t>(first.data.size());
-        if (size > total - sent) {
-          return file_error(absl::InvalidArgumentError(absl::StrCat(
-              "tensor ", first.name, " (", Sv(DTypeName(first.dtype)), ", dims ",
-              ShapeToString(first.dims), ") has more content than the ", total,
-              " bytes its dims need")));
-        }
-        if (!send_bytes(first.data, reader.offset())) return absl::OkStatus();
-        sent += size;
-        if (first.dtype == DType::kStr) break;
-        CKPT_ASSIGN_OR_RETURN(lookahead, next_value());
-        if (!lookahead || lookahead->name != first.name) break;
-        if (lookahead->dtype != first.dtype || lookahead->dims != first.dims) {
-          return file_error(absl::InvalidArgumentError(absl::StrCat(
-              "tensor ", first.name, " has chunks of different dtype or dims (",
-              Sv(DTypeName(first.dtype)), " ", ShapeToString(first.dims), " then ",
-              Sv(DTypeName(lookahead->dtype)), " ", ShapeToString(lookahead->dims), ")")));
-        }
-        first.data = std::move(lookahead->data);
-        lookahead.reset();
-      }
-      if (sent != total) {
-        return file_error(absl::InvalidArgumentError(absl::StrCat(
-            "tensor ", first.name, " (", Sv(DTypeName(first.dtype)), ", dims ",
-            ShapeToString(first.dims), ") has ", sent, " bytes of content but its dims need ",
-            total)));
-      }
-      value = std::move(lookahead);
-    }
-    return absl::OkStatus();
-  };
-
-  const absl::Status local = send_file();
+  v1::UploadHeader header;
+  header.set_checkpoint_id(checkpoint_id);
+  header.set_strategy(strategy_name);
+  header.set_rank(rank);
+  header.set_source_file(SourceFileLabel(file_path));
+  RankFileSender sender(&reader, stream.get(), file_path, file_size, progress);
+  const absl::Status local = sender.Send(header);
   if (!local.ok()) {
     // The server drops a rank whose stream is cancelled, so nothing half-sent becomes visible.
     context.TryCancel();
     stream->Finish().ok();  // the call's status is CANCELLED; the local error is the news
     return local;
   }
-  if (!broken) stream->WritesDone();
+  if (!sender.broken()) stream->WritesDone();
   const grpc::Status status = stream->Finish();
   if (!status.ok()) return Annotate(FromGrpcStatus(status));
-  if (broken) {
+  if (sender.broken()) {
     return absl::InternalError(absl::StrCat("ckptd closed the upload of ", file_path,
                                             " early without an error"));
   }

@@ -158,11 +158,12 @@ struct Resharder::Impl {
 
   bool Selected(std::string_view name) const { return !options.select || options.select(name); }
 
-  // Calls fn(entry, geometry, dst_box, src_cell_id) for every source cell overlapping the
-  // destination slice of every tensor the rank receives, in output order and, within a tensor,
-  // in row-major order of source cells (= ascending destination position).
-  template <typename Fn>
-  absl::Status ForEachPiece(int64_t dst_rank, Fn&& fn) const {
+  // Calls on_tensor(entry, geometry, dst_box) for every tensor the rank receives, in output
+  // order, then fn(entry, geometry, dst_box, src_cell, src_cell_id) for every source cell
+  // overlapping its destination slice in row-major order of source cells (= ascending
+  // destination position). A tensor with no elements has no pieces.
+  template <typename TensorFn, typename Fn>
+  absl::Status ForEachPiece(int64_t dst_rank, TensorFn&& on_tensor, Fn&& fn) const {
     if (dst_rank < 0 || dst_rank >= dst.world()) {
       return absl::OutOfRangeError(absl::StrCat(
           "destination rank ", dst_rank, " is outside the destination world of ", dst.world(),
@@ -185,6 +186,8 @@ struct Resharder::Impl {
       const size_t rank = g.global.size();
       CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, rank));
       const Box dst_box = CellBox(g.global, g.dst_grid, dst_cell);
+      on_tensor(e, g, dst_box);
+      if (std::count(g.global.begin(), g.global.end(), 0) > 0) continue;  // no elements
       // Overlapping source blocks per dim: [lo_block, hi_block].
       lo_block.resize(rank);
       hi_block.resize(rank);
@@ -218,8 +221,10 @@ struct Resharder::Impl {
   absl::StatusOr<std::vector<int32_t>> NeededHolderSets(int64_t dst_rank) const {
     std::vector<int32_t> sets;
     CKPT_RETURN_IF_ERROR(ForEachPiece(
-        dst_rank, [&](size_t, const Geometry& g, const Box&, const std::vector<int64_t>&,
-                      int64_t cell) { sets.push_back(g.cell_holders[cell]); }));
+        dst_rank, [](size_t, const Geometry&, const Box&) {},
+        [&](size_t, const Geometry& g, const Box&, const std::vector<int64_t>&, int64_t cell) {
+          sets.push_back(g.cell_holders[cell]);
+        }));
     std::sort(sets.begin(), sets.end());
     sets.erase(std::unique(sets.begin(), sets.end()), sets.end());
     return sets;
@@ -424,22 +429,21 @@ absl::StatusOr<RankPlan> Resharder::Plan(int64_t dst_rank) const {
   plan.dst_rank = dst_rank;
   CKPT_ASSIGN_OR_RETURN(plan.source_ranks, impl_->CoverOf(sets));
   absl::flat_hash_set<int64_t> cover(plan.source_ranks.begin(), plan.source_ranks.end());
-  size_t current = static_cast<size_t>(-1);
   CKPT_RETURN_IF_ERROR(impl_->ForEachPiece(
-      dst_rank, [&](size_t e, const Geometry& g, const Box& dst_box,
-                    const std::vector<int64_t>& src_cell, int64_t cell_id) {
-        if (e != current) {
-          current = e;
-          const Entry& entry = impl_->entries[e];
-          TensorPlan t;
-          t.name = entry.name;
-          t.dtype = entry.dtype;
-          t.kind = entry.kind;
-          t.global_shape = g.global;
-          t.dst_box = dst_box;
-          t.src_layout = g.src;
-          plan.tensors.push_back(std::move(t));
-        }
+      dst_rank,
+      [&](size_t e, const Geometry& g, const Box& dst_box) {
+        const Entry& entry = impl_->entries[e];
+        TensorPlan t;
+        t.name = entry.name;
+        t.dtype = entry.dtype;
+        t.kind = entry.kind;
+        t.global_shape = g.global;
+        t.dst_box = dst_box;
+        t.src_layout = g.src;
+        plan.tensors.push_back(std::move(t));
+      },
+      [&](size_t, const Geometry& g, const Box& dst_box, const std::vector<int64_t>& src_cell,
+          int64_t cell_id) {
         TensorPlan& t = plan.tensors.back();
         CopyOp op;
         op.src_box_id = cell_id;

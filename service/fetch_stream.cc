@@ -40,7 +40,8 @@ const records::TensorRecord& FetchStream::Record(const TensorPlan& t) const {
 
 int64_t FetchStream::TensorBytes(const TensorPlan& t) const {
   if (t.dtype == DType::kStr) {  // raw UTF-32 bytes: the stored copy's size
-    const records::BlobRecord* b = BlobFor(Record(t), t.ops.at(0));
+    if (t.ops.empty()) return 0;
+    const records::BlobRecord* b = BlobFor(Record(t), t.ops[0]);
     return b ? b->total_bytes() : 0;
   }
   return *ByteSizeOf(t.dtype, *t.dst_box.Volume());
@@ -95,7 +96,11 @@ absl::Status FetchStream::BuildBand() {
   band_pos_ = 0;
   if (t.dtype == DType::kStr) {
     // Raw bytes, one stored chunk at a time.
-    const records::BlobRecord* b = BlobFor(r, t.ops.at(0));
+    if (t.ops.empty()) {
+      tensor_done_ = true;
+      return absl::OkStatus();
+    }
+    const records::BlobRecord* b = BlobFor(r, t.ops[0]);
     if (!b) return where(absl::InternalError("no stored copy for the chosen source rank"));
     if (next_chunk_ >= b->chunk_xxh64_size()) {
       tensor_done_ = true;

@@ -118,43 +118,52 @@ absl::StatusOr<std::unique_ptr<RankUpload>> CheckpointManager::BeginUpload(
     const v1::UploadHeader& header) {
   CKPT_RETURN_IF_ERROR(ValidateName("checkpoint id", header.checkpoint_id()));
   const std::string& id = header.checkpoint_id();
-  std::shared_ptr<PendingCheckpoint> pending;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = pending_.find(id); it != pending_.end() && !it->second->committed()) {
-      pending = it->second;
-    }
+  // Lookups that do I/O happen before taking the lock.
+  auto existing = store_->GetManifest(id);
+  if (existing.ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint ", id, " already exists"));
   }
-  if (!pending) {
-    auto existing = store_->GetManifest(id);
-    if (existing.ok()) {
-      return absl::AlreadyExistsError(absl::StrCat("checkpoint ", id, " already exists"));
-    }
-    if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
-    std::shared_ptr<const Strategy> strategy;
-    std::string json;
-    if (!header.strategy().empty()) {
-      CKPT_ASSIGN_OR_RETURN(strategy, GetStrategy(header.strategy()));
-      json = SerializeStrategy(*strategy, StrategyFormat::kJson);
-    }
+  if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
+  std::shared_ptr<const Strategy> strategy;
+  if (!header.strategy().empty()) {
+    CKPT_ASSIGN_OR_RETURN(strategy, GetStrategy(header.strategy()));
+  }
+
+  std::shared_ptr<PendingCheckpoint> abandoned;
+  absl::StatusOr<std::unique_ptr<RankUpload>> upload;
+  {
+    // Finding (or creating) the pending checkpoint and registering this rank on it happen under
+    // one lock, so that a concurrent rank never sees a pending checkpoint without its creator.
     std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<PendingCheckpoint> pending;
     if (auto it = pending_.find(id); it != pending_.end() && !it->second->committed()) {
-      pending = it->second;  // another rank created it meanwhile
-    } else {
+      if (it->second->Abandoned()) {
+        // Every earlier stream failed before any rank completed: start afresh (possibly with
+        // another strategy) instead of holding the id until the idle timeout.
+        abandoned = it->second;
+        pending_.erase(it);
+      } else {
+        pending = it->second;
+      }
+    }
+    if (!pending) {
       CKPT_ASSIGN_OR_RETURN(uint64_t data_id, store_->BeginData());
-      pending = std::make_shared<PendingCheckpoint>(id, header.strategy(), std::move(strategy),
-                                                    std::move(json), data_id, store_,
-                                                    options_.upload);
+      pending = std::make_shared<PendingCheckpoint>(
+          id, header.strategy(), strategy,
+          strategy ? SerializeStrategy(*strategy, StrategyFormat::kJson) : std::string(), data_id,
+          store_, options_.upload);
       pending_[id] = pending;
     }
+    // Every rank stream of one checkpoint must name the same strategy.
+    if (header.strategy() != pending->strategy_name()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", header.rank(), " names strategy \"", header.strategy(), "\" but checkpoint ",
+          id, " is being uploaded with strategy \"", pending->strategy_name(), "\""));
+    }
+    upload = RankUpload::Start(pending, header.rank(), header.source_file());
   }
-  // Every rank stream of one checkpoint must name the same strategy.
-  if (header.strategy() != pending->strategy_name()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", header.rank(), " names strategy \"", header.strategy(), "\" but checkpoint ", id,
-        " is being uploaded with strategy \"", pending->strategy_name(), "\""));
-  }
-  return RankUpload::Start(pending, header.rank(), header.source_file());
+  if (abandoned) (void)store_->DiscardData(abandoned->data_id());
+  return upload;
 }
 
 void CheckpointManager::OnUploadFinished(const std::string& checkpoint_id) {
@@ -256,7 +265,21 @@ absl::StatusOr<v1::DescribeCheckpointResponse> CheckpointManager::DescribeCheckp
 }
 
 absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
-  CKPT_RETURN_IF_ERROR(store_->DeleteCheckpoint(id));
+  absl::Status deleted = store_->DeleteCheckpoint(id);
+  if (deleted.code() == absl::StatusCode::kNotFound) {
+    // Not committed: an upload in progress (or one whose client gave up) is discarded, so that
+    // it can be started again at once. Streams still writing to it fail.
+    std::shared_ptr<PendingCheckpoint> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = pending_.find(id); it != pending_.end() && !it->second->committed()) {
+        pending = it->second;
+        pending_.erase(it);
+      }
+    }
+    if (pending) return store_->DiscardData(pending->data_id());
+  }
+  CKPT_RETURN_IF_ERROR(deleted);
   {
     std::lock_guard<std::mutex> lock(mu_);
     checkpoints_.erase(id);

@@ -56,6 +56,7 @@ class CheckpointManager {
   // --- checkpoints ---
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints();
   absl::StatusOr<v1::DescribeCheckpointResponse> DescribeCheckpoint(const std::string& id);
+  // Deletes a committed checkpoint, or discards an upload in progress under that id.
   absl::Status DeleteCheckpoint(const std::string& id);
 
   // --- serving ---

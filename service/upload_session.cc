@@ -65,6 +65,11 @@ bool PendingCheckpoint::IdleSince(absl::Time cutoff) const {
   return active_.empty() && last_activity_ < cutoff;
 }
 
+bool PendingCheckpoint::Abandoned() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_.empty() && received_.empty() && !committed_;
+}
+
 bool PendingCheckpoint::committed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return committed_;

@@ -51,6 +51,8 @@ class PendingCheckpoint {
   // True when no stream is active and nothing happened since `cutoff`.
   bool IdleSince(absl::Time cutoff) const;
   bool committed() const;
+  // True when no stream is active and no rank was received: nothing worth keeping.
+  bool Abandoned() const;
 
  private:
   friend class RankUpload;

@@ -1,6 +1,6 @@
 // The persistent state of ckptd behind one interface: strategies, committed checkpoint manifests,
 // the chunks of tensor bytes they reference, and job records. Two implementations: RocksDB
-// (storage/rocksdb_store.h, the default) and in-memory (storage/memory_store.h, for tests); one
+// (OpenRocksDbStore below, the default) and in-memory (NewMemoryStore, for tests); one
 // conformance suite (tests/unit/store_conformance_test.cc) runs against both.
 //
 // Records (strategies, manifests, jobs) are opaque bytes to the store: the service encodes them

@@ -1,8 +1,9 @@
 // Drives the real ckptctl binary as a user would (issue 2): `sample` into a temporary directory,
 // then inspect / strategy show / strategy merge / deps, checking the output against what the core
 // library computes, and every error path for "non-zero exit and exactly one line on stderr".
-#include <unistd.h>
+#include <stdlib.h>  // mkdtemp
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

@@ -1,13 +1,14 @@
 // ckptctl on the real MindSpore fixtures (../shared/fixtures/mindspore, read in place): inspect,
 // strategy show and deps, with the dependency lists checked by brute force (sufficient and
 // irredundant). Every test skips with a visible message when the fixtures are absent.
-#include <unistd.h>
+#include <stdlib.h>  // mkdtemp
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -311,9 +312,17 @@ TEST(FixtureCompatTest, DepsFromTheFixtureToAThreeDeviceStrategyAreMinimalCovers
   ASSERT_NE(src, nullptr);
   const Strategy dst_strategy = ThreeDeviceDestination(*src);
 
-  std::string pattern = (fs::temp_directory_path() / "fixture_compat.XXXXXX").string();
-  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-  const std::string dst_path = pattern + "/dst_3_devices.json";
+  // A temporary directory removed on every exit path.
+  struct TempDir {
+    std::string path = (fs::temp_directory_path() / "fixture_compat.XXXXXX").string();
+    bool ok = ::mkdtemp(path.data()) != nullptr;
+    ~TempDir() {
+      std::error_code ec;
+      if (ok) fs::remove_all(path, ec);
+    }
+  } tmp;
+  ASSERT_TRUE(tmp.ok) << "mkdtemp " << tmp.path;
+  const std::string dst_path = tmp.path + "/dst_3_devices.json";
   {
     std::ofstream out(dst_path);
     out << SerializeStrategy(dst_strategy, StrategyFormat::kJson);
@@ -327,8 +336,6 @@ TEST(FixtureCompatTest, DepsFromTheFixtureToAThreeDeviceStrategyAreMinimalCovers
       RunJson({"deps", "--src-strategy", path, "--dst-strategy", dst_path, "--all", "--json"});
   SubprocessResult one =
       RunCkptctl({"deps", "--src-strategy", path, "--dst-strategy", dst_path, "--rank", "1", "--json"});
-  std::error_code ec;
-  fs::remove_all(pattern, ec);
 
   const auto deps = ParseDepsList(j, 3);
   ASSERT_EQ(deps.size(), 3u);

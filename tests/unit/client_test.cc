@@ -28,6 +28,9 @@ using ::testing::Not;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
+// Debian's absl::string_view is not std::string_view; gmock prints it character by character.
+std::string Msg(const absl::Status& status) { return std::string(status.message()); }
+
 // A fresh directory under TMPDIR, removed with everything in it at the end of the test.
 class TempDir {
  public:
@@ -135,7 +138,7 @@ TEST(SelectRankCheckpointFileTest, NoCkptIsNotFound) {
   Touch(dir.path() / "readme.txt");
   auto file = SelectRankCheckpointFile(dir.path().string());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(file.status().message(), HasSubstr("no .ckpt"));
+  EXPECT_THAT(Msg(file.status()), HasSubstr("no .ckpt"));
 }
 
 // ---------------------------------------------------------------- ResolveRankFiles
@@ -162,7 +165,7 @@ TEST(ResolveRankFilesTest, MissingRankIsNamed) {
   for (int r : {0, 1, 3}) Touch(dir.path() / ("rank_" + std::to_string(r)) / "a-1_1.ckpt");
   auto files = ResolveRankFiles(dir.path().string(), 4);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(files.status().message(),
+  EXPECT_THAT(Msg(files.status()),
               AllOf(HasSubstr("missing rank_2"), HasSubstr("4 ranks"),
                     Not(HasSubstr("rank_1,")), Not(HasSubstr("unexpected"))));
 }
@@ -172,7 +175,7 @@ TEST(ResolveRankFilesTest, RankBeyondWorldIsNamed) {
   for (int r : {0, 1, 2, 3, 9}) Touch(dir.path() / ("rank_" + std::to_string(r)) / "a-1_1.ckpt");
   auto files = ResolveRankFiles(dir.path().string(), 4);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(files.status().message(),
+  EXPECT_THAT(Msg(files.status()),
               AllOf(HasSubstr("unexpected rank_9"), Not(HasSubstr("missing"))));
 }
 
@@ -181,9 +184,9 @@ TEST(ResolveRankFilesTest, LongMissingListIsShortened) {
   Touch(dir.path() / "rank_0" / "a-1_1.ckpt");
   auto files = ResolveRankFiles(dir.path().string(), 64);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(files.status().message(),
-              AllOf(HasSubstr("missing rank_1, rank_2"), HasSubstr("and 53 more"),
-                    Not(HasSubstr("rank_63"))));
+  EXPECT_THAT(Msg(files.status()),
+              AllOf(HasSubstr("missing rank_1, rank_2, "), HasSubstr("rank_10 and 53 more"),
+                    Not(HasSubstr("rank_11,"))));
 }
 
 TEST(ResolveRankFilesTest, LeadingZerosAreRejected) {
@@ -192,7 +195,7 @@ TEST(ResolveRankFilesTest, LeadingZerosAreRejected) {
   Touch(dir.path() / "rank_01" / "a-1_1.ckpt");
   auto files = ResolveRankFiles(dir.path().string(), 2);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(files.status().message(), HasSubstr("rank_01"));
+  EXPECT_THAT(Msg(files.status()), HasSubstr("rank_01"));
 }
 
 TEST(ResolveRankFilesTest, RankWithoutCkptIsNotFound) {
@@ -201,7 +204,7 @@ TEST(ResolveRankFilesTest, RankWithoutCkptIsNotFound) {
   fs::create_directories(dir.path() / "rank_1");
   auto files = ResolveRankFiles(dir.path().string(), 2);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(files.status().message(), HasSubstr("rank_1"));
+  EXPECT_THAT(Msg(files.status()), HasSubstr("rank_1"));
 }
 
 TEST(ResolveRankFilesTest, MissingDirectoryIsNotFound) {
@@ -228,7 +231,7 @@ TEST(FormatProgressLineTest, StartAndEnd) {
 }
 
 TEST(FormatProgressLineTest, UnitsFollowTheTotal) {
-  EXPECT_EQ(FormatProgressLine(512, 2048, 1024.0), "[##........] 25%  0.5/2.0 KiB  1.0 KiB/s  ETA 2s");
+  EXPECT_EQ(FormatProgressLine(512, 2048, 1024.0), "[###.......] 25%  0.5/2.0 KiB  1.0 KiB/s  ETA 2s");
   EXPECT_EQ(FormatProgressLine(int64_t{3} << 30, int64_t{6} << 30, 100.0 * kMiB),
             "[#####.....] 50%  3.0/6.0 GiB  100.0 MiB/s  ETA 31s");
   EXPECT_EQ(FormatProgressLine(10, 100, 0), "[#.........] 10%  10/100 B  ETA --");
@@ -344,7 +347,7 @@ TEST(CkptClientTest, ConnectTimeoutReportsUnavailable) {
   options.connect_timeout = absl::Milliseconds(200);
   auto client = CkptClient::Connect(kDeadAddress, options);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(client.status().message(), HasSubstr(kDeadAddress));
+  EXPECT_THAT(Msg(client.status()), HasSubstr(kDeadAddress));
 }
 
 TEST(CkptClientTest, UnreachableServerNamesTheAddress) {
@@ -352,7 +355,7 @@ TEST(CkptClientTest, UnreachableServerNamesTheAddress) {
   auto list = client->ListCheckpoints();
   EXPECT_THAT(list.status().code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
                                                      absl::StatusCode::kDeadlineExceeded));
-  EXPECT_THAT(list.status().message(), HasSubstr(kDeadAddress));
+  EXPECT_THAT(Msg(list.status()), HasSubstr(kDeadAddress));
 }
 
 TEST(CkptClientTest, UploadOfMissingFileFailsLocally) {
@@ -360,7 +363,7 @@ TEST(CkptClientTest, UploadOfMissingFileFailsLocally) {
   auto client = DeadClient();
   auto response = client->UploadRank("c1", "s", 0, (dir.path() / "none.ckpt").string());
   EXPECT_EQ(response.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(response.status().message(), HasSubstr("none.ckpt"));
+  EXPECT_THAT(Msg(response.status()), HasSubstr("none.ckpt"));
 }
 
 TEST(CkptClientTest, UploadDirectoryValidatesParallelism) {

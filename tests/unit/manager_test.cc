@@ -339,5 +339,46 @@ TEST_F(ManagerTest, DependenciesFromCheckpointAndStrategies) {
   EXPECT_EQ(manager_->RankDependencies(req).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST_F(ManagerTest, ZeroElementVerbatimTensorsRoundTrip) {
+  // A verbatim tensor without elements next to sharded ones (used to divide by zero).
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  auto tensors = DemoTensors();
+  tensors.push_back({"empty", DType::kFloat16, {3, 0}});
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    ASSERT_TRUE(UploadRank("ck", "src", &src, r, tensors).ok()) << r;
+  }
+  v1::FetchRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_strategy("dst");
+  req.set_rank(2);
+  auto got = Fetch(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
+                         [](const auto& p) { return p.first.name() == "empty"; });
+  ASSERT_NE(it, got->tensors.end());
+  EXPECT_TRUE(it->first.verbatim());
+  EXPECT_EQ(it->first.total_bytes(), 0);
+  EXPECT_THAT(it->first.local_shape(), ::testing::ElementsAre(3, 0));
+  EXPECT_TRUE(it->second.empty());
+  req.set_merged(true);
+  EXPECT_TRUE(Fetch(req).ok());
+}
+
+TEST_F(ManagerTest, DeletingAPendingUploadDiscardsItForARetry) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  for (int64_t r = 0; r < 3; ++r) ASSERT_TRUE(UploadRank("ck", "src", &src, r, DemoTensors()).ok());
+  // Re-sending a received rank is refused while the upload is pending...
+  EXPECT_EQ(UploadRank("ck", "src", &src, 0, DemoTensors()).code(),
+            absl::StatusCode::kAlreadyExists);
+  // ... until the pending upload is deleted; then everything can be sent again.
+  ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+  EXPECT_EQ(manager_->DeleteCheckpoint("ck").code(), absl::StatusCode::kNotFound);
+  UploadAll("ck", "src", src, DemoTensors());
+  EXPECT_EQ(manager_->ListCheckpoints()->size(), 1u);
+}
+
 }  // namespace
 }  // namespace ckpt

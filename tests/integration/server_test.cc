@@ -1,0 +1,368 @@
+// End to end against a real ckptd on 127.0.0.1:0, driven through the client library and ckptctl
+// the way users do (issue 3). Every fetched byte is compared with slices generated
+// independently of the server (client/sample.h: bytes are a pure function of name and index).
+#include <grpcpp/grpcpp.h>
+#include <rocksdb/db.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/sample.h"
+#include "client/strategy_files.h"
+#include "core/ckpt_format.h"
+#include "core/reshard.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "storage/internal/rocksdb_store_internal.h"
+#include "tests/testing/fixtures.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/subprocess.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ServerProcess;
+using testing::TempDir;
+
+constexpr uint64_t kSeed = 1;  // SampleOptions default
+
+// Global shapes for a strategy's parameters: 24 on every dim divides every split used here.
+std::vector<SampleTensor> ShapesFor(const Strategy& s) {
+  std::vector<SampleTensor> out;
+  for (const auto& [name, p] : s.params()) {
+    out.push_back({name, DType::kFloat32, Shape(p.layout.tensor_map.size(), 24)});
+  }
+  return out;
+}
+
+// A single-stage destination over `devices` devices splitting dim `dim` of every tensor of
+// rank > dim (others replicated), optionally with an optimizer shard.
+Strategy Destination(const Strategy& like, int64_t devices, size_t dim, int64_t opt_shard = 0) {
+  std::map<std::string, StrategyParam> params;
+  for (const auto& [name, p] : like.params()) {
+    Layout l;
+    l.dev_matrix = {devices};
+    l.tensor_map.assign(p.layout.tensor_map.size(), {});
+    if (l.tensor_map.size() > dim) l.tensor_map[dim] = {0};
+    if (opt_shard != 0) {
+      l.dev_matrix = {devices / 2, 2};  // dim split over the outer axis, shard the inner one
+      if (l.tensor_map.size() > dim) l.tensor_map[dim] = {1};
+      if (!l.tensor_map.empty()) {
+        l.opt_shard_size = opt_shard;
+        l.opt_shard_step = 1;
+      }
+    }
+    params[name].layout = l;
+  }
+  return *Strategy::Create(std::move(params), 1);
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StartServer();
+  }
+
+  void StartServer() {
+    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data");
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    auto c = CkptClient::Connect(server_->address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+
+  void RestartServer() {
+    client_.reset();
+    ASSERT_EQ(server_->Stop(), 0) << server_->Log();
+    StartServer();
+  }
+
+  testing::SubprocessResult Ctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {CKPTCTL_PATH, "--server", server_->address()});
+    auto r = testing::RunSubprocess(args);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : testing::SubprocessResult{};
+  }
+
+  // Every tensor every rank of `dst` receives equals the independently generated slice.
+  void ExpectServes(const std::string& ckpt, const std::string& dst_name, const Strategy& dst,
+                    const std::vector<SampleTensor>& tensors) {
+    for (int64_t r = 0; r < dst.world_size(); ++r) {
+      v1::FetchRequest req;
+      req.set_checkpoint_id(ckpt);
+      req.set_strategy(dst_name);
+      req.set_rank(r);
+      auto got = client_->FetchAll(req);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectTensors(*got, &dst, r, tensors);
+    }
+  }
+
+  void ExpectTensors(const std::vector<FetchedTensor>& got, const Strategy* dst, int64_t rank,
+                     const std::vector<SampleTensor>& tensors) {
+    std::set<std::string> seen;
+    const int32_t stage = dst ? static_cast<int32_t>(rank / dst->devices_per_stage()) : 0;
+    for (const SampleTensor& t : tensors) {
+      const Layout* l = dst ? ResolveLayout(*dst, t.name, true) : nullptr;
+      if (l && !std::count(l->stages.begin(), l->stages.end(), stage)) continue;
+      const Box box = l ? *l->SliceBox(t.global_shape, rank % dst->devices_per_stage())
+                        : Box::Whole(t.global_shape);
+      auto it = std::find_if(got.begin(), got.end(),
+                             [&](const FetchedTensor& f) { return f.header.name() == t.name; });
+      ASSERT_NE(it, got.end()) << t.name << " not delivered to rank " << rank;
+      ASSERT_EQ(Shape(it->header.local_shape().begin(), it->header.local_shape().end()),
+                box.shape()) << t.name;
+      ASSERT_EQ(it->data, SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed))
+          << t.name << " rank " << rank;
+      seen.insert(t.name);
+    }
+    // The verbatim scalars written by the sample come along, unchanged.
+    for (const FetchedTensor& f : got) {
+      if (seen.contains(f.header.name())) continue;
+      ASSERT_TRUE(f.header.verbatim()) << f.header.name();
+      if (f.header.name() == "global_step") {
+        int32_t v = 0;
+        std::memcpy(&v, f.data.data(), 4);
+        EXPECT_EQ(v, 10);
+      }
+    }
+    EXPECT_EQ(got.size(), seen.size() + 2) << "expected the 2 verbatim scalars";
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<CkptClient> client_;
+};
+
+TEST_F(ServerTest, FixtureLayoutsServedToEveryRankOfOtherStrategiesAcrossARestart) {
+  CKPT_REQUIRE_FIXTURE(strategy_bytes, "strategy_8_npus.ckpt");
+  const std::string fixture = *testing::FixturePath("strategy_8_npus.ckpt");
+  const Strategy src = *LoadStrategyPath(fixture);
+  ASSERT_EQ(src.world_size(), 8);
+  const std::vector<SampleTensor> tensors = ShapesFor(src);
+  ASSERT_TRUE(WriteShardedSample(src, tensors, dir_ / "src", {}).ok());
+
+  // Register through ckptctl, upload through the library.
+  auto put = Ctl({"strategy", "put", "gpt8", fixture});
+  ASSERT_EQ(put.exit_code, 0) << put.stderr_text;
+  const Strategy three = Destination(src, 3, 0);
+  const Strategy six = Destination(src, 6, 1);
+  const Strategy opt = Destination(src, 4, 0, /*opt_shard=*/2);
+  ASSERT_TRUE(client_->PutStrategy("three", three, false).ok());
+  ASSERT_TRUE(client_->PutStrategy("six", six, false).ok());
+  ASSERT_TRUE(client_->PutStrategy("opt", opt, false).ok());
+  auto up = client_->UploadDirectory("gpt", "gpt8", dir_ / "src");
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_TRUE(up->committed);
+  EXPECT_EQ(up->ranks_total, 8);
+
+  RestartServer();
+
+  ExpectServes("gpt", "three", three, tensors);  // 8 -> 3, two stages -> one
+  ExpectServes("gpt", "six", six, tensors);      // 8 -> 6, rows -> columns
+  ExpectServes("gpt", "opt", opt, tensors);      // -> optimizer-sharded
+  ExpectServes("gpt", "gpt8", src, tensors);     // back to the source layout
+  v1::FetchRequest merged;
+  merged.set_checkpoint_id("gpt");
+  merged.set_merged(true);
+  auto whole = client_->FetchAll(merged);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ExpectTensors(*whole, nullptr, 0, tensors);
+
+  // The fetched file through ckptctl is a MindSpore .ckpt with exactly rank 1's tensors.
+  auto fetched = Ctl({"fetch", "gpt", "--strategy", "three", "--rank", "1", "--out", dir_ / "r1.ckpt"});
+  ASSERT_EQ(fetched.exit_code, 0) << fetched.stderr_text;
+  auto decoded = DecodeCkpt(testing::ReadFileOrDie(dir_ / "r1.ckpt"));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  std::vector<FetchedTensor> as_fetched;
+  for (const CkptTensor& t : *decoded) {
+    FetchedTensor f;
+    f.header.set_name(t.name);
+    for (int64_t d : t.shape()) f.header.add_local_shape(d);
+    f.header.set_verbatim(t.name == "global_step" || t.name == "learning_rate");
+    f.data = t.data;
+    as_fetched.push_back(std::move(f));
+  }
+  ExpectTensors(as_fetched, &three, 1, tensors);
+
+  // Dependencies, as CI asks for them.
+  auto deps = Ctl({"deps", "gpt", "--strategy", "three", "--all", "--json"});
+  ASSERT_EQ(deps.exit_code, 0) << deps.stderr_text;
+  auto j = nlohmann::json::parse(deps.stdout_text);
+  ASSERT_EQ(j.size(), 3u);
+  // Same answer as planning on the stored checkpoint in process.
+  auto planner = Resharder::CreateFromLayouts(std::make_shared<Strategy>(src),
+                                              std::make_shared<Strategy>(three));
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(j[r]["rank"], r);
+    EXPECT_FALSE(j[r]["source_ranks"].empty());
+    // Layout-only planning ignores the verbatim scalars, which may add one rank at most.
+    const std::vector<int64_t> by_layout = *planner->SourceRanks(r);
+    for (int64_t s : by_layout) {
+      EXPECT_TRUE(std::count(j[r]["source_ranks"].begin(), j[r]["source_ranks"].end(), s))
+          << "rank " << r << " misses source " << s;
+    }
+  }
+}
+
+TEST_F(ServerTest, DemoCheckpointThroughCtlAndWholeFileSource) {
+  auto sample = Ctl({"sample", dir_ / "demo"});
+  ASSERT_EQ(sample.exit_code, 0) << sample.stderr_text;
+  ASSERT_EQ(Ctl({"strategy", "put", "src", dir_ / "demo/src_strategy.ckpt"}).exit_code, 0);
+  ASSERT_EQ(Ctl({"strategy", "put", "dst", dir_ / "demo/dst_strategy.json"}).exit_code, 0);
+  auto up = Ctl({"upload", "demo", "--strategy", "src", "--dir", dir_ / "demo/checkpoint"});
+  ASSERT_EQ(up.exit_code, 0) << up.stderr_text;
+  auto whole = Ctl({"upload", "whole", "--file", dir_ / "demo/whole.ckpt"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.stderr_text;
+  const Strategy dst = DemoDestinationStrategy();
+  ExpectServes("demo", "dst", dst, DemoTensors());
+  ExpectServes("whole", "dst", dst, DemoTensors());  // a whole file served sharded
+  auto ls = Ctl({"ls"});
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_THAT(ls.stdout_text, HasSubstr("demo"));
+  EXPECT_THAT(ls.stdout_text, HasSubstr("whole"));
+  auto describe = Ctl({"describe", "demo"});
+  EXPECT_EQ(describe.exit_code, 0) << describe.stderr_text;
+  EXPECT_THAT(describe.stdout_text, HasSubstr("layers.1.ffn.weight"));
+  ASSERT_EQ(Ctl({"rm", "whole"}).exit_code, 0);
+  EXPECT_THAT(Ctl({"ls"}).stdout_text, ::testing::Not(HasSubstr("whole")));
+}
+
+TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
+  ASSERT_TRUE(client_->UploadDirectory("demo", "src", dir_ / "demo/checkpoint").ok());
+  client_.reset();
+  ASSERT_EQ(server_->Stop(), 0);
+  {
+    // Flip one byte of one stored chunk behind the server's back.
+    rocksdb::DBOptions options;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir_ / "data", &names).ok());
+    for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(options, dir_ / "data", families, &handles, &db).ok());
+    rocksdb::ColumnFamilyHandle* chunks = nullptr;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == rocksdb_store_internal::kChunksFamily) chunks = handles[i];
+    }
+    ASSERT_NE(chunks, nullptr);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), chunks));
+    it->SeekToFirst();
+    ASSERT_TRUE(it->Valid());
+    std::string key = it->key().ToString(), value = it->value().ToString();
+    it.reset();
+    value[value.size() / 2] ^= 0x5a;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), chunks, key, value).ok());
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    delete db;
+  }
+  StartServer();
+  v1::FetchRequest merged;
+  merged.set_checkpoint_id("demo");
+  merged.set_merged(true);
+  auto got = client_->FetchAll(merged);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("checkpoint demo tensor "));
+}
+
+TEST_F(ServerTest, KilledUploadLeavesNothingVisible) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
+  // Seven ranks complete, the eighth's client dies mid-tensor.
+  for (int r = 0; r < 7; ++r) {
+    auto u = client_->UploadRank("demo", "src", r,
+                                 dir_ / absl::StrCat("demo/checkpoint/rank_", r, "/sample-1_10.ckpt"));
+    ASSERT_TRUE(u.ok()) << u.status();
+    EXPECT_FALSE(u->committed());
+  }
+  {
+    auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    auto stub = v1::CheckpointService::NewStub(channel);
+    grpc::ClientContext ctx;
+    v1::UploadResponse resp;
+    auto writer = stub->Upload(&ctx, &resp);
+    v1::UploadRequest m;
+    m.mutable_header()->set_checkpoint_id("demo");
+    m.mutable_header()->set_strategy("src");
+    m.mutable_header()->set_rank(7);
+    ASSERT_TRUE(writer->Write(m));
+    m.mutable_tensor()->set_name("embedding.word_embedding.embedding_table");
+    m.mutable_tensor()->set_dtype("Float32");
+    m.mutable_tensor()->add_dims(48);
+    m.mutable_tensor()->add_dims(24);
+    m.mutable_tensor()->set_total_bytes(48 * 24 * 4);
+    ASSERT_TRUE(writer->Write(m));
+    m.set_data(std::string(1000, 'x'));
+    ASSERT_TRUE(writer->Write(m));
+    ctx.TryCancel();  // the client is gone
+    EXPECT_FALSE(writer->Finish().ok());
+  }
+  auto ls = client_->ListCheckpoints();
+  ASSERT_TRUE(ls.ok());
+  EXPECT_TRUE(ls->empty()) << "a half-uploaded checkpoint became visible";
+  // The rank can be sent again, and then the checkpoint commits.
+  auto last = client_->UploadRank("demo", "src", 7, dir_ / "demo/checkpoint/rank_7/sample-1_10.ckpt");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->committed());
+  ExpectServes("demo", "src", DemoSourceStrategy(), DemoTensors());
+}
+
+TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  ASSERT_EQ(Ctl({"strategy", "put", "src", dir_ / "demo/src_strategy.ckpt"}).exit_code, 0);
+  ASSERT_EQ(Ctl({"strategy", "put", "dst", dir_ / "demo/dst_strategy.json"}).exit_code, 0);
+  ASSERT_EQ(Ctl({"upload", "demo", "--strategy", "src", "--dir", dir_ / "demo/checkpoint"}).exit_code, 0);
+  const std::string ls_before = Ctl({"ls"}).stdout_text;
+  const std::string strategies_before = Ctl({"strategy", "ls"}).stdout_text;
+
+  auto expect_error = [&](std::vector<std::string> args, const std::string& needle) {
+    auto r = Ctl(args);
+    EXPECT_NE(r.exit_code, 0) << absl::StrJoin(args, " ");
+    const auto lines = testing::SplitLines(r.stderr_text);
+    EXPECT_EQ(lines.size(), 1u) << r.stderr_text;
+    EXPECT_THAT(r.stderr_text, HasSubstr(needle)) << absl::StrJoin(args, " ");
+  };
+  // Corrupt .ckpt.
+  { std::ofstream(dir_ / "garbage.ckpt") << "this is not a checkpoint at all"; }
+  expect_error({"upload", "bad", "--file", dir_ / "garbage.ckpt"}, "garbage.ckpt");
+  // Garbage strategy.
+  expect_error({"strategy", "put", "junk", dir_ / "garbage.ckpt"}, "INVALID_ARGUMENT");
+  // Unknown ids.
+  expect_error({"fetch", "nope", "--strategy", "dst", "--rank", "0", "--out", dir_ / "x.ckpt"},
+               "NOT_FOUND");
+  expect_error({"fetch", "demo", "--strategy", "nope", "--rank", "0", "--out", dir_ / "x.ckpt"},
+               "NOT_FOUND");
+  expect_error({"describe", "nope"}, "NOT_FOUND");
+  expect_error({"rm", "nope"}, "NOT_FOUND");
+  // Rank out of range.
+  expect_error({"fetch", "demo", "--strategy", "dst", "--rank", "3", "--out", dir_ / "x.ckpt"},
+               "OUT_OF_RANGE");
+  expect_error({"deps", "demo", "--strategy", "dst", "--rank", "99"}, "OUT_OF_RANGE");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "x.ckpt"));
+  // Shape mismatch: rank 3's file holds a tensor of another shape than its replicas/peers.
+  std::vector<SampleTensor> wrong = DemoTensors();
+  wrong[0].global_shape = {48, 24};  // embedding should be [96, 24]
+  ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), DemoTensors(), dir_ / "bad", {}).ok());
+  ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), wrong, dir_ / "wrong", {}).ok());
+  std::filesystem::copy_file(dir_ / "wrong/rank_3/sample-1_10.ckpt", dir_ / "bad/rank_3/sample-1_10.ckpt",
+                             std::filesystem::copy_options::overwrite_existing);
+  expect_error({"upload", "bad", "--strategy", "src", "--dir", dir_ / "bad"}, "embedding");
+
+  EXPECT_EQ(Ctl({"ls"}).stdout_text, ls_before);
+  EXPECT_EQ(Ctl({"strategy", "ls"}).stdout_text, strategies_before);
+}
+
+}  // namespace
+}  // namespace ckpt
