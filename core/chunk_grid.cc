@@ -18,7 +18,7 @@ int64_t BytesOf(int64_t elements, int elem_bits) { return elements * elem_bits /
 absl::StatusOr<ChunkGrid> ChunkGrid::Make(const Shape& shape, int elem_bits,
                                           const ChunkGridOptions& options) {
   if (options.target_chunk_bytes < 1 || options.max_column_tiles < 1 ||
-      options.min_column_bytes < 1) {
+      options.min_column_bytes < 1 || options.min_row_bands < 1 || options.min_chunk_bytes < 1) {
     return absl::InvalidArgumentError("chunk grid options must be positive");
   }
   Shape tile = shape;
@@ -45,6 +45,11 @@ absl::StatusOr<ChunkGrid> ChunkGrid::Make(const Shape& shape, int elem_bits,
   CKPT_ASSIGN_OR_RETURN(int64_t row_elems, NumElements(Shape(tile.begin() + 1, tile.end())));
   const int64_t row_bytes = std::max<int64_t>(1, BytesOf(row_elems, elem_bits));
   int64_t rows = std::max<int64_t>(1, options.target_chunk_bytes / row_bytes);
+  if (options.min_row_bands > 1) {
+    const int64_t banded = CeilDiv(shape[0], options.min_row_bands);
+    const int64_t floor_rows = CeilDiv(options.min_chunk_bytes, row_bytes);
+    rows = std::min(rows, std::max(banded, floor_rows));
+  }
   if (rank == 1) rows = CeilDiv(rows, col_align) * col_align;  // 1-D Int4: even element counts
   tile[0] = std::min(rows, shape[0]);
   return FromTile(shape, tile, elem_bits);

@@ -24,6 +24,11 @@ struct ChunkGridOptions {
   int64_t max_column_tiles = 8;
   // A column band is at least this many bytes wide, so that copies stay memcpy-efficient.
   int64_t min_column_bytes = 512;
+  // A slice is cut into at least this many bands of rows (when chunks stay at least
+  // min_chunk_bytes): a row re-split then re-reads at most one band per boundary, even when the
+  // whole slice would fit one target-sized chunk.
+  int64_t min_row_bands = 8;
+  int64_t min_chunk_bytes = int64_t{16} << 10;
 };
 
 // Value type, immutable once made.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -362,6 +363,66 @@ TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
 
   EXPECT_EQ(Ctl({"ls"}).stdout_text, ls_before);
   EXPECT_EQ(Ctl({"strategy", "ls"}).stdout_text, strategies_before);
+}
+
+TEST_F(ServerTest, EveryRpcIsLoggedOnceWithStatusAndBytes) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
+  ASSERT_TRUE(client_->UploadDirectory("demo", "src", dir_ / "demo/checkpoint").ok());
+  v1::FetchRequest merged;
+  merged.set_checkpoint_id("demo");
+  merged.set_merged(true);
+  ASSERT_TRUE(client_->FetchAll(merged).ok());
+  EXPECT_FALSE(client_->DescribeCheckpoint("nope").ok());
+  const std::string log = server_->Log();
+  EXPECT_THAT(log, HasSubstr("event=rpc method=PutStrategy"));
+  EXPECT_THAT(log, HasSubstr("event=rpc method=Upload"));
+  EXPECT_THAT(log, HasSubstr("committed=true"));
+  EXPECT_THAT(log, ::testing::ContainsRegex("event=rpc method=Fetch .*status=OK bytes=[1-9]"));
+  EXPECT_THAT(log, HasSubstr("method=DescribeCheckpoint"));
+  EXPECT_THAT(log, HasSubstr("status=NOT_FOUND"));
+}
+
+TEST_F(ServerTest, FetchPastItsDeadlineIsCancelledAndTheServerCarriesOn) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
+  ASSERT_TRUE(client_->UploadDirectory("demo", "src", dir_ / "demo/checkpoint").ok());
+  // A reader that never finishes in time: the deadline cancels the stream on both sides.
+  ClientOptions slow;
+  slow.stream_timeout = absl::Milliseconds(200);
+  auto c = CkptClient::Connect(server_->address(), slow);
+  ASSERT_TRUE(c.ok());
+  struct Sleepy : TensorVisitor {
+    absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+    absl::Status OnTensor(const v1::FetchTensorHeader&) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return absl::OkStatus();
+    }
+    absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
+    absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+  } sleepy;
+  v1::FetchRequest merged;
+  merged.set_checkpoint_id("demo");
+  merged.set_merged(true);
+  const absl::Status s = (*c)->Fetch(merged, sleepy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  // The server is fine, and its byte budget was returned: many fetches still succeed.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->FetchAll(merged).ok());
+}
+
+TEST(ServerDiskTest, WritesBelowTheDiskReserveAreResourceExhausted) {
+  TempDir dir;
+  // A reserve larger than any disk: every chunk write is refused, and nothing becomes visible.
+  auto server = ServerProcess::Start(CKPTD_PATH, dir / "data", {"--min-free-disk-mib", "1000000000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = *CkptClient::Connect((*server)->address());
+  ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), DemoTensors(), dir / "src", {}).ok());
+  ASSERT_TRUE(client->PutStrategy("src", DemoSourceStrategy(), false).ok());
+  auto up = client->UploadDirectory("demo", "src", dir / "src");
+  ASSERT_FALSE(up.ok());
+  EXPECT_EQ(up.status().code(), absl::StatusCode::kResourceExhausted) << up.status();
+  EXPECT_THAT(std::string(up.status().message()), HasSubstr("free"));
+  EXPECT_TRUE(client->ListCheckpoints()->empty());
 }
 
 }  // namespace

@@ -380,5 +380,96 @@ TEST_F(ManagerTest, DeletingAPendingUploadDiscardsItForARetry) {
   EXPECT_EQ(manager_->ListCheckpoints()->size(), 1u);
 }
 
+// Chunk geometry: bytes read from the store over bytes delivered, for every rank of a row,
+// column and optimizer-shard re-split, with the production chunk sizes.
+TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
+  auto store = NewMemoryStore();
+  CheckpointManager manager(store.get(), ManagerOptions{});
+  auto layout = [](std::vector<int64_t> dm, std::vector<std::vector<int32_t>> map,
+                   int64_t opt = 0) {
+    Layout l;
+    l.dev_matrix = std::move(dm);
+    l.tensor_map = std::move(map);
+    if (opt) {
+      l.opt_shard_size = opt;
+      l.opt_shard_step = 1;
+    }
+    return l;
+  };
+  auto strategy = [](const Layout& l) {
+    std::map<std::string, StrategyParam> params;
+    params["w"].layout = l;
+    return *Strategy::Create(params, 1);
+  };
+  const Shape shape = {2400, 512};  // Float32, 4.7 MiB
+  const Strategy rows8 = strategy(layout({8}, {{0}, {}}));
+  const Strategy opt8 = strategy(layout({2, 4}, {{1}, {}}, 4));  // rows by 2, opt shard 4
+  struct Case {
+    std::string name;
+    const Strategy* src;
+    Strategy dst;
+    double bound;
+  };
+  std::vector<Case> cases = {
+      {"rows 8 -> rows 3", &rows8, strategy(layout({3}, {{0}, {}})), 1.1},
+      {"rows 8 -> columns 4", &rows8, strategy(layout({4}, {{}, {0}})), 1.25},
+      {"opt-sharded 8 -> rows 2", &opt8, strategy(layout({2}, {{0}, {}})), 1.25},
+  };
+  int id = 0;
+  for (Case& c : cases) {
+    const std::string ck = absl::StrCat("ck", id++);
+    for (const auto& [name, s] : {std::pair<std::string, const Strategy*>{ck + "src", c.src},
+                                  {ck + "dst", &c.dst}}) {
+      ASSERT_TRUE(manager.PutStrategy(name, SerializeStrategy(*s, StrategyFormat::kJson),
+                                      v1::STRATEGY_FORMAT_JSON, false).ok());
+    }
+    for (int64_t r = 0; r < c.src->world_size(); ++r) {
+      v1::UploadHeader h;
+      h.set_checkpoint_id(ck);
+      h.set_strategy(ck + "src");
+      h.set_rank(r);
+      auto u = manager.BeginUpload(h);
+      ASSERT_TRUE(u.ok()) << u.status();
+      const Box box = *c.src->Find("w")->layout.SliceBox(shape, r);
+      const std::string bytes = SampleSlice("w", DType::kFloat32, shape, box, kSeed);
+      v1::UploadTensorHeader th;
+      th.set_name("w");
+      th.set_dtype("Float32");
+      for (int64_t d : box.shape()) th.add_dims(d);
+      th.set_total_bytes(static_cast<int64_t>(bytes.size()));
+      ASSERT_TRUE((*u)->StartTensor(th).ok());
+      for (size_t pos = 0; pos < bytes.size(); pos += 1 << 20) {
+        ASSERT_TRUE((*u)->Append(std::string_view(bytes).substr(pos, 1 << 20)).ok());
+      }
+      ASSERT_TRUE((*u)->Finish().ok());
+    }
+    const int64_t read_before = store->stats().chunk_bytes_read;
+    int64_t delivered = 0;
+    for (int64_t r = 0; r < c.dst.world_size(); ++r) {
+      v1::FetchRequest req;
+      req.set_checkpoint_id(ck);
+      req.set_strategy(ck + "dst");
+      req.set_rank(r);
+      auto stream = manager.OpenFetch(req);
+      ASSERT_TRUE(stream.ok()) << stream.status();
+      v1::FetchResponse msg;
+      std::string got;
+      while (*(*stream)->Next(&msg)) {
+        if (msg.has_data()) got += msg.data().data();
+      }
+      const Box box = *c.dst.Find("w")->layout.SliceBox(shape, r);
+      ASSERT_EQ(got, SampleSlice("w", DType::kFloat32, shape, box, kSeed)) << c.name;
+      delivered += static_cast<int64_t>(got.size());
+    }
+    const double amplification =
+        static_cast<double>(store->stats().chunk_bytes_read - read_before) / delivered;
+    std::cout << "read amplification, " << c.name << ": " << amplification << " ("
+              << store->stats().chunk_bytes_read - read_before << " bytes read for " << delivered
+              << " delivered)\n";
+    EXPECT_LE(amplification, c.bound) << c.name;
+    EXPECT_GE(amplification, 1.0) << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt
