@@ -72,24 +72,16 @@ std::string SampleSlice(const std::string& name, DType dtype, const Shape& globa
   }
   if (b.empty()) return out;
   out.reserve(static_cast<size_t>(*b.Volume()) * elem_bytes);
-  std::vector<int64_t> idx = b.lo;
+  // One run of the last dim per step over the outer dims.
   const int64_t run = b.extent(rank - 1);
-  while (true) {
+  std::vector<int64_t> idx = b.lo;
+  std::vector<int64_t> outer_hi = b.hi;
+  outer_hi[rank - 1] = b.lo[rank - 1] + 1;
+  do {
     int64_t flat = 0;
     for (size_t i = 0; i < rank; ++i) flat = flat * g[i] + idx[i];
     AppendRun(h, flat, run, elem_bytes, &out);
-    size_t d = rank - 1;
-    bool done = true;
-    while (d > 0) {
-      --d;
-      if (++idx[d] < b.hi[d]) {
-        done = false;
-        break;
-      }
-      idx[d] = b.lo[d];
-    }
-    if (done) break;
-  }
+  } while (NextIndex(idx, b.lo, outer_hi));
   return out;
 }
 

@@ -85,6 +85,15 @@ std::string Box::ToString() const {
   return out;
 }
 
+bool NextIndex(std::vector<int64_t>& index, const std::vector<int64_t>& lo,
+               const std::vector<int64_t>& hi) {
+  for (size_t d = index.size(); d-- > 0;) {
+    if (++index[d] < hi[d]) return true;
+    index[d] = lo[d];
+  }
+  return false;
+}
+
 std::optional<Box> Intersect(const Box& a, const Box& b) {
   if (a.rank() != b.rank()) return std::nullopt;
   Box out;

@@ -42,6 +42,11 @@ struct Box {
   friend auto operator<=>(const Box& a, const Box& b) = default;
 };
 
+// Steps `index` to the next point of the box [lo, hi) in row-major order (last dim fastest);
+// returns false, with `index` back at `lo`, after the last point. Start with index = lo.
+bool NextIndex(std::vector<int64_t>& index, const std::vector<int64_t>& lo,
+               const std::vector<int64_t>& hi);
+
 // The common part of two boxes of equal rank, or nullopt when they do not overlap.
 std::optional<Box> Intersect(const Box& a, const Box& b);
 

@@ -123,31 +123,20 @@ std::vector<int64_t> ChunkGrid::ChunksOverlapping(const Box& region) const {
   const size_t rank = shape_.size();
   if (rank == 0) return {0};
   if (region.rank() != rank || region.empty()) return out;
-  std::vector<int64_t> lo(rank), hi(rank);
+  std::vector<int64_t> lo(rank), end(rank);  // tile index range [lo, end) per dim
   for (size_t i = 0; i < rank; ++i) {
     const int64_t a = std::max<int64_t>(0, region.lo[i]);
     const int64_t b = std::min(shape_[i], region.hi[i]);
     if (b <= a) return out;
     lo[i] = a / tile_[i];
-    hi[i] = (b - 1) / tile_[i];
+    end[i] = (b - 1) / tile_[i] + 1;
   }
   std::vector<int64_t> idx = lo;
-  while (true) {
+  do {
     int64_t id = 0;
     for (size_t i = 0; i < rank; ++i) id = id * tiles_per_dim_[i] + idx[i];
     out.push_back(id);
-    size_t d = rank;
-    bool done = true;
-    while (d > 0) {
-      --d;
-      if (++idx[d] <= hi[d]) {
-        done = false;
-        break;
-      }
-      idx[d] = lo[d];
-    }
-    if (done) break;
-  }
+  } while (NextIndex(idx, lo, end));
   return out;
 }
 

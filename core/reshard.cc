@@ -178,7 +178,7 @@ struct Resharder::Impl {
             ") is not in the checkpoint; exclude it to fetch the rest"));
       }
     }
-    std::vector<int64_t> lo_block, hi_block, idx;
+    std::vector<int64_t> lo_block, end_block, idx;
     for (size_t e = 0; e < entries.size(); ++e) {
       const Entry& entry = entries[e];
       if (!Contains(entry.dst_stages, stage)) continue;
@@ -190,29 +190,18 @@ struct Resharder::Impl {
       if (std::count(g.global.begin(), g.global.end(), 0) > 0) continue;  // no elements
       // Overlapping source blocks per dim: [lo_block, hi_block].
       lo_block.resize(rank);
-      hi_block.resize(rank);
+      end_block.resize(rank);
       for (size_t i = 0; i < rank; ++i) {
         const int64_t block = g.global[i] / g.src_grid[i];
         lo_block[i] = dst_box.lo[i] / block;
-        hi_block[i] = (dst_box.hi[i] - 1) / block;
+        end_block[i] = (dst_box.hi[i] - 1) / block + 1;
       }
       idx = lo_block;
-      while (true) {
+      do {
         int64_t id = 0;
         for (size_t i = 0; i < rank; ++i) id = id * g.src_grid[i] + idx[i];
         fn(e, g, dst_box, idx, id);
-        size_t d = rank;
-        bool done = true;
-        while (d > 0) {
-          --d;
-          if (++idx[d] <= hi_block[d]) {
-            done = false;
-            break;
-          }
-          idx[d] = lo_block[d];
-        }
-        if (done) break;
-      }
+      } while (NextIndex(idx, lo_block, end_block));
     }
     return absl::OkStatus();
   }

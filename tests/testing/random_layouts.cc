@@ -154,22 +154,11 @@ std::vector<uint32_t> SliceOf(const std::vector<uint32_t>& global, const Shape& 
   if (rank == 0) return {global[0]};
   std::vector<int64_t> idx = box.lo;
   if (box.empty()) return out;
-  while (true) {
+  do {
     int64_t flat = 0;
     for (size_t i = 0; i < rank; ++i) flat = flat * shape[i] + idx[i];
     out.push_back(global[flat]);
-    size_t d = rank;
-    bool done = true;
-    while (d > 0) {
-      --d;
-      if (++idx[d] < box.hi[d]) {
-        done = false;
-        break;
-      }
-      idx[d] = box.lo[d];
-    }
-    if (done) break;
-  }
+  } while (NextIndex(idx, box.lo, box.hi));
   return out;
 }
 

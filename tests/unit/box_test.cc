@@ -52,5 +52,17 @@ TEST(BoxTest, EmptyBoxHasZeroVolume) {
   EXPECT_EQ(*e.Volume(), 0);
 }
 
+TEST(BoxTest, NextIndexWalksRowMajor) {
+  std::vector<int64_t> lo = {1, 5}, hi = {3, 7}, idx = lo;
+  std::vector<std::vector<int64_t>> seen;
+  do {
+    seen.push_back(idx);
+  } while (NextIndex(idx, lo, hi));
+  EXPECT_EQ(seen, (std::vector<std::vector<int64_t>>{{1, 5}, {1, 6}, {2, 5}, {2, 6}}));
+  EXPECT_EQ(idx, lo);
+  std::vector<int64_t> scalar;
+  EXPECT_FALSE(NextIndex(scalar, {}, {}));
+}
+
 }  // namespace
 }  // namespace ckpt
