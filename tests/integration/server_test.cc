@@ -18,6 +18,7 @@
 #include "core/reshard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "health_check.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "storage/internal/rocksdb_store_internal.h"
 #include "tests/testing/fixtures.h"
@@ -363,6 +364,22 @@ TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
 
   EXPECT_EQ(Ctl({"ls"}).stdout_text, ls_before);
   EXPECT_EQ(Ctl({"strategy", "ls"}).stdout_text, strategies_before);
+}
+
+TEST_F(ServerTest, HealthServiceReportsServing) {
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  // SIGTERM: drains, flushes and exits 0; the log records the phases.
+  client_.reset();
+  EXPECT_EQ(server_->Stop(), 0);
+  EXPECT_THAT(server_->Log(), HasSubstr("event=shutdown phase=drain"));
+  EXPECT_THAT(server_->Log(), HasSubstr("event=shutdown phase=done"));
 }
 
 TEST_F(ServerTest, EveryRpcIsLoggedOnceWithStatusAndBytes) {
