@@ -383,14 +383,14 @@ absl::Status RankUpload::Append(std::string_view data) {
           std::min(data.size(), static_cast<size_t>(band_bytes - static_cast<int64_t>(c.band.size())));
       c.band.append(data.substr(0, take));
       data.remove_prefix(take);
-      if (static_cast<int64_t>(c.band.size()) == band_bytes) CKPT_RETURN_IF_ERROR(FlushBand(false));
+      if (static_cast<int64_t>(c.band.size()) == band_bytes) CKPT_RETURN_IF_ERROR(FlushBand());
     }
   }
   if (c.received == c.total) return FinishTensor();
   return absl::OkStatus();
 }
 
-absl::Status RankUpload::FlushBand(bool /*last*/) {
+absl::Status RankUpload::FlushBand() {
   Current& c = *current_;
   const ChunkGrid& g = *c.grid;
   const Shape& shape = g.shape();
@@ -475,7 +475,7 @@ absl::Status RankUpload::StoreVerbatim() {
       const size_t take = static_cast<size_t>(rows * row_bytes);
       c.band.assign(rest.substr(0, take));
       rest.remove_prefix(take);
-      CKPT_RETURN_IF_ERROR(FlushBand(rest.empty()));
+      CKPT_RETURN_IF_ERROR(FlushBand());
     }
   }
   std::lock_guard<std::mutex> lock(pending_->mu_);

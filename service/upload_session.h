@@ -142,7 +142,7 @@ class RankUpload {
     Box box;
   };
 
-  absl::Status FlushBand(bool last);
+  absl::Status FlushBand();  // chunks, checksums and (unless verifying) writes one band
   absl::Status FinishTensor();
   absl::Status StoreVerbatim();
   std::string Where() const;  // "checkpoint X rank R"
