@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= 2
 
-.PHONY: deps configure build test run clean
+.PHONY: deps configure build test run demo clean
 
 deps:
 	bash deploy/install-deps.sh
@@ -17,7 +17,14 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
 
+# ckptd in the foreground on LISTEN with its store in DATA (Ctrl-C stops it).
+LISTEN ?= 127.0.0.1:50051
+DATA ?= ./data
 run: build
+	bash deploy/run.sh $(BUILD_DIR) $(LISTEN) $(DATA)
+
+# Offline + online walkthrough against a temporary server; files in ./sample.
+demo: build
 	bash deploy/run-sample.sh $(BUILD_DIR)
 
 clean:

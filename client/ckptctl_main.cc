@@ -136,6 +136,62 @@ int main(int argc, char** argv) {
   auto* rm = app.add_subcommand("rm", "Delete a stored checkpoint");
   rm->add_option("CKPT", checkpoint_id, "Checkpoint id")->required();
 
+  // ------------------------------------------------------------------ transform jobs
+  ckpt::TransformCommand transform_cmd;
+  std::string ranks_list;
+  auto* transform = app.add_subcommand(
+      "transform", "Submit a server-side transform job: a new stored checkpoint (--as), an "
+                   "export directory (--export-dir) or a merged file (--merged-file)");
+  transform->add_option("CKPT", transform_cmd.checkpoint_id, "Source checkpoint id")->required();
+  transform->add_option("--strategy", transform_cmd.strategy, "Registered destination strategy");
+  auto* transform_as = transform->add_option(
+      "--as", transform_cmd.new_checkpoint_id, "Store the result as this new checkpoint id");
+  auto* transform_dir = transform->add_option(
+      "--export-dir", transform_cmd.export_dir,
+      "Write DIR/rank_<r>/<prefix><r>.ckpt on the server's filesystem (absolute path)");
+  auto* transform_file = transform->add_option(
+      "--merged-file", transform_cmd.merged_file,
+      "Write one .ckpt of whole tensors on the server's filesystem (absolute path)");
+  transform_as->excludes(transform_dir)->excludes(transform_file);
+  transform_dir->excludes(transform_file);
+  auto* transform_ranks = transform->add_option(
+      "--ranks", ranks_list, "--export-dir: destination ranks to write, e.g. 0,2,5-7 (default all)");
+  transform->add_option("--prefix", transform_cmd.prefix,
+                        "--export-dir: file name prefix (default checkpoint_)");
+  transform->add_option("--id", transform_cmd.job_id,
+                        "Job id to use; resubmitting the same request returns the same job");
+  transform->add_flag("--wait", transform_cmd.wait,
+                      "Wait for the job, showing progress; fail if it fails or is cancelled");
+
+  std::string job_id;
+  auto* jobs = app.add_subcommand("jobs", "Transform jobs on the server");
+  jobs->require_subcommand(1);
+  auto* jobs_ls = jobs->add_subcommand("ls", "List jobs: id, state, source -> target, progress");
+  auto* jobs_get = jobs->add_subcommand("get", "Print one job");
+  jobs_get->add_option("ID", job_id, "Job id")->required();
+  auto* jobs_watch = jobs->add_subcommand(
+      "watch", "Show a job's progress until it ends; fail if it fails or is cancelled");
+  jobs_watch->add_option("ID", job_id, "Job id")->required();
+  auto* jobs_cancel = jobs->add_subcommand("cancel", "Cancel a queued or running job");
+  jobs_cancel->add_option("ID", job_id, "Job id")->required();
+
+  // ------------------------------------------------------------------ client-side export
+  ckpt::ExportCommand export_cmd;
+  auto* export_sub = app.add_subcommand(
+      "export", "Fetch every destination rank and write DIR/rank_<r>/<prefix><r>.ckpt locally "
+                "(DIR appears only when every rank succeeded)");
+  export_sub->add_option("CKPT", export_cmd.checkpoint_id, "Checkpoint id")->required();
+  export_sub->add_option("--strategy", export_cmd.strategy, "Registered destination strategy")
+      ->required();
+  export_sub->add_option("--dir", export_cmd.dir, "Local directory to create (absent or empty)")
+      ->required();
+  auto* export_ranks = export_sub->add_option(
+      "--ranks", ranks_list, "Destination ranks to write, e.g. 0,2,5-7 (default all)");
+  export_sub->add_option("--prefix", export_cmd.prefix, "File name prefix")
+      ->capture_default_str();
+  export_sub->add_option("--parallel", export_cmd.parallel, "Ranks fetched at once")
+      ->capture_default_str();
+
   std::string dir;
   auto* sample = app.add_subcommand(
       "sample", "Write a small generated demo: strategies and a sharded checkpoint");
@@ -202,6 +258,20 @@ int main(int argc, char** argv) {
       status = ckpt::RunDescribe(c, checkpoint_id, std::cout);
     } else if (*rm) {
       status = ckpt::RunRemove(c, checkpoint_id, std::cout);
+    } else if (*transform) {
+      if (transform_ranks->count() > 0) transform_cmd.ranks = ranks_list;
+      status = ckpt::RunTransform(c, transform_cmd, std::cout);
+    } else if (*jobs_ls) {
+      status = ckpt::RunJobsList(c, std::cout);
+    } else if (*jobs_get) {
+      status = ckpt::RunJobGet(c, job_id, std::cout);
+    } else if (*jobs_watch) {
+      status = ckpt::RunJobWatch(c, job_id, {}, std::cout);
+    } else if (*jobs_cancel) {
+      status = ckpt::RunJobCancel(c, job_id, std::cout);
+    } else if (*export_sub) {
+      if (export_ranks->count() > 0) export_cmd.ranks = ranks_list;
+      status = ckpt::RunExport(c, export_cmd, std::cout, std::cerr);
     }
   }
   // Flush before deciding the exit code: a closed stdout pipe is a failure to report too.

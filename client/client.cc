@@ -1,11 +1,17 @@
 #include "client/client.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -434,6 +440,27 @@ class CkptClient::CancelGroup {
     for (grpc::ClientContext* context : active_) context->TryCancel();
   }
 
+  // Registers `context` in `group` (may be null: then always joined) for its own lifetime, which
+  // must end before `context` is destroyed.
+  class Membership {
+   public:
+    Membership(CancelGroup* group, grpc::ClientContext* context)
+        : group_(group), context_(context), joined_(group == nullptr || group->Add(context)) {}
+    ~Membership() {
+      if (group_ != nullptr && joined_) group_->Remove(context_);
+    }
+    Membership(const Membership&) = delete;
+    Membership& operator=(const Membership&) = delete;
+
+    // False when the group was already cancelled: the call must not start.
+    bool joined() const { return joined_; }
+
+   private:
+    CancelGroup* const group_;
+    grpc::ClientContext* const context_;
+    const bool joined_;
+  };
+
  private:
   std::mutex mu_;
   bool cancelled_ = false;
@@ -478,6 +505,11 @@ absl::Status CkptClient::Annotate(absl::Status status) const {
   if (status.code() == absl::StatusCode::kUnavailable ||
       status.code() == absl::StatusCode::kDeadlineExceeded) {
     return WithPrefix(status, absl::StrCat("ckptd at ", address_, ": "));
+  }
+  // gRPC's own answer for a method the server does not have carries no message.
+  if (status.code() == absl::StatusCode::kUnimplemented && status.message().empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "ckptd at ", address_, " does not support this call (is it older than this ckptctl?)"));
   }
   return status;
 }
@@ -579,18 +611,12 @@ absl::StatusOr<v1::UploadResponse> CkptClient::UploadRankImpl(
 
   grpc::ClientContext context;
   SetStreamDeadline(&context);
-  if (group != nullptr && !group->Add(&context)) {
+  // Leaves the group before `context` dies, whichever way this function returns.
+  CancelGroup::Membership membership(group, &context);
+  if (!membership.joined()) {
     return absl::CancelledError(
         absl::StrCat("upload of rank ", rank, " not started: another rank failed"));
   }
-  // Leaves the group before `context` dies, whichever way this function returns.
-  struct Membership {
-    CancelGroup* group;
-    grpc::ClientContext* context;
-    ~Membership() {
-      if (group != nullptr) group->Remove(context);
-    }
-  } membership{group, &context};
 
   v1::UploadResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> stream =
@@ -632,14 +658,7 @@ absl::StatusOr<UploadSummary> CkptClient::UploadDirectory(const std::string& che
   if (strategy_name.empty()) {
     return absl::InvalidArgumentError("uploading a rank directory needs a strategy name");
   }
-  // Only the world size is needed; the info avoids parsing the strategy.
-  v1::GetStrategyRequest strategy_request;
-  strategy_request.set_name(strategy_name);
-  strategy_request.set_format(v1::STRATEGY_FORMAT_BINARY);
-  CKPT_ASSIGN_OR_RETURN(v1::GetStrategyResponse strategy,
-                        (Unary<v1::GetStrategyRequest, v1::GetStrategyResponse>(
-                            &v1::CheckpointService::Stub::GetStrategy, strategy_request)));
-  const int64_t world = strategy.info().world_size();
+  CKPT_ASSIGN_OR_RETURN(const int64_t world, StrategyWorldSize(strategy_name));
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ResolveRankFiles(dir, world));
 
   UploadSummary summary;
@@ -711,8 +730,19 @@ absl::StatusOr<UploadSummary> CkptClient::UploadDirectory(const std::string& che
 // ---------------------------------------------------------------- fetch
 
 absl::Status CkptClient::Fetch(const v1::FetchRequest& request, TensorVisitor& visitor) {
+  return FetchImpl(request, visitor, nullptr);
+}
+
+absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisitor& visitor,
+                                   CancelGroup* group) {
   grpc::ClientContext context;
   SetStreamDeadline(&context);
+  CancelGroup::Membership membership(group, &context);
+  if (!membership.joined()) {
+    return absl::CancelledError(absl::StrCat("fetch of rank ", request.rank(), " of ",
+                                             request.checkpoint_id(),
+                                             " not started: another rank failed"));
+  }
   std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> stream = stub_->Fetch(&context, request);
   FetchChecker checker(&visitor);
   v1::FetchResponse message;
@@ -745,11 +775,18 @@ absl::StatusOr<std::vector<FetchedTensor>> CkptClient::FetchAll(const v1::FetchR
 absl::StatusOr<v1::FetchPlanSummary> CkptClient::FetchToFile(const v1::FetchRequest& request,
                                                              const std::string& path,
                                                              ProgressFn progress) {
+  return FetchToFileImpl(request, path, progress, nullptr);
+}
+
+absl::StatusOr<v1::FetchPlanSummary> CkptClient::FetchToFileImpl(const v1::FetchRequest& request,
+                                                                 const std::string& path,
+                                                                 const ProgressFn& progress,
+                                                                 CancelGroup* group) {
   // The sink writes a temporary file and publishes it only on Commit(); returning early destroys
   // it, which removes the temporary, so a failed fetch leaves no file behind.
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> sink, AtomicFileSink::Create(path));
   CkptFileVisitor visitor(sink.get(), &progress);
-  CKPT_RETURN_IF_ERROR(Fetch(request, visitor));
+  CKPT_RETURN_IF_ERROR(FetchImpl(request, visitor, group));
   CKPT_RETURN_IF_ERROR(visitor.Finish());
   CKPT_RETURN_IF_ERROR(sink->Commit());
   return visitor.summary();
@@ -785,6 +822,349 @@ absl::StatusOr<v1::RankDependenciesResponse> CkptClient::RankDependencies(
     const v1::RankDependenciesRequest& request) {
   return Unary<v1::RankDependenciesRequest, v1::RankDependenciesResponse>(
       &v1::CheckpointService::Stub::RankDependencies, request);
+}
+
+absl::StatusOr<int64_t> CkptClient::StrategyWorldSize(const std::string& strategy_name) {
+  // The info comes with any format; binary is the cheapest for the server to encode.
+  v1::GetStrategyRequest request;
+  request.set_name(strategy_name);
+  request.set_format(v1::STRATEGY_FORMAT_BINARY);
+  CKPT_ASSIGN_OR_RETURN(v1::GetStrategyResponse response,
+                        (Unary<v1::GetStrategyRequest, v1::GetStrategyResponse>(
+                            &v1::CheckpointService::Stub::GetStrategy, request)));
+  if (response.info().world_size() < 1) {
+    return absl::InternalError(absl::StrCat("ckptd reports a world of ",
+                                            response.info().world_size(), " ranks for strategy ",
+                                            strategy_name));
+  }
+  return response.info().world_size();
+}
+
+// ---------------------------------------------------------------- jobs
+
+bool IsTerminalJobState(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string JobStateName(v1::JobState state) {
+  constexpr std::string_view kPrefix = "JOB_STATE_";
+  if (!v1::JobState_IsValid(state)) return absl::StrCat("STATE_", static_cast<int>(state));
+  const std::string& name = v1::JobState_Name(state);
+  return name.starts_with(kPrefix) ? name.substr(kPrefix.size()) : name;
+}
+
+absl::StatusOr<v1::SubmitTransformResponse> CkptClient::SubmitTransform(
+    const v1::SubmitTransformRequest& request) {
+  return Unary<v1::SubmitTransformRequest, v1::SubmitTransformResponse>(
+      &v1::CheckpointService::Stub::SubmitTransform, request);
+}
+
+absl::StatusOr<v1::Job> CkptClient::GetJob(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  return Unary<v1::GetJobRequest, v1::Job>(&v1::CheckpointService::Stub::GetJob, request);
+}
+
+absl::StatusOr<v1::Job> CkptClient::CancelJob(const std::string& job_id) {
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  return Unary<v1::CancelJobRequest, v1::Job>(&v1::CheckpointService::Stub::CancelJob, request);
+}
+
+absl::StatusOr<std::vector<v1::Job>> CkptClient::ListJobs() {
+  CKPT_ASSIGN_OR_RETURN(v1::ListJobsResponse response,
+                        (Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
+                            &v1::CheckpointService::Stub::ListJobs, {})));
+  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<v1::Job> CkptClient::WatchJob(const std::string& job_id,
+                                             std::function<void(const v1::Job&)> on_update) {
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  grpc::ClientContext context;
+  // A job legitimately runs for hours: the stream deadline (none by default) applies.
+  SetStreamDeadline(&context);
+  std::unique_ptr<grpc::ClientReader<v1::Job>> stream = stub_->WatchJob(&context, request);
+  std::optional<v1::Job> last;
+  v1::Job job;
+  while (stream->Read(&job)) {
+    if (on_update) on_update(job);
+    last = job;
+  }
+  const absl::Status status = FromGrpcStatus(stream->Finish());
+  if (!status.ok()) {
+    return WithPrefix(Annotate(status), absl::StrCat("watching job ", job_id, ": "));
+  }
+  if (!last.has_value()) {
+    return absl::InternalError(
+        absl::StrCat("ckptd ended the watch of job ", job_id, " without sending its state"));
+  }
+  if (!IsTerminalJobState(last->state())) {
+    // A server that stops streaming early (e.g. shutting down) should fail the call; be safe.
+    return absl::UnavailableError(absl::StrCat(
+        "ckptd ended the watch of job ", job_id, " while it was ", JobStateName(last->state()),
+        "; the job continues on the server"));
+  }
+  return *std::move(last);
+}
+
+// ---------------------------------------------------------------- export
+
+absl::Status ValidateExportPrefix(std::string_view prefix) {
+  const bool valid_chars = std::all_of(prefix.begin(), prefix.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+  if (prefix.empty() || prefix.size() > 200 || !valid_chars) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid file name prefix \"", Sv(prefix),
+        "\": use 1-200 characters of A-Z a-z 0-9 . _ - (default ", kDefaultExportPrefix, ")"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// fsyncs a directory so that the entries created or renamed in it survive a crash.
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open", dir);
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(error, "fsync", dir);
+  return absl::OkStatus();
+}
+
+// Creates `parent`/`stem`<random> with mode 0777 minus the umask (mkdtemp's 0700 would be kept
+// by the final rename and surprise users sharing the export).
+absl::StatusOr<std::string> MakeUniqueDirectory(const fs::path& parent, const std::string& stem) {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device random;
+  std::string path;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string suffix(8, ' ');
+    for (char& c : suffix) c = kAlphabet[random() % (sizeof(kAlphabet) - 1)];
+    path = (parent / (stem + suffix)).string();
+    if (::mkdir(path.c_str(), 0777) == 0) return path;
+    if (errno != EEXIST) return ErrnoToStatus(errno, "create directory", path);
+  }
+  return absl::AlreadyExistsError(absl::StrCat("cannot create a unique directory like ", path));
+}
+
+// A directory that is removed with everything in it when the guard dies, unless released.
+class TempDirGuard {
+ public:
+  explicit TempDirGuard(std::string path) : path_(std::move(path)) {}
+  ~TempDirGuard() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);  // best effort: the export already failed
+  }
+  TempDirGuard(const TempDirGuard&) = delete;
+  TempDirGuard& operator=(const TempDirGuard&) = delete;
+
+  const std::string& path() const { return path_; }
+  void Release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// Sums the progress of several rank fetches. The total is exact once every rank has reported its
+// plan; before that it is extrapolated from the plans known so far (ranks of one strategy are
+// usually of similar size), so that a rate and ETA can be shown from the start. Thread-safe.
+class ExportProgress {
+ public:
+  ExportProgress(size_t rank_count, ProgressFn progress)
+      : ranks_(rank_count), progress_(std::move(progress)) {}
+
+  ProgressFn ForRank(size_t index) {
+    if (!progress_) return nullptr;
+    return [this, index](int64_t done, int64_t total) { Update(index, done, total); };
+  }
+
+ private:
+  struct Rank {
+    bool planned = false;
+    int64_t done = 0;
+    int64_t total = 0;
+  };
+
+  void Update(size_t index, int64_t done, int64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Rank& rank = ranks_[index];
+    done_ += done - rank.done;
+    rank.done = done;
+    if (!rank.planned) {
+      rank.planned = true;
+      ++planned_;
+      known_total_ += total;
+    }
+    int64_t estimate = known_total_;
+    if (planned_ < ranks_.size()) {
+      estimate = static_cast<int64_t>(static_cast<double>(known_total_) *
+                                      static_cast<double>(ranks_.size()) /
+                                      static_cast<double>(planned_));
+    }
+    // Called under mu_ so that the caller sees monotonic sums.
+    progress_(done_, std::max(estimate, done_));
+  }
+
+  std::mutex mu_;
+  std::vector<Rank> ranks_;  // guarded by mu_
+  size_t planned_ = 0;       // guarded by mu_
+  int64_t known_total_ = 0;  // guarded by mu_
+  int64_t done_ = 0;         // guarded by mu_
+  const ProgressFn progress_;
+};
+
+}  // namespace
+
+absl::StatusOr<ExportSummary> CkptClient::ExportRanks(const std::string& checkpoint_id,
+                                                      const std::string& strategy,
+                                                      const std::string& dir,
+                                                      const std::vector<int64_t>& ranks,
+                                                      const std::string& prefix, int parallelism,
+                                                      ProgressFn progress) {
+  if (parallelism < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export parallelism must be at least 1, got ", parallelism));
+  }
+  if (strategy.empty()) {
+    return absl::InvalidArgumentError("export needs a destination strategy name");
+  }
+  CKPT_RETURN_IF_ERROR(ValidateExportPrefix(prefix));
+  // "out/" names the directory "out": drop trailing separators before taking the name apart.
+  std::string target_str = dir;
+  while (target_str.size() > 1 && target_str.back() == '/') target_str.pop_back();
+  const fs::path target(target_str);
+  const std::string name = target.filename().string();
+  if (target_str.empty() || name.empty() || name == "." || name == ".." || target_str == "/") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export directory \"", dir, "\" does not name a new directory (e.g. ./export)"));
+  }
+  std::error_code ec;
+  const fs::file_status target_status = fs::symlink_status(target, ec);
+  if (fs::exists(target_status)) {
+    if (!fs::is_directory(target_status)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(target_str, " exists and is not a directory; export writes a new one"));
+    }
+    if (!fs::is_empty(target, ec) || ec) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          target_str, " exists and is not empty; export writes a new or empty directory"));
+    }
+  }
+
+  CKPT_ASSIGN_OR_RETURN(const int64_t world, StrategyWorldSize(strategy));
+  std::vector<int64_t> selected = ranks;
+  if (selected.empty()) {
+    selected.resize(static_cast<size_t>(world));
+    for (int64_t r = 0; r < world; ++r) selected[static_cast<size_t>(r)] = r;
+  }
+  std::sort(selected.begin(), selected.end());
+  if (std::adjacent_find(selected.begin(), selected.end()) != selected.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", *std::adjacent_find(selected.begin(), selected.end()),
+        " is listed more than once"));
+  }
+  for (int64_t r : selected) {
+    if (r < 0 || r >= world) {
+      return absl::OutOfRangeError(absl::StrCat("destination rank ", r,
+                                                " is outside the world of strategy ", strategy,
+                                                " (", world, " ranks)"));
+    }
+  }
+
+  // The temporary sibling lives on the same file system, so the final rename is atomic.
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  fs::create_directories(parent, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "create directory", parent.string());
+  CKPT_ASSIGN_OR_RETURN(std::string temp_path,
+                        MakeUniqueDirectory(parent, absl::StrCat(".", name, ".ckptctl-export-")));
+  TempDirGuard temp(std::move(temp_path));
+
+  ExportSummary summary;
+  summary.dir = target_str;
+  summary.ranks.resize(selected.size());
+  for (size_t i = 0; i < selected.size(); ++i) {
+    const std::string rank_dir = absl::StrCat("rank_", selected[i]);
+    const std::string file = absl::StrCat(prefix, selected[i], ".ckpt");
+    summary.ranks[i].rank = selected[i];
+    summary.ranks[i].file = (target / rank_dir / file).string();
+    fs::create_directory(fs::path(temp.path()) / rank_dir, ec);
+    if (ec) return ErrnoToStatus(ec.value(), "create directory", temp.path() + "/" + rank_dir);
+  }
+
+  CancelGroup group;
+  ExportProgress export_progress(selected.size(), std::move(progress));
+  std::mutex mu;
+  absl::Status first_error;  // guarded by mu
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    while (true) {
+      const size_t i = next.fetch_add(1);
+      if (i >= selected.size()) return;
+      v1::FetchRequest request;
+      request.set_checkpoint_id(checkpoint_id);
+      request.set_strategy(strategy);
+      request.set_rank(selected[i]);
+      const std::string path =
+          (fs::path(temp.path()) / absl::StrCat("rank_", selected[i]) /
+           absl::StrCat(prefix, selected[i], ".ckpt"))
+              .string();
+      absl::StatusOr<v1::FetchPlanSummary> fetched =
+          FetchToFileImpl(request, path, export_progress.ForRank(i), &group);
+      if (!fetched.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          // Ranks cancelled because of this failure report CANCELLED; keep the cause.
+          if (first_error.ok()) {
+            first_error = WithPrefix(fetched.status(),
+                                     absl::StrCat("export of rank ", selected[i], ": "));
+          }
+        }
+        group.CancelAll();
+        return;
+      }
+      summary.ranks[i].summary = *std::move(fetched);
+    }
+  };
+  const size_t thread_count = std::min(selected.size(), static_cast<size_t>(parallelism));
+  std::vector<std::thread> threads;
+  threads.reserve(thread_count);
+  for (size_t i = 0; i < thread_count; ++i) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  if (!first_error.ok()) return first_error;
+
+  // Every rank file is already synced (FetchToFile); make their directory entries durable, then
+  // present the whole directory at once. rename(2) replaces an empty directory and fails on a
+  // non-empty one, so a directory filled by someone else meanwhile is never merged into.
+  for (const RankExportResult& r : summary.ranks) {
+    CKPT_RETURN_IF_ERROR(
+        SyncDirectory((fs::path(temp.path()) / absl::StrCat("rank_", r.rank)).string()));
+  }
+  CKPT_RETURN_IF_ERROR(SyncDirectory(temp.path()));
+  if (::rename(temp.path().c_str(), target_str.c_str()) != 0) {
+    const int error = errno;
+    if (error == ENOTEMPTY || error == EEXIST) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(target_str, " was filled by someone else during the export; nothing "
+                                   "was written to it"));
+    }
+    return ErrnoToStatus(error, "rename", temp.path() + " to " + target_str);
+  }
+  temp.Release();
+  CKPT_RETURN_IF_ERROR(SyncDirectory(parent.string()));
+
+  for (const RankExportResult& r : summary.ranks) {
+    summary.tensors += r.summary.tensor_count();
+    summary.bytes += r.summary.total_bytes();
+  }
+  return summary;
 }
 
 // ---------------------------------------------------------------- rank directory helpers

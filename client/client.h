@@ -1,5 +1,6 @@
 // C++ client library of ckptd (proto/ckpt.proto): strategies, uploads of MindSpore rank
-// directories, streamed fetches with per-message checksum verification, and dependency queries.
+// directories, streamed fetches with per-message checksum verification, dependency queries,
+// transform jobs, and a client-side export of every rank of a re-sharded checkpoint.
 // Every method returns absl::Status / absl::StatusOr with the server's gRPC code unchanged (the
 // codes are numerically identical), so callers handle one error type.
 #ifndef CKPT_CLIENT_CLIENT_H_
@@ -75,6 +76,37 @@ struct UploadSummary {
   // By rank.
   std::vector<RankUploadResult> ranks;
 };
+
+// One rank of an ExportRanks.
+struct RankExportResult {
+  int64_t rank = 0;
+  // Final path of the rank's file: DIR/rank_<r>/<prefix><r>.ckpt.
+  std::string file;
+  // What the server planned and delivered (tensor count, bytes, source ranks, warnings).
+  v1::FetchPlanSummary summary;
+};
+
+struct ExportSummary {
+  // The directory now holding the export.
+  std::string dir;
+  // Sums over the ranks of the delivered tensors and tensor bytes.
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+  // By rank, ascending.
+  std::vector<RankExportResult> ranks;
+};
+
+// MindSpore's file name prefix of exported rank files (transform_checkpoints' default).
+inline constexpr char kDefaultExportPrefix[] = "checkpoint_";
+
+// Checks an export file name prefix: 1-200 characters of [A-Za-z0-9._-] (it becomes part of a
+// file name, so no separators). INVALID_ARGUMENT otherwise.
+absl::Status ValidateExportPrefix(std::string_view prefix);
+
+// True for SUCCEEDED, FAILED and CANCELLED: the job will not change any more.
+bool IsTerminalJobState(v1::JobState state);
+// "RUNNING" for JOB_STATE_RUNNING, and so on; the number for a state this client does not know.
+std::string JobStateName(v1::JobState state);
 
 // A strategy read back from the server.
 struct RemoteStrategy {
@@ -175,6 +207,42 @@ class CkptClient {
   absl::StatusOr<v1::RankDependenciesResponse> RankDependencies(
       const v1::RankDependenciesRequest& request);
 
+  // ------------------------------------------------------------------------------- jobs
+
+  // Submits a transform job. Idempotent for a client-chosen request.job_id: resubmitting the
+  // same request returns the existing job with `created` false (ALREADY_EXISTS when the id is
+  // taken by a different request).
+  absl::StatusOr<v1::SubmitTransformResponse> SubmitTransform(
+      const v1::SubmitTransformRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Asks the server to cancel a queued or running job; returns the job as the server left it.
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  // Streams the job's state into `on_update` (may be null; called on this thread, in order) until
+  // the server ends the stream, and returns the last state, which is terminal (see
+  // IsTerminalJobState). The stream's error otherwise, e.g. UNAVAILABLE when the server went away
+  // (the job itself keeps running on the server; watch it again).
+  absl::StatusOr<v1::Job> WatchJob(const std::string& job_id,
+                                   std::function<void(const v1::Job&)> on_update = nullptr);
+
+  // ------------------------------------------------------------------------------- export
+
+  // Client-side export for users who cannot reach the server's disk: fetches destination ranks
+  // `ranks` (ascending and distinct; empty = every rank of `strategy`) of `checkpoint_id`,
+  // `parallelism` at a time, and writes MindSpore's layout DIR/rank_<r>/<prefix><r>.ckpt locally.
+  // The files are written into a hidden temporary sibling of DIR (".<name>.ckptctl-export-*"),
+  // which is renamed to DIR only when every rank succeeded: a failed export leaves no DIR (the
+  // temporary is removed). DIR must not exist or be an empty directory (ALREADY_EXISTS
+  // otherwise); its parent is created when missing. The first failing rank cancels the others and
+  // its error is returned. OUT_OF_RANGE for a rank outside the strategy's world. `progress`
+  // (thread-safe) gets the summed tensor bytes received over all ranks and the total, which is
+  // estimated from the ranks whose plan is known until every rank has started.
+  absl::StatusOr<ExportSummary> ExportRanks(const std::string& checkpoint_id,
+                                            const std::string& strategy, const std::string& dir,
+                                            const std::vector<int64_t>& ranks,
+                                            const std::string& prefix = kDefaultExportPrefix,
+                                            int parallelism = 4, ProgressFn progress = nullptr);
+
  private:
   class CancelGroup;
 
@@ -189,6 +257,16 @@ class CkptClient {
                                                     const std::string& strategy_name,
                                                     int64_t rank, const std::string& file_path,
                                                     const ProgressFn& progress, CancelGroup* group);
+  // Fetch / FetchToFile, registering the stream in `group` (may be null) so that a sibling's
+  // failure can cancel it.
+  absl::Status FetchImpl(const v1::FetchRequest& request, TensorVisitor& visitor,
+                         CancelGroup* group);
+  absl::StatusOr<v1::FetchPlanSummary> FetchToFileImpl(const v1::FetchRequest& request,
+                                                       const std::string& path,
+                                                       const ProgressFn& progress,
+                                                       CancelGroup* group);
+  // The world size of a registered strategy, without parsing it.
+  absl::StatusOr<int64_t> StrategyWorldSize(const std::string& strategy_name);
   // Adds the server address to transport-level failures (nothing answered).
   absl::Status Annotate(absl::Status status) const;
   void SetStreamDeadline(grpc::ClientContext* context) const;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Offline ckptctl demo (what `make run` shows until the ckptd server exists): generates a small
-# sharded checkpoint with its strategies, then inspects it, shows and merges strategies, and asks
-# which source ranks each destination rank needs.
+# ckptctl walkthrough (what `make demo` shows). Offline part: generates a small sharded
+# checkpoint with its strategies, inspects it, shows and merges strategies, and asks which source
+# ranks each destination rank needs. Online part: starts a temporary ckptd on a free port with a
+# temporary data directory, registers the strategies, uploads the checkpoint, fetches, exports and
+# transforms it, then stops the server and removes its data.
 #
 # Usage: deploy/run-sample.sh BUILD_DIR [SAMPLE_DIR]
-#   BUILD_DIR   CMake build directory holding client/ckptctl (e.g. build)
+#   BUILD_DIR   CMake build directory holding client/ckptctl and service/ckptd (e.g. build)
 #   SAMPLE_DIR  where the demo files go (default: ./sample, git-ignored)
 set -euo pipefail
 
@@ -15,10 +17,13 @@ fi
 BUILD_DIR=$1
 SAMPLE_DIR=${2:-sample}
 CKPTCTL="$BUILD_DIR/client/ckptctl"
-if [ ! -x "$CKPTCTL" ]; then
-  echo "run-sample: $CKPTCTL not found; build first (make build)" >&2
-  exit 1
-fi
+CKPTD="$BUILD_DIR/service/ckptd"
+for binary in "$CKPTCTL" "$CKPTD"; do
+  if [ ! -x "$binary" ]; then
+    echo "run-sample: $binary not found; build first (make build)" >&2
+    exit 1
+  fi
+done
 
 section() {
   printf '\n=== %s ===\n' "$*"
@@ -30,7 +35,7 @@ run() {
   "$CKPTCTL" "$@"
 }
 
-echo "ckptctl offline demo (binary: $CKPTCTL, files: $SAMPLE_DIR/)"
+echo "ckptctl demo (binary: $CKPTCTL, files: $SAMPLE_DIR/)"
 
 section "Generate a demo: 8-rank source (2 pipeline stages x 4 devices), 3-rank destination"
 run sample "$SAMPLE_DIR"
@@ -75,5 +80,81 @@ run strategy show "$SAMPLE_DIR/merged_strategy.json"
 section "Which source ranks does each destination rank read? (8 ranks -> 3 ranks)"
 run deps --src-strategy "$SAMPLE_DIR/src_strategy.ckpt" --dst-strategy "$SAMPLE_DIR/dst_strategy.json" --rank 0
 run deps --src-strategy "$SAMPLE_DIR/src_strategy.ckpt" --dst-strategy "$SAMPLE_DIR/dst_strategy.json" --all --json
+
+# ---------------------------------------------------------------------------- online part
+
+SERVER_TMP=$(mktemp -d /tmp/ckptd-demo.XXXXXX)
+CKPTD_PID=""
+stop_server() {
+  if [ -n "$CKPTD_PID" ]; then
+    kill -TERM "$CKPTD_PID" 2>/dev/null || true
+    wait "$CKPTD_PID" 2>/dev/null || true
+    CKPTD_PID=""
+  fi
+  rm -rf "$SERVER_TMP"
+}
+trap stop_server EXIT
+
+section "Start a temporary ckptd (any free port, data in $SERVER_TMP/data)"
+"$CKPTD" --listen 127.0.0.1:0 --port-file "$SERVER_TMP/port" --data "$SERVER_TMP/data" \
+  >"$SERVER_TMP/ckptd.log" 2>&1 &
+CKPTD_PID=$!
+for _ in $(seq 1 300); do
+  [ -s "$SERVER_TMP/port" ] && break
+  if ! kill -0 "$CKPTD_PID" 2>/dev/null; then
+    echo "run-sample: ckptd exited during start-up:" >&2
+    cat "$SERVER_TMP/ckptd.log" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+if [ ! -s "$SERVER_TMP/port" ]; then
+  echo "run-sample: ckptd did not start within 30 s" >&2
+  exit 1
+fi
+export CKPT_SERVER="127.0.0.1:$(cat "$SERVER_TMP/port")"
+echo "ckptd is listening on $CKPT_SERVER (ckptctl reads \$CKPT_SERVER)"
+
+# Absolute paths for the server: it writes transform outputs on its own filesystem.
+OUT="$(cd "$SAMPLE_DIR" && pwd)/out"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+section "Register the strategies and upload the 8 rank files (committed atomically)"
+run strategy put src "$SAMPLE_DIR/src_strategy.ckpt"
+run strategy put dst "$SAMPLE_DIR/dst_strategy.json"
+run upload demo --strategy src --dir "$SAMPLE_DIR/checkpoint"
+run ls
+run describe demo
+
+section "What destination rank 1 reads, then fetch its slices (re-sharded on the fly)"
+run deps demo --strategy dst --rank 1
+run fetch demo --strategy dst --rank 1 --out "$OUT/dst_rank1.ckpt"
+run inspect "$OUT/dst_rank1.ckpt"
+
+section "Client-side export: every destination rank as MindSpore's rank_<r>/ layout, locally"
+run export demo --strategy dst --dir "$OUT/export"
+
+section "Server-side transform jobs: a new stored checkpoint, an export directory, a merged file"
+run transform demo --strategy dst --as demo_dst --wait
+run transform demo --strategy dst --export-dir "$OUT/server-export" --ranks 0,2 --id export-02 --wait
+run transform demo --merged-file "$OUT/merged.ckpt" --wait
+run jobs ls
+run jobs get export-02
+echo
+echo "(the server-side export equals the client-side one:)"
+for r in 0 2; do
+  cmp "$OUT/export/rank_$r/checkpoint_$r.ckpt" "$OUT/server-export/rank_$r/checkpoint_$r.ckpt"
+  echo "  rank_$r/checkpoint_$r.ckpt: identical"
+done
+
+section "Errors are one line on stderr and a non-zero exit"
+run fetch demo --strategy dst --rank 3 --out "$OUT/x.ckpt" || true
+run transform demo --strategy dst --export-dir relative/dir || true
+
+section "Stop the server (SIGTERM drains in-flight calls and flushes the store)"
+stop_server
+trap - EXIT
+echo "stopped; its data directory is removed"
 
 printf '\nDone. The demo files are in %s/; see README.md for every ckptctl command.\n' "$SAMPLE_DIR"

@@ -13,6 +13,7 @@
 
 #include "ckpt.grpc.pb.h"
 #include "service/executor.h"
+#include "service/job_runner.h"
 #include "service/manager.h"
 
 namespace ckpt {
@@ -47,7 +48,9 @@ struct ServiceOptions {
 
 class CheckpointServiceImpl final : public v1::CheckpointService::CallbackService {
  public:
-  CheckpointServiceImpl(CheckpointManager* manager, Executor* executor, ServiceOptions options);
+  // Does not own its arguments, which must outlive it. `jobs` must be started.
+  CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs, Executor* executor,
+                        ServiceOptions options);
 
   // New calls get UNAVAILABLE from now on.
   void StartShutdown() { shutting_down_ = true; }
@@ -81,7 +84,22 @@ class CheckpointServiceImpl final : public v1::CheckpointService::CallbackServic
                                              const v1::RankDependenciesRequest* req,
                                              v1::RankDependenciesResponse* resp) override;
 
+  // Jobs (JobRunner). WatchJob streams on gRPC's threads: JobRunner calls never block long.
+  grpc::ServerUnaryReactor* SubmitTransform(grpc::CallbackServerContext* ctx,
+                                            const v1::SubmitTransformRequest* req,
+                                            v1::SubmitTransformResponse* resp) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                   v1::Job* resp) override;
+  grpc::ServerWriteReactor<v1::Job>* WatchJob(grpc::CallbackServerContext* ctx,
+                                              const v1::WatchJobRequest* req) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CancelJobRequest* req, v1::Job* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
+
   CheckpointManager* manager() const { return manager_; }
+  JobRunner* jobs() const { return jobs_; }
   Executor* executor() const { return executor_; }
   ByteBudget* budget() { return &budget_; }
   const ServiceOptions& options() const { return options_; }
@@ -92,6 +110,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::CallbackServic
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, Fn fn);
 
   CheckpointManager* const manager_;
+  JobRunner* const jobs_;
   Executor* const executor_;
   const ServiceOptions options_;
   ByteBudget budget_;

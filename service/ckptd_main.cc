@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   int64_t stream_mib = options.service.stream_bytes_in_flight >> 20;
   int64_t server_mib = options.service.server_bytes_in_flight >> 20;
   int64_t idle_minutes = absl::ToInt64Minutes(options.manager.upload_idle_timeout);
+  int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
 
   CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};
   app.add_option("--listen", options.listen, "Address to listen on (port 0: any free port)")
@@ -48,6 +49,16 @@ int main(int argc, char** argv) {
       ->envname("CKPTD_UPLOAD_IDLE_MINUTES")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  app.add_option("--job-workers", options.jobs.workers,
+                 "Transform jobs running at the same time (each on its own thread)")
+      ->envname("CKPTD_JOB_WORKERS")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--job-bandwidth-mib", job_bandwidth_mib,
+                 "Cap on the MiB/s all transform jobs together move (0: unlimited)")
+      ->envname("CKPTD_JOB_BANDWIDTH_MIB")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->envname("CKPTD_LOG_LEVEL")
       ->capture_default_str();
@@ -60,6 +71,7 @@ int main(int argc, char** argv) {
   options.service.stream_bytes_in_flight = stream_mib << 20;
   options.service.server_bytes_in_flight = server_mib << 20;
   options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);
+  options.jobs.max_bytes_per_second = job_bandwidth_mib << 20;
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n %v");
 

@@ -15,9 +15,13 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   s->options_ = options;
   CKPT_ASSIGN_OR_RETURN(s->store_, OpenRocksDbStore(options.data_dir, options.store));
   s->manager_ = std::make_unique<CheckpointManager>(s->store_.get(), options.manager);
+  JobRunnerOptions job_options = options.jobs;
+  job_options.upload = options.manager.upload;
+  s->jobs_ = std::make_unique<JobRunner>(s->manager_.get(), job_options);
+  CKPT_RETURN_IF_ERROR(s->jobs_->Start());
   s->executor_ = std::make_unique<Executor>(options.io_threads);
-  s->service_ = std::make_unique<CheckpointServiceImpl>(s->manager_.get(), s->executor_.get(),
-                                                        options.service);
+  s->service_ = std::make_unique<CheckpointServiceImpl>(s->manager_.get(), s->jobs_.get(),
+                                                        s->executor_.get(), options.service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -34,8 +38,9 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->maintenance_ = std::thread([raw = s.get()] { raw->MaintenanceLoop(); });
-  spdlog::info("event=start listen={} port={} data={} io_threads={}", options.listen, s->port_,
-               options.data_dir, options.io_threads);
+  spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={}",
+               options.listen, s->port_, options.data_dir, options.io_threads,
+               options.jobs.workers);
   return s;
 }
 
@@ -68,13 +73,19 @@ void CkptServer::Shutdown() {
   }
   cv_.notify_all();
   spdlog::info("event=shutdown phase=drain");
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  service_->StartShutdown();
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    absl::ToChronoMilliseconds(options_.drain_timeout));
-  server_->Wait();
+  // Members may be missing when Start() failed half way (e.g. the port was taken).
+  if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+  if (service_) service_->StartShutdown();
+  // Before draining: jobs stop promptly (running ones stay RUNNING and resume at the next
+  // start), and WatchJob streams end instead of holding the drain until its timeout.
+  if (jobs_) jobs_->Shutdown();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      absl::ToChronoMilliseconds(options_.drain_timeout));
+    server_->Wait();
+  }
   executor_.reset();  // finishes queued work
-  if (absl::Status s = store_->Flush(); !s.ok()) {
+  if (absl::Status s = store_ ? store_->Flush() : absl::OkStatus(); !s.ok()) {
     spdlog::error("event=shutdown phase=flush error=\"{}\"", std::string(s.message()));
   }
   spdlog::info("event=shutdown phase=done");

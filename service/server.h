@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "service/checkpoint_service.h"
 #include "service/executor.h"
+#include "service/job_runner.h"
 #include "service/manager.h"
 #include "storage/checkpoint_store.h"
 
@@ -35,6 +36,9 @@ struct ServerOptions {
   StoreOptions store;
   ManagerOptions manager;
   ServiceOptions service;
+  // Transform jobs. Its `upload` is replaced by manager.upload, so that job-written checkpoints
+  // are chunked like uploaded ones.
+  JobRunnerOptions jobs;
 };
 
 // Thread-safe: Shutdown() may be called from any thread (e.g. a signal watcher).
@@ -44,8 +48,9 @@ class CkptServer {
   ~CkptServer();
 
   int port() const { return port_; }
-  // Marks NOT_SERVING, stops accepting calls, drains in-flight ones (cancelling them after the
-  // drain timeout), flushes the store. Idempotent.
+  // Marks NOT_SERVING, stops the job runner (running jobs stay RUNNING and resume at the next
+  // start; job watches end), stops accepting calls, drains in-flight ones (cancelling them after
+  // the drain timeout), flushes the store. Idempotent.
   void Shutdown();
   // Blocks until Shutdown() completed.
   void Wait();
@@ -57,6 +62,7 @@ class CkptServer {
   ServerOptions options_;
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointManager> manager_;
+  std::unique_ptr<JobRunner> jobs_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<CheckpointServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;

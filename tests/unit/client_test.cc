@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/progress.h"
 #include "client/server_commands.h"
@@ -424,6 +425,210 @@ TEST(ServerCommandsTest, UploadArgumentCombinations) {
   EXPECT_EQ(RunUpload(*client, file_with_strategy, out, err).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out.str(), "");
+}
+
+TEST(ServerCommandsTest, TransformArgumentCombinations) {
+  auto client = DeadClient();
+  std::ostringstream out;
+  auto run = [&](TransformCommand command) { return RunTransform(*client, command, out); };
+  TransformCommand base;
+  base.checkpoint_id = "c1";
+  base.strategy = "dst";
+
+  TransformCommand none = base;
+  EXPECT_EQ(run(none).code(), absl::StatusCode::kInvalidArgument);
+  TransformCommand two = base;
+  two.new_checkpoint_id = "c2";
+  two.export_dir = "/srv/out";
+  EXPECT_EQ(run(two).code(), absl::StatusCode::kInvalidArgument);
+
+  TransformCommand relative = base;
+  relative.export_dir = "out";
+  const absl::Status relative_status = run(relative);
+  EXPECT_EQ(relative_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(relative_status), "--export-dir must be an absolute path on the server");
+
+  TransformCommand relative_file;
+  relative_file.checkpoint_id = "c1";
+  relative_file.merged_file = "merged.ckpt";
+  EXPECT_THAT(Msg(run(relative_file)), HasSubstr("--merged-file must be an absolute path"));
+
+  TransformCommand merged_with_strategy = base;
+  merged_with_strategy.merged_file = "/srv/merged.ckpt";
+  EXPECT_THAT(Msg(run(merged_with_strategy)), HasSubstr("takes no --strategy"));
+
+  TransformCommand as_without_strategy;
+  as_without_strategy.checkpoint_id = "c1";
+  as_without_strategy.new_checkpoint_id = "c2";
+  EXPECT_THAT(Msg(run(as_without_strategy)), HasSubstr("needs --strategy"));
+
+  TransformCommand ranks_with_as = base;
+  ranks_with_as.new_checkpoint_id = "c2";
+  ranks_with_as.ranks = "0";
+  EXPECT_THAT(Msg(run(ranks_with_as)), HasSubstr("--export-dir only"));
+
+  TransformCommand bad_ranks = base;
+  bad_ranks.export_dir = "/srv/out";
+  bad_ranks.ranks = "0,x";
+  const absl::Status bad_ranks_status = run(bad_ranks);
+  EXPECT_EQ(bad_ranks_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(bad_ranks_status), AllOf(HasSubstr("--ranks"), HasSubstr("\"x\"")));
+  EXPECT_EQ(out.str(), "");
+}
+
+TEST(ServerCommandsTest, ExportChecksArgumentsAndTargetBeforeAnyRpc) {
+  TempDir dir;
+  auto client = DeadClient();
+  std::ostringstream out, err;
+  ExportCommand base;
+  base.checkpoint_id = "c1";
+  base.strategy = "dst";
+  base.dir = (dir.path() / "export").string();
+
+  ExportCommand bad_prefix = base;
+  bad_prefix.prefix = "a/b";
+  EXPECT_EQ(RunExport(*client, bad_prefix, out, err).code(), absl::StatusCode::kInvalidArgument);
+  ExportCommand no_parallel = base;
+  no_parallel.parallel = 0;
+  EXPECT_EQ(RunExport(*client, no_parallel, out, err).code(), absl::StatusCode::kInvalidArgument);
+  ExportCommand bad_ranks = base;
+  bad_ranks.ranks = "3-1";
+  EXPECT_THAT(Msg(RunExport(*client, bad_ranks, out, err)), HasSubstr("reversed"));
+
+  // A non-empty target is refused before the server is asked anything (it is unreachable).
+  Touch(dir.path() / "export" / "old.txt");
+  const absl::Status taken = RunExport(*client, base, out, err);
+  EXPECT_EQ(taken.code(), absl::StatusCode::kAlreadyExists) << taken;
+  EXPECT_THAT(Msg(taken), HasSubstr("not empty"));
+  ExportCommand file_target = base;
+  file_target.dir = (dir.path() / "export" / "old.txt").string();
+  EXPECT_EQ(RunExport(*client, file_target, out, err).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(out.str(), "");
+}
+
+TEST(CkptClientTest, FailedExportLeavesNothingBehind) {
+  TempDir dir;
+  auto client = DeadClient();
+  auto summary = client->ExportRanks("c1", "dst", (dir.path() / "sub" / "export").string(), {});
+  EXPECT_FALSE(summary.ok());
+  EXPECT_FALSE(fs::exists(dir.path() / "sub" / "export"));
+  // No temporary sibling is left either.
+  if (fs::exists(dir.path() / "sub")) {
+    EXPECT_TRUE(fs::is_empty(dir.path() / "sub"));
+  }
+}
+
+TEST(CkptClientTest, ExportPrefixValidation) {
+  EXPECT_TRUE(ValidateExportPrefix("checkpoint_").ok());
+  EXPECT_TRUE(ValidateExportPrefix("net-rank.v2_").ok());
+  EXPECT_EQ(ValidateExportPrefix("").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateExportPrefix("a/b").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateExportPrefix("a b").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateExportPrefix(std::string(201, 'a')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------- rank lists
+
+TEST(ParseRankListTest, SingleRanksAndRanges) {
+  EXPECT_EQ(*ParseRankList("0"), (std::vector<int64_t>{0}));
+  EXPECT_EQ(*ParseRankList("0,2,5-7"), (std::vector<int64_t>{0, 2, 5, 6, 7}));
+  EXPECT_EQ(*ParseRankList("3-3"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(*ParseRankList("10-12,1"), (std::vector<int64_t>{1, 10, 11, 12}));  // sorted
+  EXPECT_EQ(*ParseRankList(" 0 , 2 "), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(ParseRankList(absl::StrCat(kMaxListedRank))->back(), kMaxListedRank);
+}
+
+TEST(ParseRankListTest, DuplicatesAreRefused) {
+  auto twice = ParseRankList("1,1");
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(twice.status()), HasSubstr("rank 1 is listed more than once"));
+  auto overlap = ParseRankList("0-3,2");
+  EXPECT_THAT(Msg(overlap.status()), HasSubstr("rank 2 is listed more than once"));
+  EXPECT_FALSE(ParseRankList("0-4,3-6").ok());
+}
+
+TEST(ParseRankListTest, GarbageIsRefusedNamingTheItem) {
+  for (const char* bad : {"", " ", ",", "0,", ",1", "0,,1", "a", "1a", "1.5", "0x3", "+1", "1-2-3",
+                          "1-", "-", "1 2", "１"}) {
+    auto parsed = ParseRankList(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << "\"" << bad << "\"";
+    EXPECT_THAT(Msg(parsed.status()), HasSubstr("e.g. 0,2,5-7")) << bad;
+  }
+  EXPECT_THAT(Msg(ParseRankList("0,abc").status()), HasSubstr("\"abc\" is not a rank"));
+  EXPECT_THAT(Msg(ParseRankList("99999999999999999999").status()), HasSubstr("too large"));
+  EXPECT_THAT(Msg(ParseRankList(absl::StrCat(kMaxListedRank + 1)).status()),
+              HasSubstr("too large"));
+}
+
+TEST(ParseRankListTest, NegativeRanksAreRefused) {
+  EXPECT_THAT(Msg(ParseRankList("-1").status()), HasSubstr("cannot be negative"));
+  EXPECT_THAT(Msg(ParseRankList("0,-2").status()), HasSubstr("cannot be negative"));
+  EXPECT_THAT(Msg(ParseRankList("-3-5").status()), HasSubstr("cannot be negative"));
+  EXPECT_FALSE(ParseRankList("2--1").ok());
+}
+
+TEST(ParseRankListTest, ReversedRangeIsRefused) {
+  auto reversed = ParseRankList("7-5");
+  EXPECT_EQ(reversed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(reversed.status()), HasSubstr("range 7-5 is reversed (write 5-7)"));
+}
+
+TEST(FormatRankListTest, CompressesRuns) {
+  EXPECT_EQ(FormatRankList({}), "");
+  EXPECT_EQ(FormatRankList({4}), "4");
+  EXPECT_EQ(FormatRankList({0, 2, 5, 6, 7}), "0,2,5-7");
+  EXPECT_EQ(FormatRankList({0, 1}), "0-1");
+  for (const char* list : {"0", "0,2,5-7", "1-3,5,9-12"}) {
+    EXPECT_EQ(FormatRankList(*ParseRankList(list)), list);
+  }
+}
+
+// ---------------------------------------------------------------- job lines
+
+TEST(FormatJobLineTest, ShowsStateTargetProgressAndReason) {
+  v1::Job job;
+  job.set_id("j1");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_request()->set_checkpoint_id("demo");
+  job.mutable_request()->set_strategy("dst");
+  job.mutable_request()->mutable_target()->set_export_dir("/srv/out");
+  job.mutable_request()->mutable_target()->add_ranks(2);
+  job.mutable_request()->mutable_target()->add_ranks(0);
+  job.mutable_progress()->set_bytes_done(999);
+  job.mutable_progress()->set_bytes_total(4000);
+  EXPECT_EQ(FormatJobLine(job),
+            "j1  RUNNING  demo -> export /srv/out (strategy dst, ranks 0,2)  24%");
+
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_reason("disk full\nwhile writing");
+  job.set_attempts(2);
+  EXPECT_EQ(FormatJobLine(job),
+            "j1  FAILED  demo -> export /srv/out (strategy dst, ranks 0,2)  24%  attempts=2  "
+            "reason: disk full while writing");
+
+  v1::Job merged;
+  merged.set_id("m");
+  merged.set_state(v1::JOB_STATE_QUEUED);
+  merged.mutable_request()->set_checkpoint_id("demo");
+  merged.mutable_request()->mutable_target()->set_merged_file("/srv/all.ckpt");
+  EXPECT_EQ(FormatJobLine(merged), "m  QUEUED  demo -> merged file /srv/all.ckpt  -");
+
+  v1::Job stored = merged;
+  stored.set_state(v1::JOB_STATE_SUCCEEDED);
+  stored.mutable_request()->set_strategy("dst");
+  stored.mutable_request()->mutable_target()->set_new_checkpoint_id("demo3");
+  EXPECT_EQ(FormatJobLine(stored), "m  SUCCEEDED  demo -> checkpoint demo3 (strategy dst)  100%");
+}
+
+TEST(JobStateTest, NamesAndTerminalStates) {
+  EXPECT_EQ(JobStateName(v1::JOB_STATE_RUNNING), "RUNNING");
+  EXPECT_EQ(JobStateName(static_cast<v1::JobState>(42)), "STATE_42");
+  EXPECT_FALSE(IsTerminalJobState(v1::JOB_STATE_QUEUED));
+  EXPECT_FALSE(IsTerminalJobState(v1::JOB_STATE_RUNNING));
+  EXPECT_TRUE(IsTerminalJobState(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_TRUE(IsTerminalJobState(v1::JOB_STATE_FAILED));
+  EXPECT_TRUE(IsTerminalJobState(v1::JOB_STATE_CANCELLED));
 }
 
 }  // namespace

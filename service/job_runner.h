@@ -1,0 +1,196 @@
+// Transform jobs (issue 4): the server-side replacement for MindSpore's offline
+// transform_checkpoints / transform_checkpoint_by_rank / load_distributed_checkpoint(
+// predict_strategy=None). A job reads a committed checkpoint through the same FetchStream the
+// Fetch RPC uses and writes one output:
+//   - a new stored checkpoint under a destination strategy (fed through the upload path, so it is
+//     chunked, checksummed and committed exactly like an uploaded one);
+//   - an export directory DIR/rank_<r>/<prefix><r>.ckpt in MindSpore's layout;
+//   - one merged .ckpt with every tensor whole.
+// Every byte written therefore equals what Fetch serves for the same rank, in the same order
+// (MindSpore's: transformed tensors in source order, then verbatim ones).
+//
+// Durability: jobs are ckpt.v1.Job records in the store's `jobs` column family, written (synced)
+// on every state change and at most every progress interval. File outputs are written under a
+// sibling `<output>.ckptd-partial-<job id>` directory and renamed into place only when complete;
+// a new checkpoint becomes visible only at its atomic commit. So a crash never leaves output that
+// looks finished: at the next start RUNNING jobs are re-queued, their partial output is removed
+// and they run again from the beginning (attempts + 1). Output found complete at a restart (a
+// crash between publishing it and recording SUCCEEDED) is recognised and the job succeeds.
+//
+// Isolation from workers' fetches: jobs run on their own threads (never on the service Executor,
+// so a fetch is never queued behind a job), at most `workers` at a time, at a lowered CPU
+// priority, and optionally under a shared bytes/second cap.
+#ifndef CKPT_SERVICE_JOB_RUNNER_H_
+#define CKPT_SERVICE_JOB_RUNNER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ckpt.pb.h"
+#include "service/manager.h"
+#include "service/upload_session.h"
+
+namespace ckpt {
+
+struct JobRunnerOptions {
+  // Jobs running at the same time, each on its own thread. Default 1.
+  int workers = 1;
+  // Cap on the tensor bytes per second all jobs together move; 0 = unlimited. Default 0.
+  int64_t max_bytes_per_second = 0;
+  // Niceness added to job threads (Linux applies it per thread) so that fetch handlers win CPU
+  // contention; 0 leaves the priority alone. Default 10.
+  int worker_nice = 10;
+  // Progress is persisted at most this often; state changes always are. Default 1 s.
+  absl::Duration progress_persist_interval = absl::Seconds(1);
+  // Watchers hear about progress at most this often; state changes always reach them.
+  // Default 250 ms (4 per second).
+  absl::Duration watch_interval = absl::Milliseconds(250);
+  // Window of the throughput (and so ETA) estimate. Default 10 s.
+  absl::Duration rate_window = absl::Seconds(10);
+  // How long Cancel() waits for a running job to stop and remove its partial output before it
+  // returns the job as it is then. Default 10 s.
+  absl::Duration cancel_wait = absl::Seconds(10);
+  // Chunking of checkpoints written by jobs. Should equal ManagerOptions::upload so that a
+  // job-written checkpoint is stored exactly like an uploaded one.
+  UploadOptions upload;
+};
+
+// Where a job writes one fetched rank (defined in job_runner.cc).
+class JobTensorSink;
+
+struct SubmitResult {
+  v1::Job job;
+  // False when an identical request with the same job id already existed (idempotent retry).
+  bool created = false;
+};
+
+// Receives a job's state: the current state once at registration, then after every change (at
+// most every JobRunnerOptions::watch_interval for mere progress; state changes always), oldest
+// state never after a newer one. `job` is null exactly once, as the last call, when the runner
+// shuts down. Called on runner or caller threads with no runner lock held, so it may call back
+// into the runner; it must not destroy its own JobWatch.
+using JobWatchFn = std::function<void(const v1::Job* job)>;
+
+// A registration made by JobRunner::Watch. Destroying it unregisters: when the destructor
+// returns, the callback is not running and will not be called again. May outlive the runner.
+// Thread-safe.
+class JobWatch {
+ public:
+  struct State;
+  explicit JobWatch(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  ~JobWatch();
+  JobWatch(const JobWatch&) = delete;
+  JobWatch& operator=(const JobWatch&) = delete;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Thread-safe: every public method may be called from any thread. Does not own the manager (nor
+// its store), which must outlive the runner. Shutdown() (also run by the destructor) joins the
+// job threads.
+class JobRunner {
+ public:
+  JobRunner(CheckpointManager* manager, JobRunnerOptions options);
+  ~JobRunner();
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+
+  // Loads every job record; QUEUED and RUNNING jobs are queued again (RUNNING ones after their
+  // partial output is removed), then the job threads start. Call once, before the other calls.
+  absl::Status Start();
+  // Stops the job threads promptly. A running job keeps its RUNNING record so that the next
+  // Start() runs it again; its partial output is removed. Watches end (callback with null).
+  // Later calls get UNAVAILABLE. Idempotent.
+  void Shutdown();
+
+  // Validates and records a job (QUEUED). Same id + same request: the existing job with
+  // created = false; same id + another request: ALREADY_EXISTS. Errors: INVALID_ARGUMENT (bad
+  // request), NOT_FOUND (checkpoint or strategy), OUT_OF_RANGE (rank >= destination world),
+  // FAILED_PRECONDITION (output exists or another active job writes it), ALREADY_EXISTS (the
+  // new checkpoint id is taken).
+  absl::StatusOr<SubmitResult> Submit(const v1::SubmitTransformRequest& request);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::Job> Get(const std::string& id) const;
+  // Every job, by id.
+  std::vector<v1::Job> List() const;
+  // Cancels a queued job at once, or a running one at its next message: its I/O stops and its
+  // partial output is removed. Waits (up to cancel_wait) for that and returns the job, CANCELLED
+  // unless it had ended already (then unchanged). NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // Registers `fn` for job `id` (see JobWatchFn); the current state is delivered before this
+  // returns. NOT_FOUND for an unknown id.
+  absl::StatusOr<std::unique_ptr<JobWatch>> Watch(const std::string& id, JobWatchFn fn);
+
+  static bool IsTerminal(v1::JobState state);
+  // Where a file output is assembled before it is renamed into place:
+  // "<output>.ckptd-partial-<job id>" (a sibling, so that the rename stays on one filesystem).
+  static std::string PartialPath(const std::string& output, const std::string& job_id);
+
+ private:
+  struct Entry;
+  class TokenBucket;
+  enum class Change { kState, kProgress };
+
+  absl::Status Available() const;  // UNAVAILABLE unless started and not stopping; mu_ held
+  absl::Status ValidateRequest(const v1::SubmitTransformRequest& request);
+  std::shared_ptr<Entry> Find(const std::string& id) const;
+
+  void WorkerLoop();
+  void RunJob(const std::shared_ptr<Entry>& e);
+  absl::Status Execute(Entry* e, const v1::SubmitTransformRequest& request, int32_t attempt);
+  absl::Status RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequest& request);
+  absl::Status RunExport(Entry* e, const v1::SubmitTransformRequest& request, int32_t attempt);
+  absl::Status RunMerged(Entry* e, const v1::SubmitTransformRequest& request, int32_t attempt);
+  // Removes what an interrupted run of this job may have left behind (idempotent).
+  void RemovePartialOutput(const v1::Job& job);
+
+  // Sums the plan summaries of `fetches` and records them as the job's totals.
+  absl::Status ComputeTotals(Entry* e, const std::vector<v1::FetchRequest>& fetches);
+  // Streams one fetch into `sink`, checking cancellation between messages, throttling, and
+  // counting progress.
+  absl::Status Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorSink* sink);
+  // CANCELLED when the job was cancelled, ABORTED when the runner is stopping, else OK.
+  absl::Status Check(Entry* e);
+  // Takes `bytes` from the bandwidth budget, waiting (interruptibly) when it is exhausted.
+  absl::Status Throttle(Entry* e, int64_t bytes);
+
+  // Applies `mutate` to the job under mu_, then persists and notifies watchers as the kind of
+  // change and the intervals ask.
+  void Update(Entry* e, Change change, const std::function<void(v1::Job*)>& mutate);
+  void Persist(Entry* e);
+  void RecordBytesLocked(Entry* e, int64_t bytes, absl::Time now);  // progress + rate; mu_ held
+
+  CheckpointManager* const manager_;
+  CheckpointStore* const store_;
+  const JobRunnerOptions options_;
+  std::unique_ptr<TokenBucket> bucket_;  // null: unlimited
+
+  // Serialises submissions (validation touches the store and the filesystem) so that two
+  // submissions of one id cannot both create it. Taken before mu_.
+  std::mutex submit_mu_;
+
+  mutable std::mutex mu_;
+  std::condition_variable queue_cv_;  // work queued, or stopping
+  std::condition_variable job_cv_;    // a job cancelled or ended, or stopping
+  std::map<std::string, std::shared_ptr<Entry>> jobs_;
+  std::deque<std::string> queue_;
+  bool started_ = false;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICE_JOB_RUNNER_H_

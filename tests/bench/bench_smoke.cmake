@@ -1,0 +1,59 @@
+# Runs ckpt_bench on a ~16 MiB checkpoint and checks that the results JSON has every key of
+# issue 5 (values may be null where the server lacks a feature; the harness then says why).
+# Usage: cmake -DBENCH=<ckpt_bench> -DOUT=<results.json> -P bench_smoke.cmake
+file(REMOVE "${OUT}")
+execute_process(
+  COMMAND "${BENCH}" --size-gib 0.015625 --out "${OUT}"
+  RESULT_VARIABLE rc
+  OUTPUT_VARIABLE out
+  ERROR_VARIABLE err)
+message("${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "ckpt_bench exited with ${rc}\n${err}")
+endif()
+if(NOT EXISTS "${OUT}")
+  message(FATAL_ERROR "ckpt_bench wrote no ${OUT}")
+endif()
+file(READ "${OUT}" json)
+
+function(require)
+  string(JSON value ERROR_VARIABLE error GET "${json}" ${ARGN})
+  if(error)
+    string(REPLACE ";" "." path "${ARGN}")
+    message(FATAL_ERROR "results JSON lacks ${path}: ${error}")
+  endif()
+endfunction()
+
+foreach(key transport_gibps storage_gibps fetch concurrent transform deps_all_ranks_ms upload)
+  require(${key})
+endforeach()
+foreach(key workers gibps server_peak_rss_mib)
+  require(concurrent ${key})
+endforeach()
+foreach(key seconds peak_rss_mib baseline_seconds baseline_peak_rss_mib)
+  require(transform ${key})
+endforeach()
+foreach(key gibps disk_write_gibps)
+  require(upload ${key})
+endforeach()
+
+string(JSON cases LENGTH "${json}" fetch)
+if(NOT cases EQUAL 4)
+  message(FATAL_ERROR "expected 4 fetch cases, got ${cases}")
+endif()
+math(EXPR last "${cases} - 1")
+foreach(i RANGE ${last})
+  foreach(key case gibps ratio read_amplification)
+    require(fetch ${i} ${key})
+  endforeach()
+endforeach()
+
+# Figures that need nothing from the server beyond issue 3 must be real numbers.
+foreach(path "transport_gibps" "storage_gibps" "deps_all_ranks_ms" "upload;gibps"
+             "upload;disk_write_gibps" "concurrent;gibps" "transform;baseline_seconds")
+  string(JSON type TYPE "${json}" ${path})
+  if(NOT type STREQUAL "NUMBER")
+    message(FATAL_ERROR "${path} is ${type}, expected a number")
+  endif()
+endforeach()
+message(STATUS "bench_smoke: every key present")

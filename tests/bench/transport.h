@@ -1,0 +1,31 @@
+// The bench-only transport service (transport_service.proto): a server that streams prepared
+// messages, and a client that drains them and reports the throughput.
+#ifndef CKPT_TESTS_BENCH_TRANSPORT_H_
+#define CKPT_TESTS_BENCH_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckpt::bench {
+
+// Runs the transport server on 127.0.0.1:0 until SIGTERM/SIGINT; writes the port to `port_file`
+// once listening. For the `--transport-server` mode of the bench binary (a child process, like
+// ckptd).
+int RunTransportServer(const std::string& port_file);
+
+struct TransportResult {
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Streams `messages` × `message_bytes` from the transport server at `address` through one stream
+// (channel configured like CkptClient's: 8 MiB receive limit), after a short warm-up.
+absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int64_t messages,
+                                                 int64_t message_bytes);
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_TESTS_BENCH_TRANSPORT_H_
