@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= 2
 
-.PHONY: deps configure build test run demo clean
+.PHONY: deps configure build test run demo bench clean
 
 deps:
 	bash deploy/install-deps.sh
@@ -26,6 +26,15 @@ run: build
 # Offline + online walkthrough against a temporary server; files in ./sample.
 demo: build
 	bash deploy/run-sample.sh $(BUILD_DIR)
+
+# Performance harness (tests/bench, README "Performance"): always a Release build in BENCH_DIR;
+# BENCH_ARGS e.g. "--size-gib 0.5". Prints a table and writes BENCH_DIR/bench-results.json.
+BENCH_DIR ?= build
+BENCH_ARGS ?=
+bench: deps
+	cmake -S . -B $(BENCH_DIR) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BENCH_DIR) -j$(JOBS) --target ckpt_bench ckptd
+	$(BENCH_DIR)/tests/bench/ckpt_bench --out $(BENCH_DIR)/bench-results.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD_DIR)

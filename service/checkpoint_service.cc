@@ -1,6 +1,8 @@
 #include "service/checkpoint_service.h"
 
 #include <deque>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "service/grpc_status.h"
@@ -224,6 +226,43 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::ListJobs(grpc::CallbackServerCo
   });
 }
 
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory memory;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  // Lines such as "VmHWM:    123456 kB".
+  auto kib = [](const std::string& text) -> int64_t {
+    try {
+      return std::stoll(text) * 1024;
+    } catch (const std::exception&) {
+      return 0;
+    }
+  };
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) memory.rss_bytes = kib(line.substr(6));
+    if (line.rfind("VmHWM:", 0) == 0) memory.peak_rss_bytes = kib(line.substr(6));
+  }
+  return memory;
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStats(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetStatsRequest*,
+                                                          v1::ServerStats* resp) {
+  return Unary(ctx, "GetStats", [this, resp]() -> absl::Status {
+    const StoreStats store = manager_->store()->stats();
+    resp->set_store_bytes_read(store.chunk_bytes_read);
+    resp->set_store_chunks_read(store.chunks_read);
+    resp->set_store_bytes_written(store.chunk_bytes_written);
+    resp->set_store_chunks_written(store.chunks_written);
+    resp->set_fetch_bytes_sent(fetch_bytes_sent_.load(std::memory_order_relaxed));
+    resp->set_fetch_bytes_in_flight(budget_.in_use());
+    const ProcessMemory memory = ReadProcessMemory();
+    resp->set_rss_bytes(memory.rss_bytes);
+    resp->set_peak_rss_bytes(memory.peak_rss_bytes);
+    return absl::OkStatus();
+  });
+}
+
 // ------------------------------------------------------------------------------- Upload
 
 namespace {
@@ -330,22 +369,85 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 
 // ------------------------------------------------------------------------------- Fetch
 
+bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
+  grpc::ByteBuffer copy(buffer);  // Deserialize consumes its buffer; slices are shared, not copied
+  return grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, request).ok();
+}
+
+void AppendVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Releases the reference a grpc::Slice held on a data segment's owner.
+void ReleaseSegment(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+
+// Serialises one Fetch message. A data message is written as the protobuf wire format of
+// FetchResponse{data: FetchData{data, xxh64}} by hand so that its bytes go to gRPC as slices that
+// reference the stored chunks (or the assembled band) instead of being copied into a message.
+grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
+  if (piece.segments.empty()) {
+    std::string bytes = piece.message.SerializeAsString();
+    grpc::Slice slice(bytes);
+    return grpc::ByteBuffer(&slice, 1);
+  }
+  // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3 and FetchData.data = 1
+  // (length-delimited), FetchData.xxh64 = 2 (varint).
+  constexpr char kResponseData = (3 << 3) | 2;
+  constexpr char kDataBytes = (1 << 3) | 2;
+  constexpr char kDataXxh64 = (2 << 3) | 0;
+  const auto length = static_cast<uint64_t>(piece.data_bytes);
+  const uint64_t inner = 1 + VarintSize(length) + length + 1 + VarintSize(piece.xxh64);
+  std::string head;
+  head.push_back(kResponseData);
+  AppendVarint(&head, inner);
+  head.push_back(kDataBytes);
+  AppendVarint(&head, length);
+  std::string tail;
+  tail.push_back(kDataXxh64);
+  AppendVarint(&tail, piece.xxh64);
+
+  std::vector<grpc::Slice> slices;
+  slices.reserve(piece.segments.size() + 2);
+  slices.emplace_back(head);
+  for (DataSegment& s : piece.segments) {
+    // gRPC only reads the bytes; the owner keeps them alive until gRPC drops the slice.
+    slices.emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
+                        new std::shared_ptr<const void>(std::move(s.owner)));
+  }
+  slices.emplace_back(tail);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 // The state of one Fetch, shared by the reactor (gRPC events) and the producer task (executor).
 // The producer fills a bounded queue; writes drain it. At most one producer task runs at a time.
 class FetchCall : public std::enable_shared_from_this<FetchCall> {
  public:
   FetchCall(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-            v1::FetchRequest request, grpc::ServerWriteReactor<v1::FetchResponse>* reactor)
+            const grpc::ByteBuffer& request, grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor)
       : service_(service),
         peer_(ctx->peer()),
-        request_(std::move(request)),
+        request_ok_(ParseRequest(request, &request_)),
         reactor_(reactor),
         start_(absl::Now()) {}
 
   void Start() {
-    if (service_->shutting_down()) {
+    if (service_->shutting_down() || !request_ok_) {
       std::lock_guard<std::mutex> lock(mu_);
-      final_ = Unavailable();
+      final_ = request_ok_ ? Unavailable()
+                           : absl::InvalidArgumentError("the FetchRequest could not be parsed");
       producer_done_ = true;
       MaybeFinishLocked();
       return;
@@ -363,6 +465,8 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     bool resume = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (ok) service_->CountFetchBytesSent(data_sizes_.front());
+      data_sizes_.pop_front();
       released += sizes_.front();
       queued_bytes_ -= sizes_.front();
       queue_.pop_front();
@@ -373,6 +477,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         for (int64_t s : sizes_) released += s;
         queue_.clear();
         sizes_.clear();
+        data_sizes_.clear();
         queued_bytes_ = 0;
       } else if (!queue_.empty()) {
         writing_ = true;
@@ -406,6 +511,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       for (int64_t s : sizes_) released += s;
       queue_.clear();
       sizes_.clear();
+      data_sizes_.clear();
     }
     service_->budget()->Release(released);
   }
@@ -436,7 +542,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         }
       }
       if (!has_next_) {
-        auto more = stream_->Next(&next_);
+        auto more = stream_->NextPiece(&piece_);
         if (!more.ok()) {
           EndProducer(more.status());
           return;
@@ -446,7 +552,9 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
           return;
         }
         has_next_ = true;
-        next_size_ = static_cast<int64_t>(next_.ByteSizeLong());
+        next_data_ = piece_.data_bytes;
+        next_ = EncodeFetchResponse(std::move(piece_));
+        next_size_ = static_cast<int64_t>(next_.Length());
       }
       if (!service_->budget()->TryAcquire(next_size_)) {
         // Server-wide budget exhausted: wait for any stream to release bytes.
@@ -466,9 +574,11 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         has_next_ = false;
         continue;
       }
-      bytes_ += next_.has_data() ? static_cast<int64_t>(next_.data().data().size()) : 0;
+      bytes_ += next_data_;
       queue_.push_back(std::move(next_));
+      next_.Clear();
       sizes_.push_back(next_size_);
+      data_sizes_.push_back(next_data_);
       queued_bytes_ += next_size_;
       has_next_ = false;
       if (!writing_) {
@@ -518,16 +628,20 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
 
   CheckpointServiceImpl* const service_;
   const std::string peer_;
-  const v1::FetchRequest request_;
+  v1::FetchRequest request_;
+  const bool request_ok_;
   std::unique_ptr<FetchStream> stream_;  // producer only
-  v1::FetchResponse next_;               // producer only
+  FetchPiece piece_;                     // producer only
+  grpc::ByteBuffer next_;                // producer only: the encoded piece_
   bool has_next_ = false;                // producer only
-  int64_t next_size_ = 0;                // producer only
+  int64_t next_size_ = 0;                // producer only: encoded bytes
+  int64_t next_data_ = 0;                // producer only: tensor bytes in it
 
   std::mutex mu_;
-  grpc::ServerWriteReactor<v1::FetchResponse>* reactor_;  // null after OnDone
-  std::deque<v1::FetchResponse> queue_;  // front is being written while writing_
-  std::deque<int64_t> sizes_;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor_;  // null after OnDone
+  std::deque<grpc::ByteBuffer> queue_;  // front is being written while writing_
+  std::deque<int64_t> sizes_;           // encoded bytes of each queued message
+  std::deque<int64_t> data_sizes_;      // tensor bytes of each queued message
   int64_t queued_bytes_ = 0;
   int64_t bytes_ = 0;
   bool writing_ = false;
@@ -539,10 +653,10 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   const absl::Time start_;
 };
 
-class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-               const v1::FetchRequest* request)
+               const grpc::ByteBuffer* request)
       : call_(std::make_shared<FetchCall>(service, ctx, *request, this)) {
     call_->Start();
   }
@@ -708,8 +822,8 @@ grpc::ServerReadReactor<v1::UploadRequest>* CheckpointServiceImpl::Upload(
   return new UploadReactor(this, ctx, resp);
 }
 
-grpc::ServerWriteReactor<v1::FetchResponse>* CheckpointServiceImpl::Fetch(
-    grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Fetch(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return new FetchReactor(this, ctx, req);
 }
 

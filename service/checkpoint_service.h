@@ -46,7 +46,11 @@ struct ServiceOptions {
   int64_t max_upload_message_bytes = int64_t{1} << 20;
 };
 
-class CheckpointServiceImpl final : public v1::CheckpointService::CallbackService {
+// Fetch is registered raw (grpc::ByteBuffer) so that its data messages can reference stored
+// chunks instead of copying them; its request and responses are still ckpt.v1 messages.
+class CheckpointServiceImpl final
+    : public v1::CheckpointService::WithRawCallbackMethod_Fetch<
+          v1::CheckpointService::CallbackService> {
  public:
   // Does not own its arguments, which must outlive it. `jobs` must be started.
   CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs, Executor* executor,
@@ -78,8 +82,8 @@ class CheckpointServiceImpl final : public v1::CheckpointService::CallbackServic
   grpc::ServerUnaryReactor* DeleteCheckpoint(grpc::CallbackServerContext* ctx,
                                              const v1::DeleteCheckpointRequest* req,
                                              v1::DeleteCheckpointResponse* resp) override;
-  grpc::ServerWriteReactor<v1::FetchResponse>* Fetch(grpc::CallbackServerContext* ctx,
-                                                     const v1::FetchRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* req) override;
   grpc::ServerUnaryReactor* RankDependencies(grpc::CallbackServerContext* ctx,
                                              const v1::RankDependenciesRequest* req,
                                              v1::RankDependenciesResponse* resp) override;
@@ -97,6 +101,12 @@ class CheckpointServiceImpl final : public v1::CheckpointService::CallbackServic
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
+                                     const v1::GetStatsRequest* req,
+                                     v1::ServerStats* resp) override;
+
+  // Tensor bytes of Fetch data messages written to clients (GetStats).
+  void CountFetchBytesSent(int64_t n) { fetch_bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
 
   CheckpointManager* manager() const { return manager_; }
   JobRunner* jobs() const { return jobs_; }
@@ -115,7 +125,16 @@ class CheckpointServiceImpl final : public v1::CheckpointService::CallbackServic
   const ServiceOptions options_;
   ByteBudget budget_;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> fetch_bytes_sent_{0};
 };
+
+// Resident set size of this process now and at its peak (VmRSS / VmHWM of /proc/self/status),
+// bytes; zero where unavailable.
+struct ProcessMemory {
+  int64_t rss_bytes = 0;
+  int64_t peak_rss_bytes = 0;
+};
+ProcessMemory ReadProcessMemory();
 
 // One structured log line per RPC.
 void LogRpc(const char* method, const std::string& peer, const absl::Status& status,

@@ -1,4 +1,6 @@
 // ckptd: the sharded-checkpoint service. Flags fall back to CKPTD_* environment variables.
+#include <malloc.h>
+
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -9,6 +11,11 @@
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
+  // Fetch and upload allocate and free buffers of about 1 MiB all the time (chunk reads, bands,
+  // gRPC frames). glibc would serve each with a fresh mmap (page faults, TLB shootdowns on
+  // munmap) and trim its heaps after frees; keep such buffers in the heap instead.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   ckpt::ServerOptions options;
   std::string port_file;
   std::string log_level = "info";

@@ -23,6 +23,65 @@ Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
   return out;
 }
 
+// A stored chunk and the region of the current band it supplies, in global coordinates.
+struct Piece {
+  std::shared_ptr<ChunkData> chunk;
+  Box chunk_box;
+  Box region;
+};
+
+// When every piece supplies whole rows of the band (all dims but the first span the band) that
+// are also whole rows of its chunk, each piece is one contiguous byte range of its chunk and the
+// band is those ranges in row order (row and optimizer-shard re-splits, whole tensors of row
+// splits): fills `out` with views of the chunks, copying nothing, and returns true. Otherwise
+// (column re-splits, rows that are not whole bytes) returns false and leaves `out` empty.
+bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
+                     std::vector<DataSegment>* out) {
+  out->clear();
+  if (pieces->empty()) return false;
+  const size_t rank = band.lo.size();
+  if (rank == 0) {  // a scalar: one piece, the whole chunk
+    if (pieces->size() != 1) return false;
+    const Piece& p = pieces->front();
+    out->push_back({p.chunk, p.chunk->bytes()});
+    return true;
+  }
+  int64_t row_elements = 1;
+  for (size_t i = 1; i < rank; ++i) row_elements *= band.hi[i] - band.lo[i];
+  const int64_t row_bits = row_elements * ElementBits(dtype);
+  if (row_bits % 8 != 0) return false;
+  const int64_t row_bytes = row_bits / 8;
+  for (const Piece& p : *pieces) {
+    for (size_t i = 1; i < rank; ++i) {
+      if (p.region.lo[i] != band.lo[i] || p.region.hi[i] != band.hi[i] ||
+          p.chunk_box.lo[i] != band.lo[i] || p.chunk_box.hi[i] != band.hi[i]) {
+        return false;
+      }
+    }
+  }
+  std::sort(pieces->begin(), pieces->end(),
+            [](const Piece& a, const Piece& b) { return a.region.lo[0] < b.region.lo[0]; });
+  int64_t next = band.lo[0];
+  for (const Piece& p : *pieces) {
+    if (p.region.lo[0] != next) break;  // a gap or an overlap: not a plain stack of rows
+    const auto offset = static_cast<size_t>((p.region.lo[0] - p.chunk_box.lo[0]) * row_bytes);
+    const auto length = static_cast<size_t>((p.region.hi[0] - p.region.lo[0]) * row_bytes);
+    out->push_back({p.chunk, p.chunk->bytes().substr(offset, length)});
+    next = p.region.hi[0];
+  }
+  if (next != band.hi[0] || out->size() != pieces->size()) {
+    out->clear();
+    return false;
+  }
+  return true;
+}
+
+uint64_t SegmentsChecksum(const std::vector<DataSegment>& segments) {
+  std::vector<std::string_view> parts;
+  parts.reserve(segments.size());
+  for (const DataSegment& s : segments) parts.push_back(s.bytes);
+  return ChunkChecksum(parts);
+}
 }  // namespace
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
@@ -63,22 +122,20 @@ const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
 
 absl::StatusOr<std::shared_ptr<ChunkData>> FetchStream::Chunk(const ChunkAddress& address,
                                                               uint64_t checksum) {
-  const uint64_t hi = (uint64_t{address.tensor} << 32) | address.blob;
-  const uint64_t lo = address.chunk;
-  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-    if (it->key_hi == hi && it->key_lo == lo) {
-      cache_.splice(cache_.begin(), cache_, it);
-      return cache_.front().data;
-    }
+  const ChunkKey key{(uint64_t{address.tensor} << 32) | address.blob, address.chunk};
+  if (auto hit = cache_index_.find(key); hit != cache_index_.end()) {
+    cache_.splice(cache_.begin(), cache_, hit->second);
+    return cache_.front().data;
   }
   auto read = store_->ReadChunk(address, checksum);
   if (!read.ok()) return read.status();
   std::shared_ptr<ChunkData> data(std::move(*read));
-  const int64_t size = static_cast<int64_t>(data->bytes().size());
-  cache_.push_front({hi, lo, data});
-  cache_bytes_ += size;
+  cache_.push_front({key, data});
+  cache_index_[key] = cache_.begin();
+  cache_bytes_ += static_cast<int64_t>(data->bytes().size());
   while (cache_bytes_ > options_.chunk_cache_bytes && cache_.size() > 1) {
     cache_bytes_ -= static_cast<int64_t>(cache_.back().data->bytes().size());
+    cache_index_.erase(cache_.back().key);
     cache_.pop_back();
   }
   return data;
@@ -93,7 +150,9 @@ absl::Status FetchStream::BuildBand() {
                                                " tensor ", t.name, ": ", s.message()));
   };
   band_.clear();
-  band_pos_ = 0;
+  band_left_ = 0;
+  band_segment_ = 0;
+  band_offset_ = 0;
   if (t.dtype == DType::kStr) {
     // Raw bytes, one stored chunk at a time.
     if (t.ops.empty()) {
@@ -109,7 +168,8 @@ absl::Status FetchStream::BuildBand() {
     auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(next_chunk_)},
                       b->chunk_xxh64(next_chunk_));
     if (!data.ok()) return where(data.status());
-    band_.assign((*data)->bytes());
+    band_.push_back({*data, (*data)->bytes()});
+    band_left_ = static_cast<int64_t>((*data)->bytes().size());
     ++next_chunk_;
     return absl::OkStatus();
   }
@@ -134,16 +194,17 @@ absl::Status FetchStream::BuildBand() {
     }
     next_row_ = 1;
   }
-  band_.assign(static_cast<size_t>(*ByteSizeOf(t.dtype, *band_box.Volume())), '\0');
+
+  std::vector<Piece> pieces;
   for (const CopyOp& op : t.ops) {
-    Box region;
-    region.lo.resize(op.extent.size());
-    region.hi.resize(op.extent.size());
+    Box source;
+    source.lo.resize(op.extent.size());
+    source.hi.resize(op.extent.size());
     for (size_t i = 0; i < op.extent.size(); ++i) {
-      region.lo[i] = op.src_box.lo[i] + op.src_offset[i];
-      region.hi[i] = region.lo[i] + op.extent[i];
+      source.lo[i] = op.src_box.lo[i] + op.src_offset[i];
+      source.hi[i] = source.lo[i] + op.extent[i];
     }
-    const std::optional<Box> part = Intersect(region, band_box);
+    const std::optional<Box> part = Intersect(source, band_box);
     if (!part) continue;
     const records::BlobRecord* b = BlobFor(r, op);
     if (!b) {
@@ -163,25 +224,67 @@ absl::Status FetchStream::BuildBand() {
       auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(chunk)},
                         b->chunk_xxh64(chunk));
       if (!data.ok()) return where(data.status());
-      const Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
       if (static_cast<int64_t>((*data)->bytes().size()) != grid->ChunkBytes(chunk)) {
         return where(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ",
                                                       (*data)->bytes().size(), " bytes, expected ",
                                                       grid->ChunkBytes(chunk))));
       }
-      const Box sub = *Intersect(chunk_box, *part);
-      CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, (*data)->bytes().data(), chunk_box,
-                                         band_.data(), band_box, sub));
+      Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
+      Box region = *Intersect(chunk_box, *part);
+      pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
     }
   }
+  const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
+  if (ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
+    band_left_ = band_bytes;
+    return absl::OkStatus();
+  }
+
+  // General case: assemble the band in a buffer of its own. The plan's regions tile the
+  // destination box exactly, so every byte is written (checked: the buffer is uninitialised).
+  std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
+  int64_t covered = 0;
+  for (const Piece& p : pieces) {
+    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->bytes().data(), p.chunk_box,
+                                       buffer.get(), band_box, p.region));
+    covered += *p.region.Volume();
+  }
+  if (covered != *band_box.Volume()) {
+    return where(absl::InternalError(absl::StrCat("the re-shard plan covers ", covered, " of ",
+                                                  *band_box.Volume(), " elements of rows ",
+                                                  band_box.ToString())));
+  }
+  band_.push_back({std::shared_ptr<const void>(buffer, buffer.get()),
+                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes))});
+  band_left_ = band_bytes;
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
+  FetchPiece piece;
+  CKPT_ASSIGN_OR_RETURN(bool more, NextPiece(&piece));
+  if (!more) return false;
+  if (piece.segments.empty()) {
+    *out = std::move(piece.message);
+    return true;
+  }
   out->Clear();
+  v1::FetchData* d = out->mutable_data();
+  std::string* bytes = d->mutable_data();
+  bytes->reserve(static_cast<size_t>(piece.data_bytes));
+  for (const DataSegment& s : piece.segments) bytes->append(s.bytes);
+  d->set_xxh64(piece.xxh64);
+  return true;
+}
+
+absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out) {
+  out->message.Clear();
+  out->segments.clear();
+  out->xxh64 = 0;
+  out->data_bytes = 0;
   if (!summary_sent_) {
     summary_sent_ = true;
-    v1::FetchPlanSummary* s = out->mutable_summary();
+    v1::FetchPlanSummary* s = out->message.mutable_summary();
     s->set_tensor_count(static_cast<int64_t>(plan_.tensors.size()));
     s->set_total_bytes(total_bytes_);
     for (int64_t r : plan_.source_ranks) s->add_source_ranks(r);
@@ -196,8 +299,8 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
       next_chunk_ = 0;
       tensor_done_ = false;
       band_.clear();
-      band_pos_ = 0;
-      v1::FetchTensorHeader* h = out->mutable_tensor();
+      band_left_ = 0;
+      v1::FetchTensorHeader* h = out->message.mutable_tensor();
       h->set_name(t.name);
       h->set_dtype(std::string(DTypeName(t.dtype)));
       for (int64_t d : t.dst_box.shape()) h->add_local_shape(d);
@@ -208,16 +311,28 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
       h->set_verbatim(t.kind == TensorKind::kVerbatim);
       return true;
     }
-    if (band_pos_ >= band_.size() && !tensor_done_) {
+    if (band_left_ == 0 && !tensor_done_) {
       CKPT_RETURN_IF_ERROR(BuildBand());
     }
-    if (band_pos_ < band_.size()) {
-      const size_t n = std::min<size_t>(band_.size() - band_pos_, options_.max_message_bytes);
-      v1::FetchData* d = out->mutable_data();
-      d->set_data(band_.data() + band_pos_, n);
-      d->set_xxh64(ChunkChecksum(d->data()));
-      band_pos_ += n;
-      bytes_produced_ += static_cast<int64_t>(n);
+    if (band_left_ > 0) {
+      // Up to max_message_bytes of the band, as views of its segments.
+      int64_t want = std::min(band_left_, options_.max_message_bytes);
+      while (want > 0) {
+        const DataSegment& s = band_[band_segment_];
+        const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
+        out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n)});
+        want -= static_cast<int64_t>(n);
+        out->data_bytes += static_cast<int64_t>(n);
+        band_offset_ += n;
+        if (band_offset_ == s.bytes.size()) {
+          ++band_segment_;
+          band_offset_ = 0;
+        }
+      }
+      band_left_ -= out->data_bytes;
+      if (band_left_ == 0) band_.clear();  // drop references the message does not hold
+      out->xxh64 = SegmentsChecksum(out->segments);
+      bytes_produced_ += out->data_bytes;
       return true;
     }
     if (tensor_done_) {

@@ -8,7 +8,11 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
@@ -21,10 +25,27 @@ namespace ckpt {
 struct FetchOptions {
   // Largest data message (the API promises ≤ 1 MiB).
   int64_t max_message_bytes = int64_t{1} << 20;
-  // Destination rows are assembled in bands of about this many bytes.
-  int64_t band_bytes = int64_t{4} << 20;
+  // Destination rows are assembled in bands of about this many bytes. A band no larger than
+  // max_message_bytes is moved into its message without a copy.
+  int64_t band_bytes = int64_t{1} << 20;
   // Recently read chunks kept for the next band (a chunk's rows can span several bands).
   int64_t chunk_cache_bytes = int64_t{16} << 20;
+};
+
+// A run of a data message's bytes, kept alive by `owner` (a stored chunk read from the store, or
+// a buffer the stream assembled): messages reference chunk memory instead of copying it.
+struct DataSegment {
+  std::shared_ptr<const void> owner;
+  std::string_view bytes;
+};
+
+// One Fetch message: `message` (the plan summary or a tensor header) when `segments` is empty,
+// otherwise a data message whose bytes are the concatenated segments.
+struct FetchPiece {
+  v1::FetchResponse message;
+  std::vector<DataSegment> segments;
+  uint64_t xxh64 = 0;  // of the concatenated segments (ChunkChecksum)
+  int64_t data_bytes = 0;
 };
 
 // Not thread-safe: one producer at a time.
@@ -36,6 +57,8 @@ class FetchStream {
   // Fills `out` with the next message; false when the stream is complete. Errors name the
   // checkpoint and tensor (DATA_LOSS on a checksum mismatch).
   absl::StatusOr<bool> Next(v1::FetchResponse* out);
+  // Same, without copying data: `out->segments` reference chunk or band memory.
+  absl::StatusOr<bool> NextPiece(FetchPiece* out);
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }
@@ -60,16 +83,20 @@ class FetchStream {
   int64_t next_row_ = 0;    // next destination row (dim 0, slice-local) to assemble
   int64_t next_chunk_ = 0;  // str values: next raw chunk
   bool tensor_done_ = false;
-  std::string band_;
-  size_t band_pos_ = 0;
+  // The current band: its bytes as segments, and the read position (segment, offset in it).
+  std::vector<DataSegment> band_;
+  int64_t band_left_ = 0;  // bytes of the band not yet sent
+  size_t band_segment_ = 0;
+  size_t band_offset_ = 0;
 
-  // LRU of recently read chunks.
+  // LRU of recently read chunks (most recent first), indexed by (tensor << 32 | blob, chunk).
+  using ChunkKey = std::pair<uint64_t, uint64_t>;
   struct CachedChunk {
-    uint64_t key_hi;
-    uint64_t key_lo;
+    ChunkKey key;
     std::shared_ptr<ChunkData> data;
   };
   std::list<CachedChunk> cache_;
+  absl::flat_hash_map<ChunkKey, std::list<CachedChunk>::iterator> cache_index_;
   int64_t cache_bytes_ = 0;
 };
 

@@ -55,6 +55,8 @@ class ChunkData {
 
 // xxh64 (seed 0) of a chunk: recorded in manifests at upload, verified on every read.
 uint64_t ChunkChecksum(std::string_view bytes);
+// The same checksum of the concatenation of `parts`, without joining them.
+uint64_t ChunkChecksum(const std::vector<std::string_view>& parts);
 
 // Counters for tests and the benchmark (monotonic since open).
 struct StoreStats {
