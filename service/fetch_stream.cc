@@ -277,7 +277,7 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
   return true;
 }
 
-absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out) {
+absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, bool checksum) {
   out->message.Clear();
   out->segments.clear();
   out->xxh64 = 0;
@@ -331,7 +331,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out) {
       }
       band_left_ -= out->data_bytes;
       if (band_left_ == 0) band_.clear();  // drop references the message does not hold
-      out->xxh64 = SegmentsChecksum(out->segments);
+      if (checksum) out->xxh64 = SegmentsChecksum(out->segments);
       bytes_produced_ += out->data_bytes;
       return true;
     }

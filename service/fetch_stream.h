@@ -57,8 +57,9 @@ class FetchStream {
   // Fills `out` with the next message; false when the stream is complete. Errors name the
   // checkpoint and tensor (DATA_LOSS on a checksum mismatch).
   absl::StatusOr<bool> Next(v1::FetchResponse* out);
-  // Same, without copying data: `out->segments` reference chunk or band memory.
-  absl::StatusOr<bool> NextPiece(FetchPiece* out);
+  // Same, without copying data: `out->segments` reference chunk or band memory. Without
+  // `checksum`, out->xxh64 is left 0 (for in-process readers that do not send the bytes on).
+  absl::StatusOr<bool> NextPiece(FetchPiece* out, bool checksum = true);
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }

@@ -876,14 +876,15 @@ absl::Status JobRunner::ComputeTotals(Entry* e, const std::vector<v1::FetchReque
 
 absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorSink* sink) {
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FetchStream> stream, manager_->OpenFetch(fetch));
-  v1::FetchResponse msg;
-  std::string tensor;       // current tensor, for messages
-  int64_t remaining = 0;    // its bytes still to come
+  FetchPiece piece;       // data as views of stored chunks: written out without a copy
+  std::string tensor;     // current tensor, for messages
+  int64_t remaining = 0;  // its bytes still to come
   while (true) {
     CKPT_RETURN_IF_ERROR(Check(e));
-    CKPT_ASSIGN_OR_RETURN(bool more, stream->Next(&msg));
+    CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, /*checksum=*/false));
     if (!more) break;
-    switch (msg.kind_case()) {
+    const v1::FetchResponse& msg = piece.message;
+    switch (piece.segments.empty() ? msg.kind_case() : v1::FetchResponse::kData) {
       case v1::FetchResponse::kSummary:
         break;
       case v1::FetchResponse::kTensor: {
@@ -902,9 +903,10 @@ absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorS
         break;
       }
       case v1::FetchResponse::kData: {
-        const std::string& data = msg.data().data();
-        const int64_t n = static_cast<int64_t>(data.size());
-        CKPT_RETURN_IF_ERROR(sink->Append(data));
+        const int64_t n = piece.data_bytes;
+        for (const DataSegment& segment : piece.segments) {
+          CKPT_RETURN_IF_ERROR(sink->Append(segment.bytes));
+        }
         remaining -= n;
         const absl::Time now = absl::Now();
         Update(e, Change::kProgress, [&](v1::Job* j) {

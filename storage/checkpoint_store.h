@@ -121,7 +121,8 @@ class CheckpointStore {
   // --- Maintenance ---
   // Deletes the chunks of every data id that is neither committed nor live (uploads that never
   // committed, e.g. after a crash: at open no data id is live). Returns the number of data ids
-  // collected.
+  // collected. Also gives back the disk space of chunks deleted since the last call (RocksDB:
+  // compacts the deleted ranges away, releasing the blob files that held only them).
   virtual absl::StatusOr<int64_t> CollectGarbage() = 0;
   // Flushes everything to stable storage.
   virtual absl::Status Flush() = 0;

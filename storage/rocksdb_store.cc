@@ -286,6 +286,8 @@ class RocksDbStore final : public CheckpointStore {
   std::atomic<int64_t> chunks_read_{0};
   std::atomic<int64_t> chunk_bytes_written_{0};
   std::atomic<int64_t> chunks_written_{0};
+  // Chunk ranges deleted since the last compaction by CollectGarbage.
+  std::atomic<int64_t> deleted_ranges_{0};
 };
 
 absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
@@ -304,6 +306,8 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   // Sized for the 2-core machines ckptd runs on: two background threads (max_background_jobs 2)
   // shared by flushes and compactions, leaving the cores mostly to request handling.
   db_options.IncreaseParallelism(2);
+  db_options.max_background_flushes = 2;
+  db_options.env->SetBackgroundThreads(2, rocksdb::Env::Priority::HIGH);
   // Chunk bytes skip the WAL (PutChunks); records still use it. Bound it so idle families (meta,
   // jobs) get flushed and old WAL files deleted, which also bounds recovery time.
   db_options.max_total_wal_size = uint64_t{512} << 20;
@@ -319,12 +323,18 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   record_options.write_buffer_size = 8 << 20;  // small records: keep memory and replay small
   rocksdb::ColumnFamilyOptions chunk_options = FamilyOptions(block_cache);
   chunk_options.write_buffer_size = 64 << 20;
+  // Flushing chunks is the upload's bottleneck (Debian's RocksDB checksums blob records with a
+  // table-driven CRC32C): let two memtables flush in parallel while two more fill.
+  chunk_options.max_write_buffer_number = 4;
   chunk_options.enable_blob_files = true;
   chunk_options.min_blob_size = kMinBlobBytes;
   // Tensor bytes (floats) hardly compress; compressing them would only cost CPU on every read.
   chunk_options.blob_compression_type = rocksdb::kNoCompression;
-  // Reclaims blob files whose chunks were deleted (DeleteRange of discarded/deleted data ids).
-  chunk_options.enable_blob_garbage_collection = true;
+  // No blob garbage collection in routine compactions: it relocates (rewrites) the live chunks
+  // of the oldest blob files, which tripled the bytes an upload wrote. Space comes back without
+  // it: the chunks of one data id are written together, so once CollectGarbage has compacted a
+  // deleted range away, blob files holding only deleted chunks are dropped whole.
+  chunk_options.enable_blob_garbage_collection = false;
 
   using rocksdb_store_internal::kChunksFamily;
   using rocksdb_store_internal::kJobsFamily;
@@ -595,7 +605,9 @@ absl::Status RocksDbStore::DiscardData(uint64_t data_id) {
   const std::string doing = absl::StrCat("discarding chunks of data id ", data_id);
   CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(chunks_, begin, end), doing));
   // Unsynced: if lost in a crash, the chunks belong to an uncommitted id and are collected at open.
-  return Write(&batch, /*sync=*/false, doing);
+  CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false, doing));
+  deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 // --- Checkpoints --------------------------------------------------------------------------------
@@ -671,7 +683,9 @@ absl::Status RocksDbStore::DeleteCheckpoint(const std::string& id) {
   CKPT_RETURN_IF_ERROR(FromRocks(batch.Delete(meta_, key), doing));
   CKPT_RETURN_IF_ERROR(FromRocks(batch.Delete(meta_, CommittedKey(data_id)), doing));
   CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(chunks_, begin, end), doing));
-  return Write(&batch, /*sync=*/true, doing);
+  CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/true, doing));
+  deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 // --- Jobs ---------------------------------------------------------------------------------------
@@ -732,13 +746,28 @@ absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
       CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(chunks_, begin, end), doing));
       // Unsynced: a lost delete is simply redone by the next collection.
       CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false, doing));
+      deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
       ++collected;
     }
     if (data_id == std::numeric_limits<uint64_t>::max()) break;
     it->Seek(end);
   }
   CKPT_RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("scanning chunks in ", dir_)));
-  Log()->info("event=gc collected={}", collected);
+  it.reset();
+  // Compact deleted ranges away so that their blob files are released. The chunks family's
+  // tables hold only keys and blob references, so this rewrites little. Ranges deleted while
+  // it runs are counted again and handled by the next collection.
+  const int64_t deleted = deleted_ranges_.exchange(0, std::memory_order_relaxed);
+  if (deleted > 0) {
+    rocksdb::CompactRangeOptions compact;
+    compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+    const rocksdb::Status s = db_->CompactRange(compact, chunks_, nullptr, nullptr);
+    if (!s.ok()) {
+      deleted_ranges_.fetch_add(deleted, std::memory_order_relaxed);
+      return FromRocks(s, absl::StrCat("compacting deleted chunks in ", dir_));
+    }
+  }
+  Log()->info("event=gc collected={} compacted_deletes={}", collected, deleted);
   return collected;
 }
 

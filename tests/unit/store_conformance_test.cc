@@ -627,6 +627,39 @@ TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
   EXPECT_GT(next, id2);
 }
 
+// Bytes of RocksDB's blob files in `dir`.
+int64_t BlobFileBytes(const std::string& dir) {
+  int64_t bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".blob") bytes += static_cast<int64_t>(entry.file_size());
+  }
+  return bytes;
+}
+
+TEST_F(RocksDbStoreTest, DeletedCheckpointsGiveTheirBlobFilesBack) {
+  constexpr int kChunks = 6;
+  constexpr int kChunkBytes = 1 << 20;
+  std::vector<std::pair<ChunkAddress, std::string>> kept, dropped;
+  for (int c = 0; c < kChunks; ++c) {
+    kept.push_back({Addr(0, 0, 0, c), RandomBytes(kChunkBytes, 100 + c)});
+    dropped.push_back({Addr(0, 0, 0, c), RandomBytes(kChunkBytes, 200 + c)});
+  }
+  const uint64_t kept_id = Upload(&kept);
+  ASSERT_OK(store_->CommitCheckpoint("kept", "m1", kept_id));
+  const uint64_t dropped_id = Upload(&dropped);
+  ASSERT_OK(store_->CommitCheckpoint("dropped", "m2", dropped_id));
+  const int64_t before = BlobFileBytes(db_dir_);
+  EXPECT_GE(before, 2 * kChunks * kChunkBytes);
+
+  ASSERT_OK(store_->DeleteCheckpoint("dropped"));
+  ASSERT_OK_AND_ASSIGN(const int64_t collected, store_->CollectGarbage());
+  EXPECT_EQ(collected, 0);  // nothing uncommitted; the deleted range is compacted away
+  const int64_t after = BlobFileBytes(db_dir_);
+  EXPECT_LE(after, before - kChunks * kChunkBytes) << "blob bytes " << before << " -> " << after;
+  for (const auto& [address, bytes] : kept) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  for (const auto& [address, bytes] : dropped) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+}
+
 TEST_F(RocksDbStoreTest, DataIdsNeverRepeatAcrossRestarts) {
   std::set<uint64_t> seen;
   for (int round = 0; round < 3; ++round) {
