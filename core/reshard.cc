@@ -47,6 +47,36 @@ struct Geometry {
   std::vector<int32_t> cell_holders;  // source cell id -> holder-set id
 };
 
+// Enumerates the source cells of a geometry that overlap a destination box, in row-major order of
+// source cells (= ascending destination position). Keeps its index buffers between calls.
+class OverlapWalker {
+ public:
+  // Calls fn(src_cell, src_cell_id) for every overlapping source cell; none when the tensor has
+  // no elements.
+  template <typename Fn>
+  void ForEach(const Geometry& g, const Box& dst_box, Fn&& fn) {
+    if (std::count(g.global.begin(), g.global.end(), 0) > 0) return;
+    // Overlapping source blocks per dim: [lo_block_, end_block_).
+    const size_t rank = g.global.size();
+    lo_block_.resize(rank);
+    end_block_.resize(rank);
+    for (size_t i = 0; i < rank; ++i) {
+      const int64_t block = g.global[i] / g.src_grid[i];
+      lo_block_[i] = dst_box.lo[i] / block;
+      end_block_[i] = (dst_box.hi[i] - 1) / block + 1;
+    }
+    idx_ = lo_block_;
+    do {
+      int64_t id = 0;
+      for (size_t i = 0; i < rank; ++i) id = id * g.src_grid[i] + idx_[i];
+      fn(idx_, id);
+    } while (NextIndex(idx_, lo_block_, end_block_));
+  }
+
+ private:
+  std::vector<int64_t> lo_block_, end_block_, idx_;
+};
+
 struct Entry {
   std::string name;
   DType dtype = DType::kFloat32;
@@ -108,6 +138,9 @@ struct Resharder::Impl {
   std::vector<std::vector<int64_t>> holder_sets;
   absl::flat_hash_map<std::vector<int64_t>, int32_t> holder_set_ids;
   absl::flat_hash_map<std::string, int32_t> geometry_ids;
+  // Destination stage -> the distinct geometries of the entries it receives, in order of first
+  // appearance (so that an error is the one ForEachPiece would report first).
+  std::vector<std::vector<int32_t>> stage_geometries;
   int32_t InternHolders(std::vector<int64_t> ranks) {
     std::sort(ranks.begin(), ranks.end());
     auto [it, inserted] = holder_set_ids.emplace(ranks, static_cast<int32_t>(holder_sets.size()));
@@ -158,19 +191,15 @@ struct Resharder::Impl {
 
   bool Selected(std::string_view name) const { return !options.select || options.select(name); }
 
-  // Calls on_tensor(entry, geometry, dst_box) for every tensor the rank receives, in output
-  // order, then fn(entry, geometry, dst_box, src_cell, src_cell_id) for every source cell
-  // overlapping its destination slice in row-major order of source cells (= ascending
-  // destination position). A tensor with no elements has no pieces.
-  template <typename TensorFn, typename Fn>
-  absl::Status ForEachPiece(int64_t dst_rank, TensorFn&& on_tensor, Fn&& fn) const {
+  // OUT_OF_RANGE for a rank outside the destination world; NOT_FOUND when its stage receives a
+  // parameter the checkpoint does not have.
+  absl::Status CheckRank(int64_t dst_rank) const {
     if (dst_rank < 0 || dst_rank >= dst.world()) {
       return absl::OutOfRangeError(absl::StrCat(
           "destination rank ", dst_rank, " is outside the destination world of ", dst.world(),
           " ranks (", dst.devices(), " devices x ", dst.stages(), " stages)"));
     }
     const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
-    const int64_t local = dst_rank % dst.devices();
     for (const Missing& m : missing) {
       if (Contains(m.stages, stage)) {
         return absl::NotFoundError(absl::StrCat(
@@ -178,45 +207,54 @@ struct Resharder::Impl {
             ") is not in the checkpoint; exclude it to fetch the rest"));
       }
     }
-    std::vector<int64_t> lo_block, end_block, idx;
+    return absl::OkStatus();
+  }
+
+  // Calls on_tensor(entry, geometry, dst_box) for every tensor the rank receives, in output
+  // order, then fn(entry, geometry, dst_box, src_cell, src_cell_id) for every source cell
+  // overlapping its destination slice in row-major order of source cells (= ascending
+  // destination position). A tensor with no elements has no pieces.
+  template <typename TensorFn, typename Fn>
+  absl::Status ForEachPiece(int64_t dst_rank, TensorFn&& on_tensor, Fn&& fn) const {
+    CKPT_RETURN_IF_ERROR(CheckRank(dst_rank));
+    const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
+    const int64_t local = dst_rank % dst.devices();
+    OverlapWalker walker;
     for (size_t e = 0; e < entries.size(); ++e) {
       const Entry& entry = entries[e];
       if (!Contains(entry.dst_stages, stage)) continue;
       const Geometry& g = geometries[entry.geometry];
-      const size_t rank = g.global.size();
-      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, rank));
+      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, g.global.size()));
       const Box dst_box = CellBox(g.global, g.dst_grid, dst_cell);
       on_tensor(e, g, dst_box);
-      if (std::count(g.global.begin(), g.global.end(), 0) > 0) continue;  // no elements
-      // Overlapping source blocks per dim: [lo_block, hi_block].
-      lo_block.resize(rank);
-      end_block.resize(rank);
-      for (size_t i = 0; i < rank; ++i) {
-        const int64_t block = g.global[i] / g.src_grid[i];
-        lo_block[i] = dst_box.lo[i] / block;
-        end_block[i] = (dst_box.hi[i] - 1) / block + 1;
-      }
-      idx = lo_block;
-      do {
-        int64_t id = 0;
-        for (size_t i = 0; i < rank; ++i) id = id * g.src_grid[i] + idx[i];
-        fn(e, g, dst_box, idx, id);
-      } while (NextIndex(idx, lo_block, end_block));
+      walker.ForEach(g, dst_box, [&](const std::vector<int64_t>& src_cell, int64_t cell_id) {
+        fn(e, g, dst_box, src_cell, cell_id);
+      });
     }
     return absl::OkStatus();
   }
 
-  // Distinct holder sets the rank needs, sorted.
-  absl::StatusOr<std::vector<int32_t>> NeededHolderSets(int64_t dst_rank) const {
-    std::vector<int32_t> sets;
-    CKPT_RETURN_IF_ERROR(ForEachPiece(
-        dst_rank, [](size_t, const Geometry&, const Box&) {},
-        [&](size_t, const Geometry& g, const Box&, const std::vector<int64_t>&, int64_t cell) {
-          sets.push_back(g.cell_holders[cell]);
-        }));
+  // Replaces `sets` by the distinct holder sets the rank needs, sorted. Tensors sharing a
+  // geometry need the same source cells, so each distinct geometry of the rank's stage is walked
+  // once (stage_geometries) instead of once per tensor: the union, hence the result, is the same
+  // as walking every tensor with ForEachPiece.
+  absl::Status NeededHolderSets(int64_t dst_rank, std::vector<int32_t>& sets) const {
+    CKPT_RETURN_IF_ERROR(CheckRank(dst_rank));
+    const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
+    const int64_t local = dst_rank % dst.devices();
+    sets.clear();
+    OverlapWalker walker;
+    for (int32_t id : stage_geometries[stage]) {
+      const Geometry& g = geometries[id];
+      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, g.global.size()));
+      walker.ForEach(g, CellBox(g.global, g.dst_grid, dst_cell),
+                     [&](const std::vector<int64_t>&, int64_t cell) {
+                       sets.push_back(g.cell_holders[cell]);
+                     });
+    }
     std::sort(sets.begin(), sets.end());
     sets.erase(std::unique(sets.begin(), sets.end()), sets.end());
-    return sets;
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<int64_t>> CoverOf(const std::vector<int32_t>& sets) const {
@@ -228,6 +266,17 @@ struct Resharder::Impl {
 
   absl::Status AddCatalogEntries(std::vector<TensorInfo> tensors);
   absl::Status AddLayoutOnlyEntries();
+
+  // Fills stage_geometries once every entry is added.
+  void IndexStages() {
+    stage_geometries.assign(dst.stages(), {});
+    absl::flat_hash_set<std::pair<int32_t, int32_t>> seen;  // (stage, geometry)
+    for (const Entry& e : entries) {
+      for (int32_t stage : e.dst_stages) {
+        if (seen.insert({stage, e.geometry}).second) stage_geometries[stage].push_back(e.geometry);
+      }
+    }
+  }
 };
 
 absl::Status Resharder::Impl::AddCatalogEntries(std::vector<TensorInfo> tensors) {
@@ -395,6 +444,7 @@ absl::StatusOr<Resharder> Resharder::Create(std::shared_ptr<const Strategy> src,
   impl->dst.strategy = std::move(dst);
   impl->options = std::move(options);
   CKPT_RETURN_IF_ERROR(impl->AddCatalogEntries(std::move(tensors)));
+  impl->IndexStages();
   return Resharder(std::move(impl));
 }
 
@@ -406,6 +456,7 @@ absl::StatusOr<Resharder> Resharder::CreateFromLayouts(std::shared_ptr<const Str
   impl->dst.strategy = std::move(dst);
   impl->options = std::move(options);
   CKPT_RETURN_IF_ERROR(impl->AddLayoutOnlyEntries());
+  impl->IndexStages();
   return Resharder(std::move(impl));
 }
 
@@ -413,7 +464,8 @@ int64_t Resharder::src_world() const { return impl_->src.world(); }
 int64_t Resharder::dst_world() const { return impl_->dst.world(); }
 
 absl::StatusOr<RankPlan> Resharder::Plan(int64_t dst_rank) const {
-  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> sets, impl_->NeededHolderSets(dst_rank));
+  std::vector<int32_t> sets;
+  CKPT_RETURN_IF_ERROR(impl_->NeededHolderSets(dst_rank, sets));
   RankPlan plan;
   plan.dst_rank = dst_rank;
   CKPT_ASSIGN_OR_RETURN(plan.source_ranks, impl_->CoverOf(sets));
@@ -465,7 +517,8 @@ absl::StatusOr<RankPlan> Resharder::Plan(int64_t dst_rank) const {
 }
 
 absl::StatusOr<std::vector<int64_t>> Resharder::SourceRanks(int64_t dst_rank) const {
-  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> sets, impl_->NeededHolderSets(dst_rank));
+  std::vector<int32_t> sets;
+  CKPT_RETURN_IF_ERROR(impl_->NeededHolderSets(dst_rank, sets));
   return impl_->CoverOf(sets);
 }
 
@@ -473,12 +526,13 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Resharder::AllSourceRanks() co
   // Many destination ranks need the same holder sets (replicas); solve each distinct need once.
   absl::flat_hash_map<std::vector<int32_t>, std::vector<int64_t>> memo;
   std::vector<std::vector<int64_t>> out(dst_world());
+  std::vector<int32_t> sets;  // reused: only a new need is copied into the memo
   for (int64_t r = 0; r < dst_world(); ++r) {
-    CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> sets, impl_->NeededHolderSets(r));
+    CKPT_RETURN_IF_ERROR(impl_->NeededHolderSets(r, sets));
     auto it = memo.find(sets);
     if (it == memo.end()) {
       CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> cover, impl_->CoverOf(sets));
-      it = memo.emplace(std::move(sets), std::move(cover)).first;
+      it = memo.emplace(sets, std::move(cover)).first;
     }
     out[r] = it->second;
   }

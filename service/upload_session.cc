@@ -134,7 +134,7 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
 absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
     std::shared_ptr<PendingCheckpoint> pending, int64_t rank, std::string source_file) {
   {
-    std::lock_guard<std::mutex> lock(pending->mu_);
+    std::unique_lock<std::mutex> lock(pending->mu_);
     const int64_t world = pending->world_size();
     if (rank < 0 || rank >= world) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -142,6 +142,9 @@ absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
           pending->strategy_ ? absl::StrCat(" of strategy ", pending->strategy_name_)
                              : " (a whole-tensor checkpoint has one rank, 0)"));
     }
+    // A stream that is ending (its client cancelled or disconnected) releases the rank soon.
+    pending->cv_.wait_for(lock, absl::ToChronoMilliseconds(pending->options_.rank_release_wait),
+                          [&] { return !pending->active_.contains(rank); });
     if (pending->committed_) {
       return absl::AlreadyExistsError(
           absl::StrCat("checkpoint ", pending->id_, " is already complete"));
@@ -580,6 +583,7 @@ absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
   pending_->received_.insert(rank_);
   pending_->active_.erase(rank_);
   pending_->last_activity_ = absl::Now();
+  pending_->cv_.notify_all();
   v1::UploadResponse response;
   response.set_checkpoint_id(pending_->id_);
   response.set_ranks_received(static_cast<int64_t>(pending_->received_.size()));

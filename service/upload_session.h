@@ -32,6 +32,10 @@ struct UploadOptions {
   int64_t verbatim_dedupe_bytes = int64_t{64} << 20;
   // How long a rank that re-sends a slice another rank is still writing waits for it.
   absl::Duration replica_wait = absl::Minutes(10);
+  // How long a stream that claims a rank another stream still holds waits for that stream to end
+  // (a client that retries at once after its connection dropped races the server's clean-up of
+  // the dropped stream).
+  absl::Duration rank_release_wait = absl::Seconds(5);
 };
 
 class RankUpload;

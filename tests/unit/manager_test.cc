@@ -2,7 +2,9 @@
 // through FetchStream, and compare every byte with slices generated independently.
 #include "service/manager.h"
 
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/sample.h"
@@ -215,6 +217,52 @@ TEST_F(ManagerTest, IncompleteUploadIsInvisibleAndRetryable) {
   ASSERT_TRUE(UploadRank("ck", "src", &src, 7, DemoTensors()).ok());
   EXPECT_EQ(manager_->ListCheckpoints()->size(), 1u);
   ExpectRankMatches("ck", "src", src, 5, DemoTensors());
+}
+
+// A client that retries at once after its connection dropped may send the rank's header before
+// the server has finished dropping the old stream: the new stream waits for the old one to end.
+TEST_F(ManagerTest, RankHeldByAnEndingStreamIsReleasedToTheRetry) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  ASSERT_TRUE(UploadRank("ck", "src", &src, 0, DemoTensors()).ok());  // creates the pending upload
+  v1::UploadHeader h;
+  h.set_checkpoint_id("ck");
+  h.set_strategy("src");
+  h.set_rank(1);
+  auto first = manager_->BeginUpload(h);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::thread dropper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    first->reset();  // the dropped stream's clean-up
+  });
+  auto retry = manager_->BeginUpload(h);
+  dropper.join();
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  retry->reset();
+  ASSERT_TRUE(UploadRank("ck", "src", &src, 1, DemoTensors()).ok());
+}
+
+TEST_F(ManagerTest, RankStillUploadingElsewhereIsRefusedAfterAWait) {
+  manager_.reset();
+  store_ = NewMemoryStore();
+  ManagerOptions options;
+  options.upload.rank_release_wait = absl::Milliseconds(50);
+  manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  v1::UploadHeader h;
+  h.set_checkpoint_id("ck");
+  h.set_strategy("src");
+  h.set_rank(3);
+  auto first = manager_->BeginUpload(h);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = manager_->BeginUpload(h);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("rank 3 of checkpoint ck is being uploaded by another stream"));
+  // The first stream is unaffected and the rank is free once it ends.
+  first->reset();
+  EXPECT_TRUE(UploadRank("ck", "src", &src, 3, DemoTensors()).ok());
 }
 
 TEST_F(ManagerTest, BadUploadsGetClearErrors) {
