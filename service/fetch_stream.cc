@@ -26,9 +26,18 @@ Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
 // A stored chunk and the region of the current band it supplies, in global coordinates.
 struct Piece {
   std::shared_ptr<ChunkData> chunk;
+  uint64_t chunk_xxh64;  // verified when read
   Box chunk_box;
   Box region;
 };
+
+// A view of `length` bytes of `p`'s chunk from `offset`, carrying the chunk's checksum when the
+// view is the whole chunk.
+DataSegment ChunkSegment(const Piece& p, size_t offset, size_t length) {
+  DataSegment s{p.chunk, p.chunk->bytes().substr(offset, length), std::nullopt};
+  if (offset == 0 && length == p.chunk->bytes().size()) s.chunk_xxh64 = p.chunk_xxh64;
+  return s;
+}
 
 // When every piece supplies whole rows of the band (all dims but the first span the band) that
 // are also whole rows of its chunk, each piece is one contiguous byte range of its chunk and the
@@ -43,7 +52,7 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
   if (rank == 0) {  // a scalar: one piece, the whole chunk
     if (pieces->size() != 1) return false;
     const Piece& p = pieces->front();
-    out->push_back({p.chunk, p.chunk->bytes()});
+    out->push_back(ChunkSegment(p, 0, p.chunk->bytes().size()));
     return true;
   }
   int64_t row_elements = 1;
@@ -66,7 +75,7 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
     if (p.region.lo[0] != next) break;  // a gap or an overlap: not a plain stack of rows
     const auto offset = static_cast<size_t>((p.region.lo[0] - p.chunk_box.lo[0]) * row_bytes);
     const auto length = static_cast<size_t>((p.region.hi[0] - p.region.lo[0]) * row_bytes);
-    out->push_back({p.chunk, p.chunk->bytes().substr(offset, length)});
+    out->push_back(ChunkSegment(p, offset, length));
     next = p.region.hi[0];
   }
   if (next != band.hi[0] || out->size() != pieces->size()) {
@@ -168,7 +177,7 @@ absl::Status FetchStream::BuildBand() {
     auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(next_chunk_)},
                       b->chunk_xxh64(next_chunk_));
     if (!data.ok()) return where(data.status());
-    band_.push_back({*data, (*data)->bytes()});
+    band_.push_back({*data, (*data)->bytes(), b->chunk_xxh64(next_chunk_)});
     band_left_ = static_cast<int64_t>((*data)->bytes().size());
     ++next_chunk_;
     return absl::OkStatus();
@@ -231,15 +240,29 @@ absl::Status FetchStream::BuildBand() {
       }
       Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
       Box region = *Intersect(chunk_box, *part);
-      pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
+      pieces.push_back(
+          {std::move(*data), b->chunk_xxh64(chunk), std::move(chunk_box), std::move(region)});
     }
   }
-  const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
   if (ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
-    band_left_ = band_bytes;
+    // pieces are now in row order, one per segment. When the band ends inside a chunk, end it
+    // at the last chunk boundary within it instead (the cut chunk stays cached for the next
+    // band): the bands after it then start at chunk boundaries and hold whole chunks.
+    if (!local.empty() && pieces.back().chunk_box.hi[0] > band_box.hi[0]) {
+      for (size_t i = pieces.size() - 1; i-- > 0;) {
+        if (pieces[i].region.hi[0] == pieces[i].chunk_box.hi[0]) {
+          band_.resize(i + 1);
+          next_row_ -= band_box.hi[0] - pieces[i].region.hi[0];
+          band_box.hi[0] = pieces[i].region.hi[0];
+          break;
+        }
+      }
+    }
+    band_left_ = *ByteSizeOf(t.dtype, *band_box.Volume());
     return absl::OkStatus();
   }
 
+  const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
   // General case: assemble the band in a buffer of its own. The plan's regions tile the
   // destination box exactly, so every byte is written (checked: the buffer is uninitialised).
   std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
@@ -255,7 +278,7 @@ absl::Status FetchStream::BuildBand() {
                                                   band_box.ToString())));
   }
   band_.push_back({std::shared_ptr<const void>(buffer, buffer.get()),
-                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes))});
+                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes)), std::nullopt});
   band_left_ = band_bytes;
   return absl::OkStatus();
 }
@@ -315,12 +338,26 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, bool checksum) {
       CKPT_RETURN_IF_ERROR(BuildBand());
     }
     if (band_left_ > 0) {
-      // Up to max_message_bytes of the band, as views of its segments.
+      // A large whole chunk on its own, with its stored checksum; otherwise up to
+      // max_message_bytes of the band, as views of its segments.
+      const DataSegment& head = band_[band_segment_];
+      if (band_offset_ == 0 && head.chunk_xxh64 &&
+          static_cast<int64_t>(head.bytes.size()) >= options_.whole_chunk_message_bytes &&
+          static_cast<int64_t>(head.bytes.size()) <= options_.max_message_bytes) {
+        out->segments.push_back(head);
+        out->data_bytes = static_cast<int64_t>(head.bytes.size());
+        out->xxh64 = checksum ? *head.chunk_xxh64 : 0;
+        ++band_segment_;
+        band_left_ -= out->data_bytes;
+        if (band_left_ == 0) band_.clear();
+        bytes_produced_ += out->data_bytes;
+        return true;
+      }
       int64_t want = std::min(band_left_, options_.max_message_bytes);
       while (want > 0) {
         const DataSegment& s = band_[band_segment_];
         const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
-        out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n)});
+        out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n), std::nullopt});
         want -= static_cast<int64_t>(n);
         out->data_bytes += static_cast<int64_t>(n);
         band_offset_ += n;

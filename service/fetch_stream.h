@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,9 +26,13 @@ namespace ckpt {
 struct FetchOptions {
   // Largest data message (the API promises ≤ 1 MiB).
   int64_t max_message_bytes = int64_t{1} << 20;
-  // Destination rows are assembled in bands of about this many bytes. A band no larger than
-  // max_message_bytes is moved into its message without a copy.
+  // Destination rows are assembled in bands of about this many bytes. Where the rows are whole
+  // rows of stored chunks, a band references the chunks instead of copying them, and ends at a
+  // chunk boundary where it can so that the next bands hold whole chunks.
   int64_t band_bytes = int64_t{1} << 20;
+  // A whole stored chunk at least this large is sent as a message of its own, carrying the
+  // chunk's stored checksum; smaller ones are combined into messages of up to max_message_bytes.
+  int64_t whole_chunk_message_bytes = int64_t{256} << 10;
   // Recently read chunks kept for the next band (a chunk's rows can span several bands).
   int64_t chunk_cache_bytes = int64_t{16} << 20;
 };
@@ -37,6 +42,9 @@ struct FetchOptions {
 struct DataSegment {
   std::shared_ptr<const void> owner;
   std::string_view bytes;
+  // Set when `bytes` is a whole stored chunk: its checksum, verified when the chunk was read, so
+  // that a message of just this chunk needs no second pass over its bytes.
+  std::optional<uint64_t> chunk_xxh64;
 };
 
 // One Fetch message: `message` (the plan summary or a tensor header) when `segments` is empty,

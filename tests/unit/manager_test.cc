@@ -21,16 +21,25 @@ constexpr uint64_t kSeed = 5;
 
 class ManagerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    store_ = NewMemoryStore();
+  void SetUp() override { Restart(SmallOptions()); }
+
+  // Small chunks and bands so that tiles, bands and caches are all exercised.
+  static ManagerOptions SmallOptions() {
     ManagerOptions options;
-    // Small chunks and bands so that tiles, bands and caches are all exercised.
     options.upload.chunk_grid.target_chunk_bytes = 256;
     options.upload.chunk_grid.min_column_bytes = 16;
     options.upload.verbatim_dedupe_bytes = 1024;
     options.fetch.band_bytes = 300;
     options.fetch.max_message_bytes = 100;
     options.fetch.chunk_cache_bytes = 1024;
+    return options;
+  }
+
+  // A new, empty store and a manager with `options`.
+  void Restart(const ManagerOptions& options) {
+    manager_.reset();
+    store_ = NewMemoryStore();
+    max_message_bytes_ = options.fetch.max_message_bytes;
     manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
   }
 
@@ -102,7 +111,7 @@ class ManagerTest : public ::testing::Test {
       if (msg.has_summary()) out.summary = msg.summary();
       if (msg.has_tensor()) out.tensors.push_back({msg.tensor(), ""});
       if (msg.has_data()) {
-        EXPECT_LE(msg.data().data().size(), 100u);
+        EXPECT_LE(static_cast<int64_t>(msg.data().data().size()), max_message_bytes_);
         EXPECT_EQ(msg.data().xxh64(), ChunkChecksum(msg.data().data()));
         out.tensors.back().second += msg.data().data();
       }
@@ -141,6 +150,7 @@ class ManagerTest : public ::testing::Test {
 
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointManager> manager_;
+  int64_t max_message_bytes_ = 0;
 };
 
 TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
@@ -154,6 +164,41 @@ TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
   // Back to the source layout (optimizer shard, 2 stages) from the stored 8-rank copy.
   for (int64_t r = 0; r < src.world_size(); ++r) {
     ExpectRankMatches("ck", "src", src, r, DemoTensors());
+  }
+}
+
+// Messages may be whole stored chunks sent with their stored checksum, and bands then end at
+// chunk boundaries: every byte and every message checksum must still be right, for every
+// re-split of the demo.
+TEST_F(ManagerTest, WholeChunkMessagesKeepEveryByteAndChecksum) {
+  ManagerOptions options = SmallOptions();
+  options.fetch.max_message_bytes = 512;
+  options.fetch.whole_chunk_message_bytes = 32;
+  Restart(options);
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    SCOPED_TRACE(r);
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    SCOPED_TRACE(r);
+    ExpectRankMatches("ck", "src", src, r, DemoTensors());
+  }
+  v1::FetchRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_merged(true);
+  auto got = Fetch(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const SampleTensor& t : DemoTensors()) {
+    auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
+                           [&](const auto& p) { return p.first.name() == t.name; });
+    ASSERT_NE(it, got->tensors.end()) << t.name;
+    EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
+                                      Box::Whole(t.global_shape), kSeed))
+        << t.name;
   }
 }
 
@@ -243,11 +288,9 @@ TEST_F(ManagerTest, RankHeldByAnEndingStreamIsReleasedToTheRetry) {
 }
 
 TEST_F(ManagerTest, RankStillUploadingElsewhereIsRefusedAfterAWait) {
-  manager_.reset();
-  store_ = NewMemoryStore();
-  ManagerOptions options;
+  ManagerOptions options = SmallOptions();
   options.upload.rank_release_wait = absl::Milliseconds(50);
-  manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
+  Restart(options);
   const Strategy src = DemoSourceStrategy();
   PutStrategy("src", src);
   v1::UploadHeader h;
