@@ -27,6 +27,9 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  // gRPC sets SO_REUSEPORT by default, so a second ckptd on a taken port would start and share
+  // the connections silently; refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(s->service_.get());
   // Data messages are ≤ 1 MiB; leave room for headers.
   builder.SetMaxReceiveMessageSize(4 << 20);

@@ -1,5 +1,6 @@
-// ckpt_bench: measures ckptd against the limits of its machine (issue 5). See README.md in this
-// directory for what each figure means. Every figure is measured in this run; nothing is assumed.
+// ckpt_bench: measures ckptd against the limits of its machine (issue 5). The Performance section
+// of the top-level README.md says what each figure means. Every figure is measured in this run;
+// nothing is assumed.
 //
 // Modes (the last three are internal: the harness re-executes itself as a child process):
 //   ckpt_bench [--size-gib G] [--out FILE] [--work-dir DIR] [--keep] [--cases LIST]

@@ -366,6 +366,23 @@ TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
   EXPECT_EQ(Ctl({"strategy", "ls"}).stdout_text, strategies_before);
 }
 
+// A second ckptd on a port that is taken fails with a clear error instead of sharing the port
+// (gRPC's default SO_REUSEPORT), and the first one keeps serving.
+TEST_F(ServerTest, SecondServerOnATakenPortFails) {
+  const std::string port = server_->address().substr(server_->address().rfind(':') + 1);
+  testing::SubprocessOptions options;
+  options.timeout = std::chrono::seconds(30);
+  auto second = testing::RunSubprocess(
+      {CKPTD_PATH, "--listen", absl::StrCat("127.0.0.1:", port), "--data", dir_ / "other-data"},
+      options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->timed_out) << "the second ckptd started on a taken port";
+  EXPECT_NE(second->exit_code, 0);
+  EXPECT_THAT(second->stderr_text, HasSubstr(absl::StrCat("cannot listen on 127.0.0.1:", port)))
+      << second->stderr_text;
+  EXPECT_TRUE(client_->ListCheckpoints().ok());
+}
+
 TEST_F(ServerTest, HealthServiceReportsServing) {
   auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
