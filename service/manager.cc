@@ -129,6 +129,15 @@ absl::StatusOr<std::unique_ptr<RankUpload>> CheckpointManager::BeginUpload(
     CKPT_ASSIGN_OR_RETURN(strategy, GetStrategy(header.strategy()));
   }
 
+  // A retry that arrives while the server still drops the rank's previous stream waits for it
+  // here, outside mu_ (RankUpload::Start refuses a rank another stream holds).
+  std::shared_ptr<PendingCheckpoint> current;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = pending_.find(id); it != pending_.end()) current = it->second;
+  }
+  if (current) current->AwaitRankRelease(header.rank());
+
   std::shared_ptr<PendingCheckpoint> abandoned;
   absl::StatusOr<std::unique_ptr<RankUpload>> upload;
   {

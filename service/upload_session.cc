@@ -70,6 +70,12 @@ bool PendingCheckpoint::Abandoned() const {
   return active_.empty() && received_.empty() && !committed_;
 }
 
+void PendingCheckpoint::AwaitRankRelease(int64_t rank) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.rank_release_wait),
+               [&] { return !active_.contains(rank); });
+}
+
 bool PendingCheckpoint::committed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return committed_;
@@ -134,7 +140,7 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
 absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
     std::shared_ptr<PendingCheckpoint> pending, int64_t rank, std::string source_file) {
   {
-    std::unique_lock<std::mutex> lock(pending->mu_);
+    std::lock_guard<std::mutex> lock(pending->mu_);
     const int64_t world = pending->world_size();
     if (rank < 0 || rank >= world) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -142,9 +148,6 @@ absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
           pending->strategy_ ? absl::StrCat(" of strategy ", pending->strategy_name_)
                              : " (a whole-tensor checkpoint has one rank, 0)"));
     }
-    // A stream that is ending (its client cancelled or disconnected) releases the rank soon.
-    pending->cv_.wait_for(lock, absl::ToChronoMilliseconds(pending->options_.rank_release_wait),
-                          [&] { return !pending->active_.contains(rank); });
     if (pending->committed_) {
       return absl::AlreadyExistsError(
           absl::StrCat("checkpoint ", pending->id_, " is already complete"));

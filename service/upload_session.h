@@ -55,6 +55,9 @@ class PendingCheckpoint {
   // True when no stream is active and nothing happened since `cutoff`.
   bool IdleSince(absl::Time cutoff) const;
   bool committed() const;
+  // Waits (at most options.rank_release_wait) until no stream holds `rank`: a stream that is
+  // ending (its client cancelled or disconnected) releases it soon. Call without other locks.
+  void AwaitRankRelease(int64_t rank);
   // True when no stream is active and no rank was received: nothing worth keeping.
   bool Abandoned() const;
 

@@ -276,12 +276,16 @@ TEST_F(ManagerTest, RankHeldByAnEndingStreamIsReleasedToTheRetry) {
   h.set_rank(1);
   auto first = manager_->BeginUpload(h);
   ASSERT_TRUE(first.ok()) << first.status();
+  absl::Status other_rank;
   std::thread dropper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // The waiting retry must not hold up the rest of the manager: another rank uploads meanwhile.
+    other_rank = UploadRank("ck", "src", &src, 2, DemoTensors());
     first->reset();  // the dropped stream's clean-up
   });
   auto retry = manager_->BeginUpload(h);
   dropper.join();
+  ASSERT_TRUE(other_rank.ok()) << other_rank;
   ASSERT_TRUE(retry.ok()) << retry.status();
   retry->reset();
   ASSERT_TRUE(UploadRank("ck", "src", &src, 1, DemoTensors()).ok());
