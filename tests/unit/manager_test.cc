@@ -19,6 +19,14 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kSeed = 5;
 
+v1::UploadHeader Header(const std::string& id, const std::string& strategy, int64_t rank) {
+  v1::UploadHeader h;
+  h.set_checkpoint_id(id);
+  h.set_strategy(strategy);
+  h.set_rank(rank);
+  return h;
+}
+
 class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override { Restart(SmallOptions()); }
@@ -53,10 +61,7 @@ class ManagerTest : public ::testing::Test {
   absl::Status UploadRank(const std::string& id, const std::string& strategy_name,
                           const Strategy* strategy, int64_t rank,
                           const std::vector<SampleTensor>& tensors, size_t piece = 37) {
-    v1::UploadHeader h;
-    h.set_checkpoint_id(id);
-    h.set_strategy(strategy_name);
-    h.set_rank(rank);
+    const v1::UploadHeader h = Header(id, strategy_name, rank);
     auto upload = manager_->BeginUpload(h);
     if (!upload.ok()) return upload.status();
     for (const SampleTensor& t : tensors) {
@@ -243,10 +248,7 @@ TEST_F(ManagerTest, IncompleteUploadIsInvisibleAndRetryable) {
   EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
   // Rank 7 dies mid-tensor: still invisible, and the rank can be sent again.
   {
-    v1::UploadHeader h;
-    h.set_checkpoint_id("ck");
-    h.set_strategy("src");
-    h.set_rank(7);
+    const v1::UploadHeader h = Header("ck", "src", 7);
     auto u = manager_->BeginUpload(h);
     ASSERT_TRUE(u.ok());
     v1::UploadTensorHeader th;
@@ -270,10 +272,7 @@ TEST_F(ManagerTest, RankHeldByAnEndingStreamIsReleasedToTheRetry) {
   const Strategy src = DemoSourceStrategy();
   PutStrategy("src", src);
   ASSERT_TRUE(UploadRank("ck", "src", &src, 0, DemoTensors()).ok());  // creates the pending upload
-  v1::UploadHeader h;
-  h.set_checkpoint_id("ck");
-  h.set_strategy("src");
-  h.set_rank(1);
+  const v1::UploadHeader h = Header("ck", "src", 1);
   auto first = manager_->BeginUpload(h);
   ASSERT_TRUE(first.ok()) << first.status();
   absl::Status other_rank;
@@ -297,10 +296,7 @@ TEST_F(ManagerTest, RankStillUploadingElsewhereIsRefusedAfterAWait) {
   Restart(options);
   const Strategy src = DemoSourceStrategy();
   PutStrategy("src", src);
-  v1::UploadHeader h;
-  h.set_checkpoint_id("ck");
-  h.set_strategy("src");
-  h.set_rank(3);
+  const v1::UploadHeader h = Header("ck", "src", 3);
   auto first = manager_->BeginUpload(h);
   ASSERT_TRUE(first.ok()) << first.status();
   auto second = manager_->BeginUpload(h);
@@ -343,10 +339,7 @@ TEST_F(ManagerTest, BadUploadsGetClearErrors) {
   std::vector<SampleTensor> other_stage = tensors;
   s = UploadRank("ck", "src", &src, 1, other_stage);  // rank 1 is fine: stage 0
   ASSERT_TRUE(s.ok()) << s;
-  v1::UploadHeader h;
-  h.set_checkpoint_id("ck");
-  h.set_strategy("src");
-  h.set_rank(0);
+  const v1::UploadHeader h = Header("ck", "src", 0);
   EXPECT_EQ(manager_->BeginUpload(h).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(manager_->ListCheckpoints()->empty());
 }
@@ -363,10 +356,7 @@ TEST_F(ManagerTest, DivergentReplicasAreRejected) {
   std::vector<SampleTensor> t = {{"w", DType::kFloat32, {4, 4}}};
   ASSERT_TRUE(UploadRank("ck", "s", &s, 0, t).ok());
   // Rank 2 uploads a different tensor under the same name: its slice differs from rank 0's.
-  v1::UploadHeader h;
-  h.set_checkpoint_id("ck");
-  h.set_strategy("s");
-  h.set_rank(2);
+  const v1::UploadHeader h = Header("ck", "s", 2);
   auto u = manager_->BeginUpload(h);
   ASSERT_TRUE(u.ok());
   v1::UploadTensorHeader th;
@@ -519,10 +509,7 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
                                       v1::STRATEGY_FORMAT_JSON, false).ok());
     }
     for (int64_t r = 0; r < c.src->world_size(); ++r) {
-      v1::UploadHeader h;
-      h.set_checkpoint_id(ck);
-      h.set_strategy(ck + "src");
-      h.set_rank(r);
+      const v1::UploadHeader h = Header(ck, ck + "src", r);
       auto u = manager.BeginUpload(h);
       ASSERT_TRUE(u.ok()) << u.status();
       const Box box = *c.src->Find("w")->layout.SliceBox(shape, r);
