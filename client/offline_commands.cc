@@ -146,7 +146,8 @@ absl::Status RunSample(const std::string& dir, std::ostream& out) {
   CKPT_RETURN_IF_ERROR(WriteShardedSample(src, DemoTensors(), dir + "/checkpoint", options));
   CKPT_RETURN_IF_ERROR(WriteWholeSample(DemoTensors(), dir + "/whole.ckpt", options));
   out << "wrote " << dir << "/src_strategy.ckpt (" << src.world_size() << " ranks: "
-      << src.devices_per_stage() << " devices x " << src.stage_count() << " stages), " << dir
+      << src.devices_per_stage() << " devices x " << src.stage_count()
+      << (src.stage_count() == 1 ? " stage), " : " stages), ") << dir
       << "/dst_strategy.json (" << dst.world_size() << " ranks), " << dir
       << "/checkpoint/rank_<r>/" << options.file_name << " and " << dir << "/whole.ckpt\n";
   return absl::OkStatus();

@@ -197,7 +197,8 @@ struct Resharder::Impl {
     if (dst_rank < 0 || dst_rank >= dst.world()) {
       return absl::OutOfRangeError(absl::StrCat(
           "destination rank ", dst_rank, " is outside the destination world of ", dst.world(),
-          " ranks (", dst.devices(), " devices x ", dst.stages(), " stages)"));
+          " ranks (", dst.devices(), " devices x ", dst.stages(),
+          dst.stages() == 1 ? " stage)" : " stages)"));
     }
     const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
     for (const Missing& m : missing) {
