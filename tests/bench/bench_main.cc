@@ -80,6 +80,35 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// CPU seconds per GiB moved, of the serving process and of this (receiving) process: what a
+// transfer costs each side, steadier than wall time on a shared VM and telling where a
+// throughput gap comes from.
+struct CpuPerGib {
+  double server = 0;
+  double client = 0;
+};
+
+// Measures CpuPerGib over a span: construct at its start, Finish(bytes) at its end.
+class CpuMeter {
+ public:
+  explicit CpuMeter(pid_t server) : server_pid_(server), client_start_(SelfCpuSeconds()) {
+    if (auto s = ProcessCpuSeconds(server); s.ok()) server_start_ = *s;
+  }
+  // nullopt when the server's CPU time cannot be read (or nothing moved).
+  std::optional<CpuPerGib> Finish(int64_t bytes) const {
+    const double client = SelfCpuSeconds() - client_start_;
+    auto server = ProcessCpuSeconds(server_pid_);
+    if (!server.ok() || !server_start_ || bytes <= 0) return std::nullopt;
+    const double gib = static_cast<double>(bytes) / kGiB;
+    return CpuPerGib{(*server - *server_start_) / gib, client / gib};
+  }
+
+ private:
+  pid_t server_pid_;
+  double client_start_;
+  std::optional<double> server_start_;
+};
+
 // Names under which the harness registers its strategies.
 constexpr char kSourceName[] = "src8";
 constexpr char kThreeName[] = "d3";
@@ -444,6 +473,7 @@ class Harness {
 
   // Results (nullopt: not measured).
   std::optional<double> transport_gibps_;
+  std::optional<CpuPerGib> transport_cpu_;
   std::optional<double> storage_gibps_;
   std::optional<int64_t> storage_bytes_;
   struct FetchResult {
@@ -454,6 +484,7 @@ class Harness {
     double gibps = 0;
     std::optional<double> amplification;
     int64_t verified_bytes = 0;
+    std::optional<CpuPerGib> cpu;  // over all passes
   };
   std::vector<FetchResult> fetch_;
   std::optional<double> concurrent_gibps_;
@@ -605,6 +636,8 @@ void Harness::MeasureTransportLimit() {
   if (port == 0) return Error("transport server", absl::DeadlineExceededError("no port"));
   const int64_t messages = (spec_.total_bytes + kMessageBytes - 1) / kMessageBytes;
   std::vector<double> runs;
+  const CpuMeter cpu((*child)->pid());
+  int64_t moved = 0;
   for (int run = 0; run < kRepeats; ++run) {
     auto r = MeasureTransport(absl::StrCat("127.0.0.1:", port), messages, kMessageBytes);
     if (!r.ok()) {
@@ -613,9 +646,12 @@ void Harness::MeasureTransportLimit() {
       return Error("transport", r.status());
     }
     runs.push_back(r->bytes / kGiB / r->seconds);
+    // MeasureTransport's warm-up stream moved up to 32 messages more.
+    moved += r->bytes + std::min<int64_t>(messages, 32) * kMessageBytes;
     Progress(absl::StrFormat("transport: %.3f GiB in %.2f s = %.2f GiB/s", r->bytes / kGiB,
                              r->seconds, runs.back()));
   }
+  transport_cpu_ = cpu.Finish(moved);
   (*child)->Signal(SIGTERM);
   (*child)->Wait();
   transport_gibps_ = Median(runs);
@@ -670,6 +706,7 @@ void Harness::MeasureFetch(const FetchCase& c) {
   result.c = c;
   result.ranks = ranks;
   std::vector<double> pass_seconds;
+  const CpuMeter cpu(server_->pid());
   for (int pass = 0; pass < kRepeats; ++pass) {
     const auto start = Clock::now();
     int64_t pass_bytes = 0;
@@ -702,6 +739,7 @@ void Harness::MeasureFetch(const FetchCase& c) {
                              pass_bytes / kGiB / pass_seconds.back(),
                              static_cast<long long>(result.verified_bytes)));
   }
+  result.cpu = cpu.Finish(result.bytes * kRepeats);
   result.seconds = Median(pass_seconds);
   result.gibps = result.bytes / kGiB / result.seconds;
   auto after = Stats();
@@ -868,9 +906,15 @@ std::optional<double> Limit(const std::optional<double>& a, const std::optional<
   return std::nullopt;
 }
 
+json CpuJson(const std::optional<CpuPerGib>& cpu) {
+  if (!cpu) return nullptr;
+  return {{"server_cpu_s_per_gib", cpu->server}, {"client_cpu_s_per_gib", cpu->client}};
+}
+
 json Harness::Results() const {
   json j;
   j["transport_gibps"] = Opt(transport_gibps_);
+  j["transport_cpu"] = CpuJson(transport_cpu_);
   j["storage_gibps"] = Opt(storage_gibps_);
   const std::optional<double> limit = Limit(transport_gibps_, storage_gibps_);
   j["fetch"] = json::array();
@@ -882,7 +926,8 @@ json Harness::Results() const {
                           {"ranks", f.ranks},
                           {"bytes", f.bytes},
                           {"seconds", f.seconds},
-                          {"verified_bytes", f.verified_bytes}});
+                          {"verified_bytes", f.verified_bytes},
+                          {"cpu", CpuJson(f.cpu)}});
   }
   j["concurrent"] = {{"workers", kWorkers},
                      {"gibps", Opt(concurrent_gibps_)},
@@ -930,6 +975,12 @@ std::string Fmt(const std::optional<double>& v, const char* unit, int precision 
   return absl::StrCat(absl::StrFormat("%.*f", precision, *v), unit);
 }
 
+// "server + client" CPU seconds per GiB.
+std::string CpuText(const std::optional<CpuPerGib>& cpu) {
+  if (!cpu) return "null";
+  return absl::StrFormat("%.2f + %.2f s", cpu->server, cpu->client);
+}
+
 std::string Verdict(const std::optional<bool>& pass) {
   if (!pass) return "n/a";
   return *pass ? "PASS" : "MISS";
@@ -938,6 +989,8 @@ std::string Verdict(const std::optional<bool>& pass) {
 std::vector<Row> Harness::Table() const {
   std::vector<Row> rows;
   rows.push_back({"transport limit (1 stream, 1 MiB msgs)", Fmt(transport_gibps_, " GiB/s"), "", ""});
+  constexpr char kCpuRow[] = "  CPU per GiB (server + client)";
+  if (Selected("transport")) rows.push_back({kCpuRow, CpuText(transport_cpu_), "", ""});
   rows.push_back({"storage limit (1 thread, RocksDB chunks)", Fmt(storage_gibps_, " GiB/s"), "", ""});
   const std::optional<double> limit = Limit(transport_gibps_, storage_gibps_);
   for (const FetchResult& f : fetch_) {
@@ -953,6 +1006,7 @@ std::vector<Row> Harness::Table() const {
                     Verdict(f.amplification ? std::optional<bool>(*f.amplification <=
                                                                   f.c.max_amplification + 1e-9)
                                             : std::nullopt)});
+    rows.push_back({kCpuRow, CpuText(f.cpu), "", ""});
   }
   if (Selected("concurrent")) {
     std::optional<double> need;

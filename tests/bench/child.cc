@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ckpt::bench {
 
@@ -137,6 +138,31 @@ absl::StatusOr<int64_t> ProcessPeakRssBytes(pid_t pid) {
     }
   }
   return absl::UnavailableError(absl::StrCat("no VmHWM in /proc/", pid, "/status"));
+}
+
+absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return absl::UnavailableError(absl::StrCat("cannot read ", path));
+  // "pid (comm) state ppid ...": comm may hold spaces, so count fields after its ')'. utime and
+  // stime are fields 14 and 15 of the line, i.e. the 12th and 13th after the comm.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) {
+    return absl::UnavailableError(absl::StrCat("unexpected format of ", path));
+  }
+  const std::vector<std::string> fields =
+      absl::StrSplit(line.substr(close + 1), ' ', absl::SkipEmpty());
+  if (fields.size() < 13) return absl::UnavailableError(absl::StrCat("short ", path));
+  const double ticks = static_cast<double>(std::stoll(fields[11]) + std::stoll(fields[12]));
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double SelfCpuSeconds() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 }  // namespace ckpt::bench

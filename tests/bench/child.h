@@ -62,6 +62,13 @@ class Child {
 // Peak resident set (VmHWM) of a live process, bytes; error when /proc cannot tell.
 absl::StatusOr<int64_t> ProcessPeakRssBytes(pid_t pid);
 
+// CPU time (user + system, all threads) a live process has used so far, seconds; error when
+// /proc cannot tell. CPU time, unlike wall time, does not count what other tenants of a shared
+// machine take (steal), so it compares the work per byte of two programs more steadily.
+absl::StatusOr<double> ProcessCpuSeconds(pid_t pid);
+// The same for this process (getrusage).
+double SelfCpuSeconds();
+
 }  // namespace ckpt::bench
 
 #endif  // CKPT_TESTS_BENCH_CHILD_H_
