@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -154,8 +155,12 @@ absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
   const std::vector<std::string> fields =
       absl::StrSplit(line.substr(close + 1), ' ', absl::SkipEmpty());
   if (fields.size() < 13) return absl::UnavailableError(absl::StrCat("short ", path));
-  const double ticks = static_cast<double>(std::stoll(fields[11]) + std::stoll(fields[12]));
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  int64_t utime = 0;
+  int64_t stime = 0;
+  if (!absl::SimpleAtoi(fields[11], &utime) || !absl::SimpleAtoi(fields[12], &stime)) {
+    return absl::UnavailableError(absl::StrCat("utime/stime in ", path, " are not numbers"));
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 double SelfCpuSeconds() {
