@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
       ->envname("CKPTD_JOB_WORKERS")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--job-rank-workers", options.jobs.rank_workers,
+                 "Destination ranks one export or new-checkpoint job writes at the same time")
+      ->envname("CKPTD_JOB_RANK_WORKERS")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--job-bandwidth-mib", job_bandwidth_mib,
                  "Cap on the MiB/s all transform jobs together move (0: unlimited)")
       ->envname("CKPTD_JOB_BANDWIDTH_MIB")

@@ -13,8 +13,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -271,6 +274,48 @@ void LowerPriority(int nice) {
   if (::setpriority(PRIO_PROCESS, tid, std::min(19, current + nice)) != 0) {
     Logger()->debug("event=job_nice error=\"{}\"", std::strerror(errno));
   }
+}
+
+// Calls fn(i, stop) for every i in [0, count) on up to `parallelism` threads: the caller's and
+// up to parallelism - 1 started here (which inherit the caller's niceness), each taking the next
+// index when it has finished one. After the first failure no further index starts and `stop` is
+// set so that calls in progress can end early; returns that first failure. A thread that cannot
+// be started only means less parallelism.
+absl::Status ForEachInParallel(
+    size_t count, int parallelism,
+    const std::function<absl::Status(size_t, const std::atomic<bool>& stop)>& fn) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  absl::Status first;  // guarded by mu; set before `stop`, so it is never a call stopped by it
+  auto work = [&] {
+    while (!stop.load()) {
+      const size_t i = next.fetch_add(1);
+      if (i >= count) return;
+      absl::Status s = fn(i, stop);
+      if (!s.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first.ok()) first = std::move(s);
+        }
+        stop = true;
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t threads = std::min<size_t>(count, static_cast<size_t>(std::max(1, parallelism)));
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error& err) {
+      Logger()->warn("event=job_thread_failed error=\"{}\"", err.what());
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  std::lock_guard<std::mutex> lock(mu);
+  return first;
 }
 
 // The fetch of destination rank `rank` (or of the merged tensors).
@@ -874,13 +919,17 @@ absl::Status JobRunner::ComputeTotals(Entry* e, const std::vector<v1::FetchReque
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorSink* sink) {
+absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorSink* sink,
+                             const std::atomic<bool>* stop) {
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FetchStream> stream, manager_->OpenFetch(fetch));
   FetchPiece piece;       // data as views of stored chunks: written out without a copy
   std::string tensor;     // current tensor, for messages
   int64_t remaining = 0;  // its bytes still to come
   while (true) {
     CKPT_RETURN_IF_ERROR(Check(e));
+    if (stop != nullptr && stop->load()) {
+      return absl::AbortedError("stopped because another rank of this job failed");
+    }
     CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, /*checksum=*/false));
     if (!more) break;
     const v1::FetchResponse& msg = piece.message;
@@ -963,34 +1012,37 @@ absl::Status JobRunner::RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequ
   upload_options.upload = options_.upload;
   upload_options.upload_idle_timeout = absl::ZeroDuration();
   CheckpointManager uploads(store_, upload_options);
-  bool begun = false;
-  const absl::Status status = [&]() -> absl::Status {
-    // Ranks go one after another. A rank whose slices all replicate earlier ranks' is still
-    // fetched and sent in full: RankUpload verifies replicas against the stored copy, which
-    // costs a read but no write. Skipping such ranks would need an upload API that accepts
-    // "same as rank k"; not worth it while jobs are bandwidth-capped anyway.
-    for (int64_t r = 0; r < strategy->world_size(); ++r) {
-      v1::UploadHeader header;
-      header.set_checkpoint_id(new_id);
-      header.set_strategy(dst);
-      header.set_rank(r);
-      header.set_source_file(marker);
-      CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankUpload> upload, uploads.BeginUpload(header));
-      begun = true;
-      UploadSink sink(upload.get());
-      CKPT_RETURN_IF_ERROR(Pump(e, fetches[r], &sink));
-      CKPT_RETURN_IF_ERROR(Check(e));  // the commit below would make the output visible
-      CKPT_ASSIGN_OR_RETURN(v1::UploadResponse response, upload->Finish());
-      Update(e, Change::kProgress, [](v1::Job* j) {
-        j->mutable_progress()->set_ranks_done(j->progress().ranks_done() + 1);
+  std::atomic<bool> begun{false};
+  std::atomic<bool> committed{false};
+  absl::Status status = ForEachInParallel(
+      static_cast<size_t>(strategy->world_size()), options_.rank_workers,
+      [&](size_t r, const std::atomic<bool>& stop) -> absl::Status {
+        // A rank whose slices all replicate other ranks' is still fetched and sent in full:
+        // RankUpload verifies replicas against the stored copy, which costs a read but no
+        // write. Skipping such ranks would need an upload API that accepts "same as rank k".
+        v1::UploadHeader header;
+        header.set_checkpoint_id(new_id);
+        header.set_strategy(dst);
+        header.set_rank(static_cast<int64_t>(r));
+        header.set_source_file(marker);
+        CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankUpload> upload, uploads.BeginUpload(header));
+        begun = true;
+        UploadSink sink(upload.get());
+        CKPT_RETURN_IF_ERROR(Pump(e, fetches[r], &sink, &stop));
+        // The last rank's Finish commits, which would make the output visible.
+        CKPT_RETURN_IF_ERROR(Check(e));
+        if (stop.load()) return absl::AbortedError("stopped because another rank failed");
+        CKPT_ASSIGN_OR_RETURN(v1::UploadResponse response, upload->Finish());
+        if (response.committed()) committed = true;
+        Update(e, Change::kProgress, [](v1::Job* j) {
+          j->mutable_progress()->set_ranks_done(j->progress().ranks_done() + 1);
+        });
+        return absl::OkStatus();
       });
-      if (r + 1 == strategy->world_size() && !response.committed()) {
-        return absl::InternalError(absl::StrCat("checkpoint ", new_id,
-                                                " was not committed after its last rank"));
-      }
-    }
-    return absl::OkStatus();
-  }();
+  if (status.ok() && !committed) {
+    status = absl::InternalError(
+        absl::StrCat("checkpoint ", new_id, " was not committed after its last rank"));
+  }
   if (!status.ok() && begun) {
     // Drops the pending checkpoint and its chunks. Retried briefly because the idle check is
     // strict (last activity < now) and a clock read may coincide with the last activity.
@@ -1047,19 +1099,22 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
 
   const absl::Status status = [&]() -> absl::Status {
     CKPT_RETURN_IF_ERROR(MakeDir(partial));
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      const int64_t r = ranks[i];
-      CKPT_RETURN_IF_ERROR(MakeDir(absl::StrCat(partial, "/rank_", r)));
-      CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> file,
-                            AtomicFileSink::Create(RankFile(partial, prefix, r)));
-      CkptFileSink sink(file.get());
-      CKPT_RETURN_IF_ERROR(Pump(e, fetches[i], &sink));
-      CKPT_RETURN_IF_ERROR(sink.Finish());
-      CKPT_RETURN_IF_ERROR(file->Commit());
-      Update(e, Change::kProgress, [](v1::Job* j) {
-        j->mutable_progress()->set_ranks_done(j->progress().ranks_done() + 1);
-      });
-    }
+    CKPT_RETURN_IF_ERROR(ForEachInParallel(
+        ranks.size(), options_.rank_workers,
+        [&](size_t i, const std::atomic<bool>& stop) -> absl::Status {
+          const int64_t r = ranks[i];
+          CKPT_RETURN_IF_ERROR(MakeDir(absl::StrCat(partial, "/rank_", r)));
+          CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> file,
+                                AtomicFileSink::Create(RankFile(partial, prefix, r)));
+          CkptFileSink sink(file.get());
+          CKPT_RETURN_IF_ERROR(Pump(e, fetches[i], &sink, &stop));
+          CKPT_RETURN_IF_ERROR(sink.Finish());
+          CKPT_RETURN_IF_ERROR(file->Commit());
+          Update(e, Change::kProgress, [](v1::Job* j) {
+            j->mutable_progress()->set_ranks_done(j->progress().ranks_done() + 1);
+          });
+          return absl::OkStatus();
+        }));
     CKPT_RETURN_IF_ERROR(FsyncDir(partial));  // the rank_<r> entries
     CKPT_RETURN_IF_ERROR(Check(e));
     // rename(2) replaces an empty directory atomically and refuses a non-empty one, which is

@@ -18,11 +18,13 @@
 // crash between publishing it and recording SUCCEEDED) is recognised and the job succeeds.
 //
 // Isolation from workers' fetches: jobs run on their own threads (never on the service Executor,
-// so a fetch is never queued behind a job), at most `workers` at a time, at a lowered CPU
-// priority, and optionally under a shared bytes/second cap.
+// so a fetch is never queued behind a job), at most `workers` at a time (each writing up to
+// `rank_workers` destination ranks at once), at a lowered CPU priority, and optionally under a
+// shared bytes/second cap.
 #ifndef CKPT_SERVICE_JOB_RUNNER_H_
 #define CKPT_SERVICE_JOB_RUNNER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -46,6 +48,12 @@ namespace ckpt {
 struct JobRunnerOptions {
   // Jobs running at the same time, each on its own thread. Default 1.
   int workers = 1;
+  // Destination ranks one export or new-checkpoint job writes at the same time (the job's
+  // thread plus rank_workers - 1 it starts for the job's duration). Each rank alternates
+  // re-sharding (CPU) with waiting for its output's writes, so several at once keep the cores
+  // busy; each costs its fetch's bounded memory plus a 4 MiB write buffer. Default 4. A
+  // merged-file job always writes its one file on one thread.
+  int rank_workers = 4;
   // Cap on the tensor bytes per second all jobs together move; 0 = unlimited. Default 0.
   int64_t max_bytes_per_second = 0;
   // Niceness added to job threads (Linux applies it per thread) so that fetch handlers win CPU
@@ -158,9 +166,10 @@ class JobRunner {
 
   // Sums the plan summaries of `fetches` and records them as the job's totals.
   absl::Status ComputeTotals(Entry* e, const std::vector<v1::FetchRequest>& fetches);
-  // Streams one fetch into `sink`, checking cancellation between messages, throttling, and
-  // counting progress.
-  absl::Status Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorSink* sink);
+  // Streams one fetch into `sink`, checking cancellation (and `stop`, when given) between
+  // messages, throttling, and counting progress.
+  absl::Status Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorSink* sink,
+                    const std::atomic<bool>* stop = nullptr);
   // CANCELLED when the job was cancelled, ABORTED when the runner is stopping, else OK.
   absl::Status Check(Entry* e);
   // Takes `bytes` from the bandwidth budget, waiting (interruptibly) when it is exhausted.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -115,16 +116,20 @@ absl::StatusOr<size_t> FileByteSource::Read(char* buf, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // AtomicFileSink
 
-AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd)
-    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {
-  buffer_.reserve(kBufferBytes);
-}
+AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct,
+                               std::unique_ptr<char, FreeDeleter> buffer)
+    : path_(std::move(path)),
+      temp_path_(std::move(temp_path)),
+      fd_(fd),
+      direct_(direct),
+      buffer_(std::move(buffer)) {}
 
 AtomicFileSink::~AtomicFileSink() {
   if (!committed_) Abandon();
 }
 
-absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std::string& path) {
+absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std::string& path,
+                                                                       bool try_direct_io) {
   if (path.empty() || path.back() == '/') {
     return absl::InvalidArgumentError(absl::StrCat("invalid output file path \"", path, "\""));
   }
@@ -133,6 +138,12 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is a directory; cannot write a file there"));
   }
+  std::unique_ptr<char, FreeDeleter> buffer(
+      static_cast<char*>(std::aligned_alloc(kDirectAlign, kBufferBytes)));
+  if (!buffer) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate the write buffer for ", path));
+  }
   // A few attempts: O_EXCL fails only if a temp file of the same random name exists.
   int last_errno = EEXIST;
   std::string temp_path;
@@ -140,7 +151,13 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
     temp_path = absl::StrCat(path, ".tmp.", RandomSuffix());
     const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
-      return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(path, std::move(temp_path), fd));
+      // Direct I/O is switched on after creating the file: a file system without it refuses
+      // here (EINVAL) and the file is simply written through the page cache.
+      const int flags = ::fcntl(fd, F_GETFL);
+      const bool direct =
+          try_direct_io && flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
+      return std::unique_ptr<AtomicFileSink>(
+          new AtomicFileSink(path, std::move(temp_path), fd, direct, std::move(buffer)));
     }
     last_errno = errno;
     if (last_errno != EEXIST) break;
@@ -148,24 +165,47 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
   return ErrnoToStatus(last_errno, "create", temp_path);
 }
 
+bool AtomicFileSink::StopDirectIo() {
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return false;
+  direct_ = false;
+  return true;
+}
+
 absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
   while (n > 0) {
     const ssize_t put = ::write(fd_, data, n);
     if (put < 0) {
       if (errno == EINTR) continue;
+      // Direct I/O can still be refused per write (a device with larger blocks, a file system
+      // that accepts the flag but not the request): go on through the page cache.
+      if (errno == EINVAL && direct_ && StopDirectIo()) continue;
       return ErrnoToStatus(errno, "write", temp_path_);
     }
     data += put;
     n -= static_cast<size_t>(put);
+    file_bytes_ += put;
+  }
+  if (!direct_ && file_bytes_ - writeback_start_ >= kWritebackBytes) {
+    // Only a hint: an I/O error it would see is reported by Commit's fsync.
+    (void)::sync_file_range(fd_, writeback_start_, file_bytes_ - writeback_start_,
+                            SYNC_FILE_RANGE_WRITE);
+    writeback_start_ = file_bytes_;
   }
   return absl::OkStatus();
 }
 
 absl::Status AtomicFileSink::FlushBuffer() {
-  if (buffer_.empty()) return absl::OkStatus();
-  absl::Status s = WriteAll(buffer_.data(), buffer_.size());
-  buffer_.clear();
-  return s;
+  if (buffered_ == 0) return absl::OkStatus();
+  size_t n = buffered_;
+  if (direct_ && n % kDirectAlign != 0) {
+    // Only the final flush can end inside a block: pad it; Commit truncates the padding away.
+    const size_t padded = (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(buffer_.get() + n, 0, padded - n);
+    n = padded;
+  }
+  buffered_ = 0;
+  return WriteAll(buffer_.get(), n);
 }
 
 absl::Status AtomicFileSink::Write(std::string_view bytes) {
@@ -173,23 +213,25 @@ absl::Status AtomicFileSink::Write(std::string_view bytes) {
     return absl::FailedPreconditionError(absl::StrCat("write to ", path_, " after Commit()"));
   }
   if (!status_.ok()) return status_;
-  if (buffer_.size() + bytes.size() <= kBufferBytes) {
-    buffer_.append(bytes);
+  const auto size = static_cast<int64_t>(bytes.size());
+  absl::Status s;
+  if (!direct_ && bytes.size() >= kBypassBytes) {
+    s = FlushBuffer();
+    if (s.ok()) s = WriteAll(bytes.data(), bytes.size());
   } else {
-    absl::Status s = FlushBuffer();
-    if (s.ok()) {
-      if (bytes.size() >= kBufferBytes) {
-        s = WriteAll(bytes.data(), bytes.size());
-      } else {
-        buffer_.append(bytes);
-      }
-    }
-    if (!s.ok()) {
-      status_ = s;
-      return s;
+    while (!bytes.empty() && s.ok()) {
+      const size_t n = std::min(bytes.size(), kBufferBytes - buffered_);
+      std::memcpy(buffer_.get() + buffered_, bytes.data(), n);
+      buffered_ += n;
+      bytes.remove_prefix(n);
+      if (buffered_ == kBufferBytes) s = FlushBuffer();
     }
   }
-  bytes_written_ += static_cast<int64_t>(bytes.size());
+  if (!s.ok()) {
+    status_ = s;
+    return s;
+  }
+  bytes_written_ += size;
   return absl::OkStatus();
 }
 
@@ -199,6 +241,9 @@ absl::Status AtomicFileSink::Commit() {
   }
   if (!status_.ok()) return status_;
   absl::Status s = FlushBuffer();
+  if (s.ok() && file_bytes_ != bytes_written_ && ::ftruncate(fd_, bytes_written_) != 0) {
+    s = ErrnoToStatus(errno, "truncate", temp_path_);  // dropping the last block's padding
+  }
   if (s.ok() && ::fsync(fd_) != 0) s = ErrnoToStatus(errno, "fsync", temp_path_);
   if (s.ok()) {
     // close() can report deferred write errors (e.g. on NFS), so it is checked.

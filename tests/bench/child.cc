@@ -127,6 +127,8 @@ Child::Exit Child::Wait() {
   pid_ = -1;
   exit.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   exit.max_rss_kib = usage.ru_maxrss;
+  exit.cpu_seconds = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                     static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
   return exit;
 }
 

@@ -45,6 +45,7 @@ class Child {
   struct Exit {
     int exit_code = -1;    // exit status, or 128 + signal
     int64_t max_rss_kib = 0;  // ru_maxrss of the child
+    double cpu_seconds = 0;   // ru_utime + ru_stime of the child
   };
   // Blocks until the child exits (wait4) and returns its status and peak RSS.
   Exit Wait();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <random>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "core/ckpt_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -143,7 +145,7 @@ TEST_F(FileStreamTest, AtomicSinkCommitPublishesFile) {
   ASSERT_TRUE(sink.ok()) << sink.status();
   EXPECT_THAT((*sink)->temp_path(), StartsWith(path + ".tmp."));
 
-  // Small pieces (buffered), a piece larger than the buffer (direct), then small again.
+  // Small pieces, a 1.5 MiB piece, then small again.
   const std::string bytes = RandomBytes((2 << 20) + 777, 2);
   ASSERT_TRUE((*sink)->Write(std::string_view(bytes).substr(0, 100)).ok());
   ASSERT_TRUE((*sink)->Write(std::string_view(bytes).substr(100, (3 << 19))).ok());
@@ -162,6 +164,60 @@ TEST_F(FileStreamTest, AtomicSinkCommitPublishesFile) {
   EXPECT_EQ((*sink)->Commit().code(), absl::StatusCode::kFailedPrecondition);
   sink->reset();  // destroying a committed sink keeps the file
   EXPECT_TRUE(testing::ReadFileOrDie(path) == bytes);
+}
+
+// Direct I/O writes whole blocks from an aligned buffer and truncates the padding of the last
+// one; buffered I/O bypasses the buffer for large pieces: files of every size, written in pieces
+// of every size, must come out byte-exact either way. Runs in the test directory and, where
+// present, on tmpfs (/dev/shm), whichever of direct or buffered I/O each file system takes.
+TEST_F(FileStreamTest, AtomicSinkWritesExactBytesWhateverThePieceSizes) {
+  std::vector<std::string> dirs = {dir_};
+  char shm[] = "/dev/shm/ckpt_file_stream_test.XXXXXX";
+  if (::mkdtemp(shm) != nullptr) {
+    dirs.push_back(shm);
+  } else {
+    std::cout << "[ NOTE ] /dev/shm unavailable (" << std::strerror(errno)
+              << "): only the test directory's file system is covered\n";
+  }
+  constexpr size_t kMiB = size_t{1} << 20;
+  const std::vector<size_t> sizes = {0,           1,           4095,        4096,
+                                     4097,        4 * kMiB - 1, 4 * kMiB,   4 * kMiB + 1,
+                                     9 * kMiB + 12345};
+  std::mt19937_64 rng(7);
+  for (const std::string& dir : dirs) {
+    for (bool try_direct : {true, false}) {
+      for (size_t size : sizes) {
+        SCOPED_TRACE(absl::StrCat(dir, ", ", size, " bytes, try direct I/O: ", try_direct));
+        const std::string path = absl::StrCat(dir, "/exact_", size, "_", try_direct);
+        const std::string bytes = RandomBytes(size, size + 1);
+        absl::StatusOr<std::unique_ptr<AtomicFileSink>> sink =
+            AtomicFileSink::Create(path, try_direct);
+        ASSERT_TRUE(sink.ok()) << sink.status();
+        size_t at = 0;
+        while (at < size) {
+          // Pieces from 1 byte to 6 MiB, mostly small.
+          const size_t limit = (rng() % 4 == 0) ? 6 * kMiB : 5000;
+          const size_t n = std::min<size_t>(size - at, 1 + rng() % limit);
+          ASSERT_TRUE((*sink)->Write(std::string_view(bytes).substr(at, n)).ok());
+          at += n;
+        }
+        ASSERT_TRUE((*sink)->Commit().ok());
+        if (size == sizes.back()) {
+          std::cout << "[ NOTE ] " << dir << ": written with "
+                    << ((*sink)->direct_io() ? "direct" : "buffered") << " I/O\n";
+        }
+        if (!try_direct) {
+          EXPECT_FALSE((*sink)->direct_io());
+        }
+        EXPECT_EQ(std::filesystem::file_size(path), size);
+        EXPECT_TRUE(testing::ReadFileOrDie(path) == bytes);
+      }
+    }
+  }
+  if (dirs.size() > 1) {
+    std::error_code ec;
+    std::filesystem::remove_all(dirs[1], ec);
+  }
 }
 
 TEST_F(FileStreamTest, AtomicSinkReplacesExistingFile) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -120,13 +121,81 @@ std::vector<CkptTensor> AsCkptTensors(const Fetched& f) {
   return out;
 }
 
+// A memory store whose ReadChunk fails (DATA_LOSS) once, at a chosen read: a fault injected
+// into one rank of a job that writes several ranks at once.
+class FaultyReadStore final : public CheckpointStore {
+ public:
+  explicit FaultyReadStore(std::unique_ptr<CheckpointStore> base) : base_(std::move(base)) {}
+
+  // Read number `n` (0-based) from now on fails.
+  void FailRead(int64_t n) {
+    reads_ = 0;
+    fail_at_ = n;
+  }
+
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
+                                                       uint64_t expected_checksum) override {
+    if (reads_.fetch_add(1) == fail_at_.load()) {
+      return absl::DataLossError(absl::StrCat("injected fault reading ", address.ToString()));
+    }
+    return base_->ReadChunk(address, expected_checksum);
+  }
+
+  absl::Status PutStrategy(const std::string& name, std::string_view record,
+                           bool overwrite) override {
+    return base_->PutStrategy(name, record, overwrite);
+  }
+  absl::StatusOr<std::string> GetStrategy(const std::string& name) override {
+    return base_->GetStrategy(name);
+  }
+  absl::StatusOr<std::vector<std::string>> ListStrategies() override {
+    return base_->ListStrategies();
+  }
+  absl::Status DeleteStrategy(const std::string& name) override {
+    return base_->DeleteStrategy(name);
+  }
+  absl::StatusOr<uint64_t> BeginData() override { return base_->BeginData(); }
+  absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override {
+    return base_->PutChunks(chunks);
+  }
+  absl::Status DiscardData(uint64_t data_id) override { return base_->DiscardData(data_id); }
+  absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,
+                                uint64_t data_id) override {
+    return base_->CommitCheckpoint(id, manifest, data_id);
+  }
+  absl::StatusOr<std::string> GetManifest(const std::string& id) override {
+    return base_->GetManifest(id);
+  }
+  absl::StatusOr<std::vector<std::string>> ListCheckpoints() override {
+    return base_->ListCheckpoints();
+  }
+  absl::Status DeleteCheckpoint(const std::string& id) override {
+    return base_->DeleteCheckpoint(id);
+  }
+  absl::Status PutJob(const std::string& id, std::string_view record) override {
+    return base_->PutJob(id, record);
+  }
+  absl::StatusOr<std::string> GetJob(const std::string& id) override { return base_->GetJob(id); }
+  absl::StatusOr<std::vector<JobRecord>> ListJobs() override { return base_->ListJobs(); }
+  absl::StatusOr<int64_t> CollectGarbage() override { return base_->CollectGarbage(); }
+  absl::Status Flush() override { return base_->Flush(); }
+  StoreStats stats() const override { return base_->stats(); }
+
+ private:
+  const std::unique_ptr<CheckpointStore> base_;
+  std::atomic<int64_t> reads_{0};
+  std::atomic<int64_t> fail_at_{-1};
+};
+
 class JobRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string tmpl = ::testing::TempDir() + "job_runner_test.XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
     tmp_ = tmpl;
-    store_ = NewMemoryStore();
+    auto faulty = std::make_unique<FaultyReadStore>(NewMemoryStore());
+    faulty_ = faulty.get();
+    store_ = std::move(faulty);
     MakeManager();
     PopulateStore();
   }
@@ -380,6 +449,7 @@ class JobRunnerTest : public ::testing::Test {
   }
 
   std::string tmp_;
+  FaultyReadStore* faulty_ = nullptr;  // the store of SetUp (tests that reopen one replace it)
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointManager> manager_;
   std::unique_ptr<JobRunner> runner_;
@@ -422,7 +492,9 @@ TEST_F(JobRunnerTest, ExportWritesEveryRankLikeFetch) {
 }
 
 TEST_F(JobRunnerTest, ExportSubsetOfRanksWithPrefixIntoEmptyDir) {
-  StartRunner();
+  JobRunnerOptions options;
+  options.rank_workers = 1;  // one rank after another (the default writes several at once)
+  StartRunner(options);
   const std::string dir = tmp_ + "/out";
   ASSERT_TRUE(fs::create_directory(dir));  // an empty DIR is accepted
   Submit(ExportRequest("sub", dir + "/", {2, 0}, "transformed"));
@@ -435,6 +507,42 @@ TEST_F(JobRunnerTest, ExportSubsetOfRanksWithPrefixIntoEmptyDir) {
   }
   EXPECT_FALSE(Exists(dir + "/rank_1"));
   EXPECT_EQ(job.progress().ranks_total(), 2);
+}
+
+// Ranks are written at the same time; one failing rank fails the job with its error, and the
+// other ranks' output goes too.
+TEST_F(JobRunnerTest, OneFailingRankFailsTheJobAndLeavesNoOutput) {
+  JobRunnerOptions options;
+  options.rank_workers = 3;  // every destination rank at once
+  StartRunner(options);
+  const std::string dir = tmp_ + "/out";
+  faulty_->FailRead(20);
+  Submit(ExportRequest("bad-export", dir));
+  const v1::Job failed = WaitDone("bad-export");
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.reason(), HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(failed.reason(), HasSubstr("injected fault reading"));
+  EXPECT_FALSE(Exists(dir));
+  EXPECT_FALSE(Exists(JobRunner::PartialPath(dir, "bad-export")));
+
+  faulty_->FailRead(20);
+  Submit(NewCheckpointRequest("bad-new", "ck5"));
+  const v1::Job failed_new = WaitDone("bad-new");
+  EXPECT_EQ(failed_new.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed_new.reason(), HasSubstr("injected fault reading"));
+  EXPECT_EQ(manager_->DescribeCheckpoint("ck5").status().code(), absl::StatusCode::kNotFound);
+
+  // Nothing was left in the way: the same outputs succeed once reads work.
+  Submit(ExportRequest("good-export", dir));
+  ASSERT_EQ(WaitDone("good-export").state(), v1::JOB_STATE_SUCCEEDED);
+  const Strategy dst = DemoDestinationStrategy();
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    ExpectFileMatches(absl::StrCat(dir, "/rank_", r, "/checkpoint_", r, ".ckpt"),
+                      FetchRank("ck", "dst", r), &dst, r);
+  }
+  Submit(NewCheckpointRequest("good-new", "ck5"));
+  ASSERT_EQ(WaitDone("good-new").state(), v1::JOB_STATE_SUCCEEDED);
+  ExpectTensorsMatch(AsCkptTensors(FetchMerged("ck5")), nullptr, 0);
 }
 
 TEST_F(JobRunnerTest, MergedFileHoldsWholeTensors) {
