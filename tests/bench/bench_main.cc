@@ -500,7 +500,8 @@ class Harness {
   std::optional<double> baseline_cpu_seconds_;
   std::optional<DepsResult> deps_;
   std::optional<double> upload_gibps_;
-  std::optional<double> disk_gibps_;
+  std::optional<double> disk_gibps_;           // direct I/O where the file system allows it
+  std::optional<double> disk_buffered_gibps_;  // through the page cache
   std::vector<std::string> notes_;
   std::vector<std::string> errors_;
 };
@@ -588,10 +589,12 @@ absl::Status Harness::Generate() {
 }
 
 void Harness::MeasureUpload() {
-  // Raw sequential write of the same bytes to the data directory's file system.
-  {
+  // Raw sequential write of the same bytes to the data directory's file system, twice: with
+  // direct I/O (the disk's own speed: the limit the upload target and the transform floor use)
+  // and through the page cache + fsync (what buffered writers such as RocksDB pay).
+  for (const bool direct : {true, false}) {
     const std::string path = work_ + "/disk-write.tmp";
-    auto sink_or = AtomicFileSink::Create(path);  // write + fsync + rename
+    auto sink_or = AtomicFileSink::Create(path, direct);  // write + fsync + rename
     if (!sink_or.ok()) return Error("disk write", sink_or.status());
     std::string buffer(static_cast<size_t>(kMessageBytes), '\0');
     for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>(i * 2654435761u >> 13);
@@ -603,11 +606,19 @@ void Harness::MeasureUpload() {
     }
     if (s.ok()) s = (*sink_or)->Commit();
     const double seconds = Seconds(start);
+    const bool was_direct = (*sink_or)->direct_io();
     std::error_code ec;
     fs::remove(path, ec);
     if (!s.ok()) return Error("disk write", s);
-    disk_gibps_ = source_file_bytes_ / kGiB / seconds;
-    Progress(absl::StrFormat("raw disk write + fsync: %.2f GiB/s", *disk_gibps_));
+    const double gibps = source_file_bytes_ / kGiB / seconds;
+    if (direct) {
+      disk_gibps_ = gibps;
+      Progress(absl::StrFormat("raw disk write (%s) + fsync: %.2f GiB/s",
+                               was_direct ? "direct I/O" : "direct I/O refused, buffered", gibps));
+    } else {
+      disk_buffered_gibps_ = gibps;
+      Progress(absl::StrFormat("buffered disk write + fsync: %.2f GiB/s", gibps));
+    }
   }
   const Strategy src = SourceStrategy(spec_);
   for (const char* name : {kSourceName, kThreeName, kColumnName, kPlainName}) {
@@ -957,7 +968,9 @@ json Harness::Results() const {
                         {"src_world", deps_->src_world}, {"dst_world", deps_->dst_world},
                         {"max_source_ranks", deps_->max_sources}};
   }
-  j["upload"] = {{"gibps", Opt(upload_gibps_)}, {"disk_write_gibps", Opt(disk_gibps_)}};
+  j["upload"] = {{"gibps", Opt(upload_gibps_)},
+                 {"disk_write_gibps", Opt(disk_gibps_)},
+                 {"disk_buffered_write_gibps", Opt(disk_buffered_gibps_)}};
   json targets = json::array();
   for (const Row& r : Table()) {
     if (r.result.empty()) continue;
@@ -1044,7 +1057,8 @@ std::vector<Row> Harness::Table() const {
                     "", ""});
     // Both write the same output files (and fsync them): writing them at the measured raw disk
     // speed bounds how fast either can be.
-    rows.push_back({"  floor: output at raw disk write", Fmt(TransformDiskFloor(), " s"), "", ""});
+    rows.push_back(
+        {"  floor: output at raw (direct) disk write", Fmt(TransformDiskFloor(), " s"), "", ""});
     rows.push_back({"  speed-up vs baseline", Fmt(speedup, "x", 1), ">= 5x",
                     Verdict(speedup ? std::optional<bool>(*speedup >= 5.0) : std::nullopt)});
     rows.push_back({"  ckptd peak RSS / baseline peak RSS",
@@ -1066,6 +1080,8 @@ std::vector<Row> Harness::Table() const {
                     absl::StrCat(">= 0.5 x disk write ", Fmt(disk_gibps_, " GiB/s")),
                     Verdict(upload_gibps_ && need ? std::optional<bool>(*upload_gibps_ >= *need)
                                                   : std::nullopt)});
+    rows.push_back({"  buffered disk write (page cache + fsync)",
+                    Fmt(disk_buffered_gibps_, " GiB/s"), "", ""});
   }
   return rows;
 }
