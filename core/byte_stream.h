@@ -4,7 +4,9 @@
 #define CKPT_CORE_BYTE_STREAM_H_
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,6 +23,10 @@ class ByteSource {
   virtual absl::StatusOr<size_t> Read(char* buf, size_t n) = 0;
   // A name for error messages (a file path, "<memory>").
   virtual std::string Describe() const = 0;
+  // The last `n` bytes of the whole stream (fewer when it is shorter), without consuming
+  // anything, where the source can tell cheaply (a regular file, memory); nullopt otherwise
+  // (a pipe) or when looking fails. Lets a reader decide up front whether a trailer exists.
+  virtual std::optional<std::string> Tail(size_t /*n*/) { return std::nullopt; }
 };
 
 // An append-only byte sink. Not thread-safe.
@@ -37,6 +43,9 @@ class MemoryByteSource final : public ByteSource {
       : data_(data), name_(std::move(name)) {}
   absl::StatusOr<size_t> Read(char* buf, size_t n) override;
   std::string Describe() const override { return name_; }
+  std::optional<std::string> Tail(size_t n) override {
+    return std::string(data_.substr(data_.size() - std::min(n, data_.size())));
+  }
 
  private:
   std::string_view data_;

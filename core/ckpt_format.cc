@@ -221,8 +221,19 @@ struct CkptReader::ValueFields {
   }
 };
 
+namespace {
+// Whether the stream can end with a crc_num trailer: false only when the source shows its last
+// bytes and they are not one (then computing the CRC of every byte would be wasted).
+bool MayHaveTrailer(ByteSource* source) {
+  const std::optional<std::string> tail = source->Tail(kTrailerBytes);
+  return !tail || (tail->size() == kTrailerBytes && tail->substr(0, kCrcMagic.size()) == kCrcMagic);
+}
+}  // namespace
+
 CkptReader::CkptReader(ByteSource* source, CkptReaderOptions options)
-    : source_(source), options_(options) {}
+    : source_(source),
+      options_(options),
+      computing_crc_(options.verify_crc && MayHaveTrailer(source)) {}
 
 absl::Status CkptReader::Malformed(int64_t at, std::string_view detail) const {
   return absl::InvalidArgumentError(
@@ -258,7 +269,7 @@ absl::Status CkptReader::Fill(size_t n) {
 }
 
 void CkptReader::Consume(size_t n) {
-  if (options_.verify_crc) crc_ = UpdateCrc(crc_, buffer_.data() + buffer_pos_, n);
+  if (computing_crc_) crc_ = UpdateCrc(crc_, buffer_.data() + buffer_pos_, n);
   buffer_pos_ += n;
   offset_ += static_cast<int64_t>(n);
 }
@@ -344,7 +355,7 @@ absl::Status CkptReader::ReadBytes(int64_t n, std::string* out, std::string_view
         break;
       }
       const size_t k = std::min(*got, target - filled);
-      if (options_.verify_crc) crc_ = UpdateCrc(crc_, out->data() + filled, k);
+      if (computing_crc_) crc_ = UpdateCrc(crc_, out->data() + filled, k);
       offset_ += static_cast<int64_t>(k);
       filled += k;
     }
@@ -468,6 +479,11 @@ absl::StatusOr<bool> CkptReader::ReadTrailer() {
   buffer_pos_ += kTrailerBytes;  // the trailer is not part of the checksummed bytes
   offset_ += kTrailerBytes;
   had_crc_ = true;
+  if (options_.verify_crc && !computing_crc_) {
+    return absl::DataLossError(absl::StrCat(
+        source_->Describe(), " changed while being read: it had no crc_num trailer when opened, "
+        "but one at offset ", start));
+  }
   if (options_.verify_crc && (high != 0 || stored != crc_)) {
     return absl::DataLossError(absl::StrFormat(
         "%s: CRC mismatch: the crc_num trailer at offset %d stores %s but the %d bytes before it "

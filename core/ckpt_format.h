@@ -91,6 +91,8 @@ class CkptReader {
   size_t buffer_pos_ = 0;
   bool eof_ = false;
   int64_t offset_ = 0;
+  // verify_crc, unless the source showed up front that it has no trailer to verify against.
+  const bool computing_crc_;
   uint32_t crc_ = 0;
   bool had_crc_ = false;
   bool done_ = false;

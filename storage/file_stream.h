@@ -37,6 +37,8 @@ class FileByteSource final : public ByteSource {
 
   absl::StatusOr<size_t> Read(char* buf, size_t n) override;
   std::string Describe() const override { return path_; }
+  // Read with pread at the size the file had when opened; nullopt for a non-regular file.
+  std::optional<std::string> Tail(size_t n) override;
 
   // Size of the file when opened, or -1 when it is not a regular file (a pipe, a device).
   int64_t size() const { return size_; }

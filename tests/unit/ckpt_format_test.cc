@@ -751,6 +751,60 @@ TEST(CkptCrcTest, FlippedByteIsDataLoss) {
   }
 }
 
+// The reader skips the CRC when the source shows up front that there is no trailer. A source
+// that cannot show its end (a pipe) is still verified; one that showed no trailer but then
+// delivers one changed while being read.
+class TailSource : public ByteSource {
+ public:
+  TailSource(std::string_view data, std::optional<std::string> tail)
+      : inner_(data), tail_(std::move(tail)) {}
+  absl::StatusOr<size_t> Read(char* buf, size_t n) override { return inner_.Read(buf, n); }
+  std::string Describe() const override { return "<tail>"; }
+  std::optional<std::string> Tail(size_t n) override {
+    if (!tail_) return std::nullopt;
+    return tail_->substr(tail_->size() - std::min(n, tail_->size()));
+  }
+
+ private:
+  MemoryByteSource inner_;
+  std::optional<std::string> tail_;
+};
+
+TEST(CkptCrcTest, TrailerDecisionFollowsTheSourcesEnd) {
+  absl::StatusOr<std::string> file = EncodeCkpt(SampleTensors(), {.crc_trailer = true});
+  ASSERT_TRUE(file.ok());
+  std::string bad = *file;
+  bad[bad.size() - 1] ^= 0x01;  // the stored CRC no longer matches
+  auto read_all = [](ByteSource* source) -> absl::Status {
+    CkptReader reader(source);
+    while (true) {
+      absl::StatusOr<std::optional<CkptTensor>> t = reader.NextTensor();
+      if (!t.ok()) return t.status();
+      if (!*t) return absl::OkStatus();
+    }
+  };
+  // No tail available: verified as before.
+  TailSource pipe(bad, std::nullopt);
+  absl::Status s = read_all(&pipe);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("CRC mismatch"));
+  // The tail shows the trailer: verified.
+  TailSource file_like(bad, bad);
+  s = read_all(&file_like);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("CRC mismatch"));
+  // The tail showed a plain ending, yet a trailer arrives: the file changed under the reader.
+  TailSource changed(bad, std::string(64, 'x'));
+  s = read_all(&changed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("changed while being read"));
+  // A plain file whose tail shows it: decodes (nothing to verify).
+  absl::StatusOr<std::string> plain = EncodeCkpt(SampleTensors(), {});
+  ASSERT_TRUE(plain.ok());
+  TailSource plain_source(*plain, *plain);
+  EXPECT_TRUE(read_all(&plain_source).ok());
+}
+
 TEST(CkptCrcTest, MalformedTrailerIsRejected) {
   absl::StatusOr<std::string> file = EncodeCkpt(SampleTensors(), {.crc_trailer = true});
   ASSERT_TRUE(file.ok());

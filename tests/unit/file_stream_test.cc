@@ -127,6 +127,29 @@ TEST_F(FileStreamTest, ReadsWholeFileThroughBufferAndDirectReads) {
   EXPECT_EQ(*again, 0u);
 }
 
+TEST_F(FileStreamTest, TailShowsTheLastBytesWithoutConsumingAnything) {
+  const std::string path = Path("tail.bin");
+  const std::string bytes = RandomBytes(100000, 9);
+  WriteFile(path, bytes);
+  absl::StatusOr<std::unique_ptr<FileByteSource>> source = FileByteSource::Open(path);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->Tail(17), bytes.substr(bytes.size() - 17));
+  EXPECT_EQ((*source)->Tail(1 << 20), bytes);  // a file shorter than asked: all of it
+  std::string read(bytes.size(), '\0');
+  size_t got = 0;
+  while (got < read.size()) {
+    absl::StatusOr<size_t> n = (*source)->Read(read.data() + got, read.size() - got);
+    ASSERT_TRUE(n.ok()) << n.status();
+    ASSERT_GT(*n, 0u);
+    got += *n;
+  }
+  EXPECT_TRUE(read == bytes);  // reading still starts at the beginning
+  // Not a regular file: no tail.
+  absl::StatusOr<std::unique_ptr<FileByteSource>> device = FileByteSource::Open("/dev/null");
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_EQ((*device)->Tail(17), std::nullopt);
+}
+
 TEST_F(FileStreamTest, EmptyFileReadsNothing) {
   const std::string path = Path("empty");
   WriteFile(path, "");
