@@ -1029,7 +1029,7 @@ absl::Status JobRunner::RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequ
         begun = true;
         UploadSink sink(upload.get());
         CKPT_RETURN_IF_ERROR(Pump(e, fetches[r], &sink, &stop));
-        // The last rank's Finish commits, which would make the output visible.
+        // The Finish of whichever rank completes last commits, making the output visible.
         CKPT_RETURN_IF_ERROR(Check(e));
         if (stop.load()) return absl::AbortedError("stopped because another rank failed");
         CKPT_ASSIGN_OR_RETURN(v1::UploadResponse response, upload->Finish());
