@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -131,6 +132,18 @@ std::optional<std::string> FileByteSource::Tail(size_t n) {
 // ---------------------------------------------------------------------------------------------
 // AtomicFileSink
 
+namespace {
+// False when the environment variable CKPT_DIRECT_IO is 0, false, off or no (any case): the
+// operator's way out of direct I/O on a file system where it is accepted but slow.
+bool DirectIoAllowed() {
+  const char* value = std::getenv("CKPT_DIRECT_IO");
+  if (value == nullptr) return true;
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  return !(v == "0" || v == "false" || v == "off" || v == "no");
+}
+}  // namespace
+
 AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct,
                                std::unique_ptr<char, FreeDeleter> buffer)
     : path_(std::move(path)),
@@ -169,8 +182,8 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
       // Direct I/O is switched on after creating the file: a file system without it refuses
       // here (EINVAL) and the file is simply written through the page cache.
       const int flags = ::fcntl(fd, F_GETFL);
-      const bool direct =
-          try_direct_io && flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
+      const bool direct = try_direct_io && DirectIoAllowed() && flags >= 0 &&
+                          ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
       return std::unique_ptr<AtomicFileSink>(
           new AtomicFileSink(path, std::move(temp_path), fd, direct, std::move(buffer)));
     }

@@ -67,8 +67,8 @@ class FileByteSource final : public ByteSource {
 // copying every byte into freshly allocated page-cache pages and writing those back at the fsync
 // (for multi-GiB outputs that copy cost more CPU than producing the bytes). The last block is
 // padded and the file truncated to its exact size. Where direct I/O is refused (tmpfs, some
-// network file systems, unusual block sizes) the sink writes through the page cache instead and
-// starts the writeback as it goes.
+// network file systems, unusual block sizes), or the environment sets CKPT_DIRECT_IO=0, the sink
+// writes through the page cache instead and starts the writeback as it goes.
 class AtomicFileSink final : public ByteSink {
  public:
   // Creates the temporary file (mode 0666 minus umask). Errors name the temporary path.

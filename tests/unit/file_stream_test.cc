@@ -1,5 +1,6 @@
 #include "storage/file_stream.h"
 
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -241,6 +242,21 @@ TEST_F(FileStreamTest, AtomicSinkWritesExactBytesWhateverThePieceSizes) {
     std::error_code ec;
     std::filesystem::remove_all(dirs[1], ec);
   }
+}
+
+TEST_F(FileStreamTest, DirectIoCanBeSwitchedOffByEnvironment) {
+  const std::string bytes = RandomBytes(5 << 20, 4);
+  for (const char* off : {"0", "OFF", "false", "no"}) {
+    ASSERT_EQ(::setenv("CKPT_DIRECT_IO", off, 1), 0);
+    const std::string path = Path(absl::StrCat("env_", off));
+    absl::StatusOr<std::unique_ptr<AtomicFileSink>> sink = AtomicFileSink::Create(path);
+    ASSERT_TRUE(sink.ok()) << sink.status();
+    EXPECT_FALSE((*sink)->direct_io()) << "CKPT_DIRECT_IO=" << off;
+    ASSERT_TRUE((*sink)->Write(bytes).ok());
+    ASSERT_TRUE((*sink)->Commit().ok());
+    EXPECT_TRUE(testing::ReadFileOrDie(path) == bytes);
+  }
+  ASSERT_EQ(::unsetenv("CKPT_DIRECT_IO"), 0);
 }
 
 TEST_F(FileStreamTest, AtomicSinkReplacesExistingFile) {
