@@ -3,8 +3,8 @@
 #ifndef CKPT_CORE_BYTE_STREAM_H_
 #define CKPT_CORE_BYTE_STREAM_H_
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
