@@ -1,30 +1,64 @@
 #include "tests/bench/transport.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <grpc/slice.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_writer.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/checkpoint_store.h"
 #include "transport_service.grpc.pb.h"
 #include "transport_service.pb.h"
 
 namespace ckpt::bench {
 namespace {
 
-// One outstanding write at a time, as ckptd's Fetch reactor does; the message is built once.
-class StreamWriter final : public grpc::ServerWriteReactor<StreamChunk> {
+// One outstanding write at a time, as ckptd's Fetch reactor does. The method is registered raw
+// so that, like ckptd's Fetch, a message read from a file goes out as a slice over the buffer it
+// was read into; the transport limit's prepared message is serialised for every write, as a
+// protobuf-typed reactor would.
+class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  StreamWriter(int64_t messages, int64_t message_bytes) : left_(messages) {
-    std::string* data = chunk_.mutable_data();
-    data->resize(static_cast<size_t>(message_bytes));
-    for (size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<char>(i * 131 + 7);
-    chunk_.set_xxh64(0x0123456789abcdefull);
+  explicit StreamWriter(const grpc::ByteBuffer* request_bytes) {
+    StreamRequest request;
+    grpc::ByteBuffer request_copy(*request_bytes);  // Deserialize consumes its buffer
+    if (!grpc::SerializationTraits<StreamRequest>::Deserialize(&request_copy, &request).ok() ||
+        request.messages() < 0 || request.message_bytes() < 1) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT, "bad StreamRequest");
+      return;
+    }
+    left_ = request.messages();
+    message_bytes_ = static_cast<size_t>(request.message_bytes());
+    for (const std::string& path : request.source_files()) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        Fail(grpc::StatusCode::NOT_FOUND, absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+        return;
+      }
+      files_.push_back({fd, path});
+    }
+    if (files_.empty()) {
+      std::string* data = prepared_.mutable_data();
+      data->resize(message_bytes_);
+      for (size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<char>(i * 131 + 7);
+      prepared_.set_xxh64(0x0123456789abcdefull);
+    }
     Next();
+  }
+  ~StreamWriter() override {
+    for (const File& f : files_) ::close(f.fd);
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -36,22 +70,95 @@ class StreamWriter final : public grpc::ServerWriteReactor<StreamChunk> {
   void OnDone() override { delete this; }
 
  private:
+  struct File {
+    int fd;
+    std::string path;
+  };
+
+  void Fail(grpc::StatusCode code, const std::string& message) {
+    failed_ = true;
+    Finish(grpc::Status(code, message));
+  }
+
+  // Reads the next message_bytes_ of the files into a fresh slice, continuing where the previous
+  // message ended, and frames it as a StreamChunk with its xxh64.
+  bool ReadMessage() {
+    grpc_slice raw = grpc_slice_malloc(message_bytes_);
+    grpc::Slice data(raw, grpc::Slice::STEAL_REF);
+    char* out = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(raw));
+    size_t filled = 0;
+    size_t empty_files = 0;
+    while (filled < message_bytes_) {
+      const File& f = files_[file_];
+      const ssize_t n = ::pread(f.fd, out + filled, message_bytes_ - filled, offset_);
+      if (n < 0) {
+        Fail(grpc::StatusCode::DATA_LOSS, absl::StrCat("reading ", f.path, ": ", std::strerror(errno)));
+        return false;
+      }
+      if (n == 0) {  // end of this file: the next one (or the first again)
+        if (++empty_files > files_.size()) {
+          Fail(grpc::StatusCode::FAILED_PRECONDITION, "the source files are empty");
+          return false;
+        }
+        file_ = (file_ + 1) % files_.size();
+        offset_ = 0;
+        continue;
+      }
+      empty_files = 0;
+      filled += static_cast<size_t>(n);
+      offset_ += n;
+    }
+    const uint64_t xxh64 = ChunkChecksum(std::string_view(out, message_bytes_));
+    // StreamChunk.data = 1 (length-delimited), StreamChunk.xxh64 = 2 (varint).
+    using google::protobuf::io::CodedOutputStream;
+    uint8_t head[1 + 10];
+    head[0] = (1 << 3) | 2;
+    const size_t head_size =
+        CodedOutputStream::WriteVarint64ToArray(message_bytes_, head + 1) - head;
+    uint8_t tail[1 + 10];
+    tail[0] = (2 << 3) | 0;
+    const size_t tail_size = CodedOutputStream::WriteVarint64ToArray(xxh64, tail + 1) - tail;
+    grpc::Slice slices[3] = {grpc::Slice(head, head_size), std::move(data),
+                             grpc::Slice(tail, tail_size)};
+    message_ = grpc::ByteBuffer(slices, 3);
+    return true;
+  }
+
   void Next() {
+    if (failed_) return;
     if (left_-- > 0) {
-      StartWrite(&chunk_);
+      if (!files_.empty()) {
+        if (!ReadMessage()) return;
+      } else {
+        bool own = false;
+        message_.Clear();  // the serialiser writes into an empty buffer only
+        if (!grpc::SerializationTraits<StreamChunk>::Serialize(prepared_, &message_, &own).ok()) {
+          Fail(grpc::StatusCode::INTERNAL, "cannot serialise the prepared message");
+          return;
+        }
+      }
+      StartWrite(&message_);
     } else {
       Finish(grpc::Status::OK);
     }
   }
-  StreamChunk chunk_;
-  int64_t left_;
+
+  StreamChunk prepared_;
+  grpc::ByteBuffer message_;
+  int64_t left_ = 0;
+  size_t message_bytes_ = 0;
+  std::vector<File> files_;
+  size_t file_ = 0;
+  off_t offset_ = 0;
+  bool failed_ = false;
 };
 
-class TransportImpl final : public Transport::CallbackService {
+class TransportImpl final
+    : public Transport::WithRawCallbackMethod_Stream<Transport::CallbackService> {
  public:
-  grpc::ServerWriteReactor<StreamChunk>* Stream(grpc::CallbackServerContext*,
-                                                const StreamRequest* request) override {
-    return new StreamWriter(request->messages(), request->message_bytes());
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Stream(grpc::CallbackServerContext*,
+                                                     const grpc::ByteBuffer* request) override {
+    return new StreamWriter(request);
   }
 };
 
@@ -86,7 +193,8 @@ int RunTransportServer(const std::string& port_file) {
 }
 
 absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int64_t messages,
-                                                 int64_t message_bytes) {
+                                                 int64_t message_bytes,
+                                                 const std::vector<std::string>& source_files) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);  // as ClientOptions::max_receive_message_bytes
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
@@ -99,12 +207,22 @@ absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int
     StreamRequest request;
     request.set_messages(n);
     request.set_message_bytes(message_bytes);
+    for (const std::string& f : source_files) request.add_source_files(f);
     const auto start = std::chrono::steady_clock::now();
     auto reader = stub->Stream(&context, request);
     StreamChunk chunk;
     TransportResult result;
-    while (reader->Read(&chunk)) result.bytes += static_cast<int64_t>(chunk.data().size());
+    absl::Status verified;
+    while (reader->Read(&chunk)) {
+      if (!source_files.empty() && verified.ok() && ChunkChecksum(chunk.data()) != chunk.xxh64()) {
+        verified = absl::DataLossError(absl::StrFormat(
+            "transport message at byte %d failed its checksum", result.bytes));
+        context.TryCancel();
+      }
+      result.bytes += static_cast<int64_t>(chunk.data().size());
+    }
     const grpc::Status status = reader->Finish();
+    if (!verified.ok()) return verified;
     result.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!status.ok()) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,9 +23,13 @@ struct TransportResult {
 };
 
 // Streams `messages` × `message_bytes` from the transport server at `address` through one stream
-// (channel configured like CkptClient's: 8 MiB receive limit), after a short warm-up.
+// (channel configured like CkptClient's: 8 MiB receive limit), after a short warm-up. With
+// `source_files`, the server reads the bytes from those files and checksums them, and this side
+// verifies every message's xxh64 as CkptClient does (DATA_LOSS on a mismatch): the verified-read
+// ceiling of a fetch.
 absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int64_t messages,
-                                                 int64_t message_bytes);
+                                                 int64_t message_bytes,
+                                                 const std::vector<std::string>& source_files = {});
 
 }  // namespace ckpt::bench
 
