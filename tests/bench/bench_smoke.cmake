@@ -49,8 +49,8 @@ foreach(i RANGE ${last})
 endforeach()
 
 # Figures that need nothing from the server beyond issue 3 must be real numbers.
-foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "deps_all_ranks_ms" "upload;gibps"
-             "upload;disk_write_gibps" "concurrent;gibps" "transform;baseline_seconds")
+foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "deps_all_ranks_ms"
+             "upload;gibps" "upload;disk_write_gibps" "concurrent;gibps" "transform;baseline_seconds")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
     message(FATAL_ERROR "${path} is ${type}, expected a number")

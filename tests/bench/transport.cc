@@ -14,7 +14,6 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <grpc/slice.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/proto_buffer_writer.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,7 +43,8 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     for (const std::string& path : request.source_files()) {
       const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) {
-        Fail(grpc::StatusCode::NOT_FOUND, absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+        Fail(grpc::StatusCode::NOT_FOUND,
+             absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
         return;
       }
       files_.push_back({fd, path});
@@ -92,7 +92,8 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       const File& f = files_[file_];
       const ssize_t n = ::pread(f.fd, out + filled, message_bytes_ - filled, offset_);
       if (n < 0) {
-        Fail(grpc::StatusCode::DATA_LOSS, absl::StrCat("reading ", f.path, ": ", std::strerror(errno)));
+        Fail(grpc::StatusCode::DATA_LOSS,
+             absl::StrCat("reading ", f.path, ": ", std::strerror(errno)));
         return false;
       }
       if (n == 0) {  // end of this file: the next one (or the first again)
