@@ -318,6 +318,14 @@ absl::Status ForEachInParallel(
   return first;
 }
 
+// ABORTED once ForEachInParallel has set `stop` (another rank of the job failed), else OK.
+absl::Status CheckStop(const std::atomic<bool>* stop) {
+  if (stop != nullptr && stop->load()) {
+    return absl::AbortedError("stopped because another rank of this job failed");
+  }
+  return absl::OkStatus();
+}
+
 // The fetch of destination rank `rank` (or of the merged tensors).
 v1::FetchRequest FetchFor(const v1::SubmitTransformRequest& r, int64_t rank, bool merged) {
   v1::FetchRequest f;
@@ -927,9 +935,7 @@ absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorS
   int64_t remaining = 0;  // its bytes still to come
   while (true) {
     CKPT_RETURN_IF_ERROR(Check(e));
-    if (stop != nullptr && stop->load()) {
-      return absl::AbortedError("stopped because another rank of this job failed");
-    }
+    CKPT_RETURN_IF_ERROR(CheckStop(stop));
     CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, /*checksum=*/false));
     if (!more) break;
     const v1::FetchResponse& msg = piece.message;
@@ -1031,7 +1037,7 @@ absl::Status JobRunner::RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequ
         CKPT_RETURN_IF_ERROR(Pump(e, fetches[r], &sink, &stop));
         // The Finish of whichever rank completes last commits, making the output visible.
         CKPT_RETURN_IF_ERROR(Check(e));
-        if (stop.load()) return absl::AbortedError("stopped because another rank failed");
+        CKPT_RETURN_IF_ERROR(CheckStop(&stop));
         CKPT_ASSIGN_OR_RETURN(v1::UploadResponse response, upload->Finish());
         if (response.committed()) committed = true;
         Update(e, Change::kProgress, [](v1::Job* j) {

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +13,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/absl_compat.h"
@@ -138,8 +138,7 @@ namespace {
 bool DirectIoAllowed() {
   const char* value = std::getenv("CKPT_DIRECT_IO");
   if (value == nullptr) return true;
-  std::string v(value);
-  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string v = absl::AsciiStrToLower(value);
   return !(v == "0" || v == "false" || v == "off" || v == "no");
 }
 }  // namespace
