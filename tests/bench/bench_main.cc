@@ -444,6 +444,11 @@ class Harness {
 
   json Results() const;
   // Seconds to write the exported bytes at the raw disk-write speed measured in this run.
+  // The verified-read ceiling as a fraction of the transport limit.
+  std::optional<double> CeilingRatio() const {
+    if (!ceiling_gibps_ || !transport_gibps_) return std::nullopt;
+    return *ceiling_gibps_ / *transport_gibps_;
+  }
   std::optional<double> TransformDiskFloor() const {
     if (!transform_output_bytes_ || !disk_gibps_ || *disk_gibps_ <= 0) return std::nullopt;
     return static_cast<double>(*transform_output_bytes_) / kGiB / *disk_gibps_;
@@ -679,7 +684,7 @@ void Harness::MeasureTransportLimit() {
   transport_gibps_ = measure({}, "transport", &transport_cpu_);
   if (transport_gibps_) {
     std::vector<std::string> files;
-    for (int r = 0; r < 8; ++r) {
+    for (int64_t r = 0; r < SourceStrategy(spec_).world_size(); ++r) {
       files.push_back(absl::StrCat(work_, "/src/rank_", r, "/", kRankFileName));
     }
     ceiling_gibps_ = measure(files, "verified-read ceiling", &ceiling_cpu_);
@@ -954,9 +959,7 @@ json Harness::Results() const {
   j["transport_cpu"] = CpuJson(transport_cpu_);
   j["verified_read_ceiling"] = {
       {"gibps", Opt(ceiling_gibps_)},
-      {"ratio_to_transport", ceiling_gibps_ && transport_gibps_
-                                 ? json(*ceiling_gibps_ / *transport_gibps_)
-                                 : json(nullptr)},
+      {"ratio_to_transport", Opt(CeilingRatio())},
       {"cpu", CpuJson(ceiling_cpu_)}};
   j["storage_gibps"] = Opt(storage_gibps_);
   const std::optional<double> limit = Limit(transport_gibps_, storage_gibps_);
@@ -1039,10 +1042,9 @@ std::vector<Row> Harness::Table() const {
   constexpr char kCpuRow[] = "  CPU per GiB (server + client)";
   if (Selected("transport")) {
     rows.push_back({kCpuRow, CpuText(transport_cpu_), "", ""});
-    std::optional<double> of_transport;
-    if (ceiling_gibps_ && transport_gibps_) of_transport = *ceiling_gibps_ / *transport_gibps_;
     rows.push_back({"verified-read ceiling (read + xxh64 x2)",
-                    absl::StrCat(Fmt(ceiling_gibps_, " GiB/s"), "  ratio ", Fmt(of_transport, "")),
+                    absl::StrCat(Fmt(ceiling_gibps_, " GiB/s"), "  ratio ",
+                                 Fmt(CeilingRatio(), "")),
                     "", ""});
     rows.push_back({kCpuRow, CpuText(ceiling_cpu_), "", ""});
   }
