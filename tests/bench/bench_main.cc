@@ -88,6 +88,13 @@ struct CpuPerGib {
   double client = 0;
 };
 
+// `n` bytes of a fixed pseudo-random-looking pattern (one per `seed`), cheap to make.
+std::string PatternBytes(size_t n, uint32_t seed) {
+  std::string bytes(n, '\0');
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<char>((i + seed) * 2654435761u >> 13);
+  return bytes;
+}
+
 // Measures CpuPerGib over a span: construct at its start, Finish(bytes) at its end.
 class CpuMeter {
  public:
@@ -434,6 +441,7 @@ class Harness {
 
   absl::Status Generate();
   void MeasureUpload();
+  void MeasureStoreWrite();
   void MeasureTransportLimit();
   void MeasureStorageLimit();
   void MeasureFetch(const FetchCase& c);
@@ -510,6 +518,11 @@ class Harness {
   std::optional<double> baseline_cpu_seconds_;
   std::optional<DepsResult> deps_;
   std::optional<double> upload_gibps_;
+  std::optional<CpuPerGib> upload_cpu_;
+  // 1 MiB chunks put into a fresh RocksDB store and committed, in this process: what RocksDB
+  // alone costs to ingest the bytes (the floor of the upload's server side).
+  std::optional<double> store_write_gibps_;
+  std::optional<double> store_write_cpu_;  // s per GiB, this process (RocksDB's threads included)
   std::optional<double> disk_gibps_;           // direct I/O where the file system allows it
   std::optional<double> disk_buffered_gibps_;  // through the page cache
   std::vector<std::string> notes_;
@@ -606,8 +619,7 @@ void Harness::MeasureUpload() {
     const std::string path = work_ + "/disk-write.tmp";
     auto sink_or = AtomicFileSink::Create(path, direct);  // write + fsync + rename
     if (!sink_or.ok()) return Error("disk write", sink_or.status());
-    std::string buffer(static_cast<size_t>(kMessageBytes), '\0');
-    for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>(i * 2654435761u >> 13);
+    const std::string buffer = PatternBytes(static_cast<size_t>(kMessageBytes), 0);
     const auto start = Clock::now();
     absl::Status s;
     for (int64_t done = 0; done < source_file_bytes_ && s.ok(); done += kMessageBytes) {
@@ -630,11 +642,12 @@ void Harness::MeasureUpload() {
       Progress(absl::StrFormat("buffered disk write + fsync: %.2f GiB/s", gibps));
     }
   }
-  const Strategy src = SourceStrategy(spec_);
+  MeasureStoreWrite();
   for (const char* name : {kSourceName, kThreeName, kColumnName, kPlainName}) {
     auto put = client_->PutStrategy(name, *StrategyByName(spec_, name), true);
     if (!put.ok()) return Error(absl::StrCat("PutStrategy ", name), put.status());
   }
+  const CpuMeter cpu(server_->pid());
   const auto start = Clock::now();
   auto up = client_->UploadDirectory(kCheckpointId, kSourceName, work_ + "/src");
   const double seconds = Seconds(start);
@@ -642,9 +655,54 @@ void Harness::MeasureUpload() {
   if (!up->committed) return Error("upload", absl::InternalError("checkpoint not committed"));
   uploaded_ = true;
   upload_gibps_ = up->file_bytes / kGiB / seconds;
+  upload_cpu_ = cpu.Finish(up->file_bytes);
   Progress(absl::StrFormat("upload: %.3f GiB in %.2f s = %.2f GiB/s (%lld bytes stored)",
                            up->file_bytes / kGiB, seconds, *upload_gibps_,
                            static_cast<long long>(up->bytes_stored)));
+}
+
+void Harness::MeasureStoreWrite() {
+  // The same bytes as the upload, as 1 MiB chunks in writes of 4, into a fresh store opened as
+  // ckptd opens its own, then committed (which flushes the chunks to synced blob files). One
+  // thread puts; RocksDB's flush threads run beside it, as in ckptd.
+  const std::string dir = work_ + "/store-write";
+  {
+    StoreOptions options;
+    options.min_free_disk_bytes = int64_t{64} << 20;
+    auto store = OpenRocksDbStore(dir, options);
+    if (!store.ok()) return Error("store write: open", store.status());
+    std::vector<std::string> payloads;
+    for (uint32_t k = 0; k < 4; ++k) {
+      payloads.push_back(PatternBytes(static_cast<size_t>(kMessageBytes), k + 1));
+    }
+    const double cpu_start = SelfCpuSeconds();
+    const auto start = Clock::now();
+    auto data_id = (*store)->BeginData();
+    if (!data_id.ok()) return Error("store write: begin", data_id.status());
+    int64_t written = 0;
+    for (uint32_t chunk = 0; written < source_file_bytes_;) {
+      std::vector<ChunkWrite> writes;
+      for (const std::string& p : payloads) {
+        if (written >= source_file_bytes_) break;
+        const auto n = static_cast<size_t>(std::min(kMessageBytes, source_file_bytes_ - written));
+        writes.push_back({{*data_id, chunk / 1024, 0, chunk % 1024}, std::string_view(p).substr(0, n)});
+        ++chunk;
+        written += static_cast<int64_t>(n);
+      }
+      if (auto s = (*store)->PutChunks(writes); !s.ok()) return Error("store write: put", s);
+    }
+    if (auto s = (*store)->CommitCheckpoint("store-write", "", *data_id); !s.ok()) {
+      return Error("store write: commit", s);
+    }
+    const double seconds = Seconds(start);
+    const double gib = static_cast<double>(written) / kGiB;
+    store_write_gibps_ = gib / seconds;
+    store_write_cpu_ = (SelfCpuSeconds() - cpu_start) / gib;
+    Progress(absl::StrFormat("store write limit: %.3f GiB in %.2f s = %.2f GiB/s, %.2f CPU s/GiB",
+                             gib, seconds, *store_write_gibps_, *store_write_cpu_));
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 void Harness::MeasureTransportLimit() {
@@ -997,7 +1055,10 @@ json Harness::Results() const {
   }
   j["upload"] = {{"gibps", Opt(upload_gibps_)},
                  {"disk_write_gibps", Opt(disk_gibps_)},
-                 {"disk_buffered_write_gibps", Opt(disk_buffered_gibps_)}};
+                 {"disk_buffered_write_gibps", Opt(disk_buffered_gibps_)},
+                 {"cpu", CpuJson(upload_cpu_)},
+                 {"store_write_gibps", Opt(store_write_gibps_)},
+                 {"store_write_cpu_s_per_gib", Opt(store_write_cpu_)}};
   json targets = json::array();
   for (const Row& r : Table()) {
     if (r.result.empty()) continue;
@@ -1116,6 +1177,10 @@ std::vector<Row> Harness::Table() const {
                                                   : std::nullopt)});
     rows.push_back({"  buffered disk write (page cache + fsync)",
                     Fmt(disk_buffered_gibps_, " GiB/s"), "", ""});
+    rows.push_back({kCpuRow, CpuText(upload_cpu_), "", ""});
+    rows.push_back({"  store write limit (RocksDB, 1 thread)", Fmt(store_write_gibps_, " GiB/s"),
+                    "", ""});
+    rows.push_back({"    CPU per GiB (RocksDB's threads incl.)", Fmt(store_write_cpu_, " s"), "", ""});
   }
   return rows;
 }
