@@ -238,6 +238,30 @@ TEST_F(ServerTest, DemoCheckpointThroughCtlAndWholeFileSource) {
   EXPECT_THAT(Ctl({"ls"}).stdout_text, ::testing::Not(HasSubstr("whole")));
 }
 
+// Slices of more than one upload message (the client sends ≤ 1 MiB messages that reference the
+// bytes it read, cut at 1 MiB boundaries that are not element rows) arrive intact, from rank
+// files and from a whole file.
+TEST_F(ServerTest, SlicesLargerThanOneMessageArriveIntact) {
+  std::vector<SampleTensor> tensors = DemoTensors();
+  for (SampleTensor& t : tensors) {
+    for (int64_t& d : t.global_shape) d *= 16;
+  }
+  // The embedding is [1536, 384] Float32 (2.25 MiB whole); its slices span several messages.
+  ASSERT_GT(tensors[0].global_shape[0] * tensors[0].global_shape[1] * 4, int64_t{2} << 20);
+  ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), tensors, dir_ / "big", {}).ok());
+  ASSERT_TRUE(WriteWholeSample(tensors, dir_ / "whole.ckpt", {}).ok());
+  ASSERT_TRUE(client_->PutStrategy("src", DemoSourceStrategy(), false).ok());
+  ASSERT_TRUE(client_->PutStrategy("dst", DemoDestinationStrategy(), false).ok());
+  auto up = client_->UploadDirectory("big", "src", dir_ / "big");
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_TRUE(up->committed);
+  auto whole = client_->UploadWholeFile("whole", dir_ / "whole.ckpt");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const Strategy dst = DemoDestinationStrategy();
+  ExpectServes("big", "dst", dst, tensors);
+  ExpectServes("whole", "dst", dst, tensors);
+}
+
 TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
   ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
   ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
