@@ -559,7 +559,7 @@ void Harness::Cleanup() {
     fs::remove_all(work_, ec);
   } else {
     for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline",
-                            "disk-write.tmp", "transport.port"}) {
+                            "disk-write.tmp", "store-write", "transport.port"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
   }
@@ -685,7 +685,8 @@ void Harness::MeasureStoreWrite() {
       for (const std::string& p : payloads) {
         if (written >= source_file_bytes_) break;
         const auto n = static_cast<size_t>(std::min(kMessageBytes, source_file_bytes_ - written));
-        writes.push_back({{*data_id, chunk / 1024, 0, chunk % 1024}, std::string_view(p).substr(0, n)});
+        writes.push_back(
+            {{*data_id, chunk / 1024, 0, chunk % 1024}, std::string_view(p).substr(0, n)});
         ++chunk;
         written += static_cast<int64_t>(n);
       }
@@ -1180,7 +1181,8 @@ std::vector<Row> Harness::Table() const {
     rows.push_back({kCpuRow, CpuText(upload_cpu_), "", ""});
     rows.push_back({"  store write limit (RocksDB, 1 thread)", Fmt(store_write_gibps_, " GiB/s"),
                     "", ""});
-    rows.push_back({"    CPU per GiB (RocksDB's threads incl.)", Fmt(store_write_cpu_, " s"), "", ""});
+    rows.push_back(
+        {"    CPU per GiB (RocksDB's threads incl.)", Fmt(store_write_cpu_, " s"), "", ""});
   }
   return rows;
 }
