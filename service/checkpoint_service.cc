@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "service/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -374,23 +375,6 @@ bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
   return grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, request).ok();
 }
 
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
 // Releases the reference a grpc::Slice held on a data segment's owner.
 void ReleaseSegment(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
 
@@ -405,29 +389,32 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   }
   // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3 and FetchData.data = 1
   // (length-delimited), FetchData.xxh64 = 2 (varint).
-  constexpr char kResponseData = (3 << 3) | 2;
-  constexpr char kDataBytes = (1 << 3) | 2;
-  constexpr char kDataXxh64 = (2 << 3) | 0;
+  using google::protobuf::io::CodedOutputStream;
+  constexpr uint8_t kResponseData = (3 << 3) | 2;
+  constexpr uint8_t kDataBytes = (1 << 3) | 2;
+  constexpr uint8_t kDataXxh64 = (2 << 3) | 0;
   const auto length = static_cast<uint64_t>(piece.data_bytes);
-  const uint64_t inner = 1 + VarintSize(length) + length + 1 + VarintSize(piece.xxh64);
-  std::string head;
-  head.push_back(kResponseData);
-  AppendVarint(&head, inner);
-  head.push_back(kDataBytes);
-  AppendVarint(&head, length);
-  std::string tail;
-  tail.push_back(kDataXxh64);
-  AppendVarint(&tail, piece.xxh64);
+  const uint64_t inner = 1 + CodedOutputStream::VarintSize64(length) + length + 1 +
+                         CodedOutputStream::VarintSize64(piece.xxh64);
+  uint8_t head[2 * (1 + 10)];
+  uint8_t* head_end = head;
+  *head_end++ = kResponseData;
+  head_end = CodedOutputStream::WriteVarint64ToArray(inner, head_end);
+  *head_end++ = kDataBytes;
+  head_end = CodedOutputStream::WriteVarint64ToArray(length, head_end);
+  uint8_t tail[1 + 10];
+  tail[0] = kDataXxh64;
+  const uint8_t* tail_end = CodedOutputStream::WriteVarint64ToArray(piece.xxh64, tail + 1);
 
   std::vector<grpc::Slice> slices;
   slices.reserve(piece.segments.size() + 2);
-  slices.emplace_back(head);
+  slices.emplace_back(head, static_cast<size_t>(head_end - head));  // copied
   for (DataSegment& s : piece.segments) {
     // gRPC only reads the bytes; the owner keeps them alive until gRPC drops the slice.
     slices.emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
                         new std::shared_ptr<const void>(std::move(s.owner)));
   }
-  slices.emplace_back(tail);
+  slices.emplace_back(tail, static_cast<size_t>(tail_end - tail));  // copied
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
