@@ -451,12 +451,12 @@ class Harness {
   void MeasureDependencies();
 
   json Results() const;
-  // Seconds to write the exported bytes at the raw disk-write speed measured in this run.
   // The verified-read ceiling as a fraction of the transport limit.
   std::optional<double> CeilingRatio() const {
     if (!ceiling_gibps_ || !transport_gibps_) return std::nullopt;
     return *ceiling_gibps_ / *transport_gibps_;
   }
+  // Seconds to write the exported bytes at the raw disk-write speed measured in this run.
   std::optional<double> TransformDiskFloor() const {
     if (!transform_output_bytes_ || !disk_gibps_ || *disk_gibps_ <= 0) return std::nullopt;
     return static_cast<double>(*transform_output_bytes_) / kGiB / *disk_gibps_;
