@@ -365,16 +365,47 @@ class FetchChecker {
       return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received more than its ",
                                               current_->total, " announced bytes"));
     }
-    const uint64_t actual = XXH64(bytes.data(), bytes.size(), /*seed=*/0);
-    if (actual != data.xxh64()) {
-      return absl::DataLossError(absl::StrCat(
-          "tensor ", current_->name, ": bytes [", current_->received, ", ",
-          current_->received + size, ") failed their xxh64 checksum (received ", absl::Hex(actual),
-          ", server sent ", absl::Hex(data.xxh64()), ")"));
+    if (data.part_bytes_size() == 0) {
+      CKPT_RETURN_IF_ERROR(Verify(bytes, 0, data.xxh64()));
+    } else {
+      // Parts end to end, each with its own checksum (FetchRequest.part_checksums).
+      if (data.part_bytes_size() != data.part_xxh64_size()) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor ", current_->name, ": a data message lists ", data.part_bytes_size(),
+            " part sizes but ", data.part_xxh64_size(), " part checksums"));
+      }
+      uint64_t offset = 0;
+      for (int i = 0; i < data.part_bytes_size(); ++i) {
+        const uint64_t part = data.part_bytes(i);
+        if (part == 0 || part > bytes.size() - offset) {
+          return absl::DataLossError(absl::StrCat(
+              "tensor ", current_->name, ": a data message of ", bytes.size(), " bytes lists part ",
+              i, " of ", part, " bytes at offset ", offset));
+        }
+        CKPT_RETURN_IF_ERROR(Verify(std::string_view(bytes).substr(offset, part), offset,
+                                    data.part_xxh64(i)));
+        offset += part;
+      }
+      if (offset != bytes.size()) {
+        return absl::DataLossError(absl::StrCat("tensor ", current_->name,
+                                                ": the parts of a data message cover ", offset,
+                                                " of its ", bytes.size(), " bytes"));
+      }
     }
     current_->received += size;
     bytes_ += size;
     return visitor_->OnData(std::string_view(bytes));
+  }
+
+  // Checks the xxh64 of `bytes`, found at `offset` in the current data message.
+  absl::Status Verify(std::string_view bytes, uint64_t offset, uint64_t expected) const {
+    const uint64_t actual = XXH64(bytes.data(), bytes.size(), /*seed=*/0);
+    if (actual == expected) return absl::OkStatus();
+    const int64_t begin = current_->received + static_cast<int64_t>(offset);
+    return absl::DataLossError(absl::StrCat(
+        "tensor ", current_->name, ": bytes [", begin, ", ", begin + std::ssize(bytes),
+        ") failed their xxh64 checksum (received ", absl::Hex(actual), ", server sent ",
+        absl::Hex(expected), ")"));
   }
 
   // Closes the open tensor (if any) at `where`, checking it got all its bytes.
@@ -804,7 +835,9 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
                                              request.checkpoint_id(),
                                              " not started: another rank failed"));
   }
-  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> stream = stub_->Fetch(&context, request);
+  v1::FetchRequest sent = request;
+  sent.set_part_checksums(true);  // FetchChecker verifies them
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> stream = stub_->Fetch(&context, sent);
   FetchChecker checker(&visitor);
   v1::FetchResponse message;
   absl::Status local;

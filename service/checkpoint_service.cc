@@ -379,32 +379,56 @@ bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
 void ReleaseSegment(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
 
 // Serialises one Fetch message. A data message is written as the protobuf wire format of
-// FetchResponse{data: FetchData{data, xxh64}} by hand so that its bytes go to gRPC as slices that
-// reference the stored chunks (or the assembled band) instead of being copied into a message.
+// FetchResponse{data: FetchData{data, xxh64 or part_bytes + part_xxh64}} by hand so that its bytes
+// go to gRPC as slices that reference the stored chunks (or the assembled band) instead of being
+// copied into a message.
 grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   if (piece.segments.empty()) {
     std::string bytes = piece.message.SerializeAsString();
     grpc::Slice slice(bytes);
     return grpc::ByteBuffer(&slice, 1);
   }
-  // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3 and FetchData.data = 1
-  // (length-delimited), FetchData.xxh64 = 2 (varint).
+  // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3, FetchData.data = 1
+  // (length-delimited), FetchData.xxh64 = 2 (varint), FetchData.part_bytes = 3 (packed
+  // varints) and FetchData.part_xxh64 = 4 (packed fixed64).
   using google::protobuf::io::CodedOutputStream;
   constexpr uint8_t kResponseData = (3 << 3) | 2;
   constexpr uint8_t kDataBytes = (1 << 3) | 2;
   constexpr uint8_t kDataXxh64 = (2 << 3) | 0;
+  constexpr uint8_t kPartBytes = (3 << 3) | 2;
+  constexpr uint8_t kPartXxh64 = (4 << 3) | 2;
   const auto length = static_cast<uint64_t>(piece.data_bytes);
-  const uint64_t inner = 1 + CodedOutputStream::VarintSize64(length) + length + 1 +
-                         CodedOutputStream::VarintSize64(piece.xxh64);
+  // The fields after the bytes: the checksum, or the parts' sizes and checksums.
+  uint64_t sizes_length = 0;
+  for (const ChecksumPart& p : piece.parts) {
+    sizes_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(p.bytes));
+  }
+  const uint64_t sums_length = 8 * piece.parts.size();
+  std::vector<uint8_t> tail(2 * (1 + 10) + sizes_length + sums_length);
+  uint8_t* tail_end = tail.data();
+  if (piece.parts.empty()) {
+    *tail_end++ = kDataXxh64;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(piece.xxh64, tail_end);
+  } else {
+    *tail_end++ = kPartBytes;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(sizes_length, tail_end);
+    for (const ChecksumPart& p : piece.parts) {
+      tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(p.bytes), tail_end);
+    }
+    *tail_end++ = kPartXxh64;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(sums_length, tail_end);
+    for (const ChecksumPart& p : piece.parts) {
+      tail_end = CodedOutputStream::WriteLittleEndian64ToArray(p.xxh64, tail_end);
+    }
+  }
+  const auto tail_size = static_cast<size_t>(tail_end - tail.data());
+  const uint64_t inner = 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;
   uint8_t head[2 * (1 + 10)];
   uint8_t* head_end = head;
   *head_end++ = kResponseData;
   head_end = CodedOutputStream::WriteVarint64ToArray(inner, head_end);
   *head_end++ = kDataBytes;
   head_end = CodedOutputStream::WriteVarint64ToArray(length, head_end);
-  uint8_t tail[1 + 10];
-  tail[0] = kDataXxh64;
-  const uint8_t* tail_end = CodedOutputStream::WriteVarint64ToArray(piece.xxh64, tail + 1);
 
   std::vector<grpc::Slice> slices;
   slices.reserve(piece.segments.size() + 2);
@@ -414,7 +438,7 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
     slices.emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
                         new std::shared_ptr<const void>(std::move(s.owner)));
   }
-  slices.emplace_back(tail, static_cast<size_t>(tail_end - tail));  // copied
+  slices.emplace_back(tail.data(), tail_size);  // copied
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
@@ -529,7 +553,9 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         }
       }
       if (!has_next_) {
-        auto more = stream_->NextPiece(&piece_);
+        auto more = stream_->NextPiece(&piece_, request_.part_checksums()
+                                                    ? FetchChecksums::kParts
+                                                    : FetchChecksums::kWhole);
         if (!more.ok()) {
           EndProducer(more.status());
           return;

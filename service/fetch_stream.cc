@@ -85,13 +85,36 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
   return true;
 }
 
-uint64_t SegmentsChecksum(const std::vector<DataSegment>& segments) {
-  std::vector<std::string_view> parts;
-  parts.reserve(segments.size());
-  for (const DataSegment& s : segments) parts.push_back(s.bytes);
-  return ChunkChecksum(parts);
-}
 }  // namespace
+
+void FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* out) const {
+  if (checksums == FetchChecksums::kNone) return;
+  // A run of segments hashed together; with kParts, whole stored chunks of at least
+  // min_part_bytes end a run and are parts of their own.
+  std::vector<std::string_view> run;
+  int64_t run_bytes = 0;
+  auto end_run = [&] {
+    if (run.empty()) return;
+    out->parts.push_back({run_bytes, ChunkChecksum(run)});
+    run.clear();
+    run_bytes = 0;
+  };
+  for (const DataSegment& s : out->segments) {
+    const auto size = static_cast<int64_t>(s.bytes.size());
+    if (checksums == FetchChecksums::kParts && s.chunk_xxh64 && size >= options_.min_part_bytes) {
+      end_run();
+      out->parts.push_back({size, *s.chunk_xxh64});
+    } else {
+      run.push_back(s.bytes);
+      run_bytes += size;
+    }
+  }
+  end_run();
+  if (out->parts.size() == 1) {
+    out->xxh64 = out->parts.front().xxh64;
+    out->parts.clear();
+  }
+}
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
                          CheckpointStore* store, FetchOptions options)
@@ -300,10 +323,11 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
   return true;
 }
 
-absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, bool checksum) {
+absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums checksums) {
   out->message.Clear();
   out->segments.clear();
   out->xxh64 = 0;
+  out->parts.clear();
   out->data_bytes = 0;
   if (!summary_sent_) {
     summary_sent_ = true;
@@ -346,7 +370,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, bool checksum) {
           static_cast<int64_t>(head.bytes.size()) <= options_.max_message_bytes) {
         out->segments.push_back(head);
         out->data_bytes = static_cast<int64_t>(head.bytes.size());
-        out->xxh64 = checksum ? *head.chunk_xxh64 : 0;
+        if (checksums != FetchChecksums::kNone) out->xxh64 = *head.chunk_xxh64;
         ++band_segment_;
         band_left_ -= out->data_bytes;
         if (band_left_ == 0) band_.clear();
@@ -357,7 +381,8 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, bool checksum) {
       while (want > 0) {
         const DataSegment& s = band_[band_segment_];
         const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
-        out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n), std::nullopt});
+        out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n),
+                                 n == s.bytes.size() ? s.chunk_xxh64 : std::nullopt});
         want -= static_cast<int64_t>(n);
         out->data_bytes += static_cast<int64_t>(n);
         band_offset_ += n;
@@ -368,7 +393,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, bool checksum) {
       }
       band_left_ -= out->data_bytes;
       if (band_left_ == 0) band_.clear();  // drop references the message does not hold
-      if (checksum) out->xxh64 = SegmentsChecksum(out->segments);
+      ChecksumMessage(checksums, out);
       bytes_produced_ += out->data_bytes;
       return true;
     }

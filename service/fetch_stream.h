@@ -35,6 +35,18 @@ struct FetchOptions {
   int64_t whole_chunk_message_bytes = int64_t{256} << 10;
   // Recently read chunks kept for the next band (a chunk's rows can span several bands).
   int64_t chunk_cache_bytes = int64_t{16} << 20;
+  // With FetchChecksums::kParts, a whole stored chunk at least this large in a combined message
+  // is a part of its own with its stored checksum; smaller ones are hashed with their neighbours.
+  int64_t min_part_bytes = int64_t{4} << 10;
+};
+
+// How NextPiece checksums data messages.
+enum class FetchChecksums {
+  kNone,   // no checksums (in-process readers that do not send the bytes on)
+  kWhole,  // one xxh64 of each message's bytes
+  // Whole stored chunks in a combined message keep the checksum verified when they were read,
+  // as parts of their own (FetchRequest.part_checksums): their bytes are not hashed again.
+  kParts,
 };
 
 // A run of a data message's bytes, kept alive by `owner` (a stored chunk read from the store, or
@@ -47,12 +59,21 @@ struct DataSegment {
   std::optional<uint64_t> chunk_xxh64;
 };
 
+// A run of a data message's bytes and their xxh64 (FetchData.part_bytes / part_xxh64).
+struct ChecksumPart {
+  int64_t bytes = 0;
+  uint64_t xxh64 = 0;
+};
+
 // One Fetch message: `message` (the plan summary or a tensor header) when `segments` is empty,
 // otherwise a data message whose bytes are the concatenated segments.
 struct FetchPiece {
   v1::FetchResponse message;
   std::vector<DataSegment> segments;
-  uint64_t xxh64 = 0;  // of the concatenated segments (ChunkChecksum)
+  uint64_t xxh64 = 0;  // of the concatenated segments (ChunkChecksum), when `parts` is empty
+  // With FetchChecksums::kParts, for a message of more than one part: the parts in order (they
+  // cover the segments exactly) instead of `xxh64`.
+  std::vector<ChecksumPart> parts;
   int64_t data_bytes = 0;
 };
 
@@ -65,9 +86,10 @@ class FetchStream {
   // Fills `out` with the next message; false when the stream is complete. Errors name the
   // checkpoint and tensor (DATA_LOSS on a checksum mismatch).
   absl::StatusOr<bool> Next(v1::FetchResponse* out);
-  // Same, without copying data: `out->segments` reference chunk or band memory. Without
-  // `checksum`, out->xxh64 is left 0 (for in-process readers that do not send the bytes on).
-  absl::StatusOr<bool> NextPiece(FetchPiece* out, bool checksum = true);
+  // Same, without copying data: `out->segments` reference chunk or band memory, checksummed as
+  // `checksums` says.
+  absl::StatusOr<bool> NextPiece(FetchPiece* out,
+                                 FetchChecksums checksums = FetchChecksums::kWhole);
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }
@@ -75,6 +97,7 @@ class FetchStream {
  private:
   absl::Status BuildBand();  // fills band_ with the next band of the current tensor
   absl::StatusOr<std::shared_ptr<ChunkData>> Chunk(const ChunkAddress& address, uint64_t checksum);
+  void ChecksumMessage(FetchChecksums checksums, FetchPiece* out) const;  // sets xxh64 or parts
   int64_t TensorBytes(const TensorPlan& t) const;
   const records::TensorRecord& Record(const TensorPlan& t) const;
   const records::BlobRecord* BlobFor(const records::TensorRecord& r, const CopyOp& op) const;

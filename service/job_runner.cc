@@ -936,7 +936,7 @@ absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorS
   while (true) {
     CKPT_RETURN_IF_ERROR(Check(e));
     CKPT_RETURN_IF_ERROR(CheckStop(stop));
-    CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, /*checksum=*/false));
+    CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, FetchChecksums::kNone));
     if (!more) break;
     const v1::FetchResponse& msg = piece.message;
     switch (piece.segments.empty() ? msg.kind_case() : v1::FetchResponse::kData) {

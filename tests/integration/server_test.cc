@@ -24,6 +24,7 @@
 #include "tests/testing/fixtures.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
+#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -241,25 +242,93 @@ TEST_F(ServerTest, DemoCheckpointThroughCtlAndWholeFileSource) {
 // Slices of more than one upload message (the client sends ≤ 1 MiB messages that reference the
 // bytes it read, cut at 1 MiB boundaries that are not element rows) arrive intact, from rank
 // files and from a whole file.
-TEST_F(ServerTest, SlicesLargerThanOneMessageArriveIntact) {
+// The demo tensors with every dim x16: the embedding is [1536, 384] Float32 (2.25 MiB whole),
+// so its slices span several messages and its chunks are tens of KiB. Uploaded from rank files
+// as checkpoint `big` with strategies `src` and `dst` registered.
+std::vector<SampleTensor> UploadLargeDemo(CkptClient& client, const std::filesystem::path& dir) {
   std::vector<SampleTensor> tensors = DemoTensors();
   for (SampleTensor& t : tensors) {
     for (int64_t& d : t.global_shape) d *= 16;
   }
-  // The embedding is [1536, 384] Float32 (2.25 MiB whole); its slices span several messages.
-  ASSERT_GT(tensors[0].global_shape[0] * tensors[0].global_shape[1] * 4, int64_t{2} << 20);
-  ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), tensors, dir_ / "big", {}).ok());
+  EXPECT_GT(tensors[0].global_shape[0] * tensors[0].global_shape[1] * 4, int64_t{2} << 20);
+  EXPECT_TRUE(WriteShardedSample(DemoSourceStrategy(), tensors, dir / "big", {}).ok());
+  EXPECT_TRUE(client.PutStrategy("src", DemoSourceStrategy(), false).ok());
+  EXPECT_TRUE(client.PutStrategy("dst", DemoDestinationStrategy(), false).ok());
+  auto up = client.UploadDirectory("big", "src", dir / "big");
+  EXPECT_TRUE(up.ok()) << up.status();
+  EXPECT_TRUE(up.ok() && up->committed);
+  return tensors;
+}
+
+TEST_F(ServerTest, SlicesLargerThanOneMessageArriveIntact) {
+  const std::vector<SampleTensor> tensors = UploadLargeDemo(*client_, dir_.path());
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(WriteWholeSample(tensors, dir_ / "whole.ckpt", {}).ok());
-  ASSERT_TRUE(client_->PutStrategy("src", DemoSourceStrategy(), false).ok());
-  ASSERT_TRUE(client_->PutStrategy("dst", DemoDestinationStrategy(), false).ok());
-  auto up = client_->UploadDirectory("big", "src", dir_ / "big");
-  ASSERT_TRUE(up.ok()) << up.status();
-  ASSERT_TRUE(up->committed);
   auto whole = client_->UploadWholeFile("whole", dir_ / "whole.ckpt");
   ASSERT_TRUE(whole.ok()) << whole.status();
   const Strategy dst = DemoDestinationStrategy();
   ExpectServes("big", "dst", dst, tensors);
   ExpectServes("whole", "dst", dst, tensors);
+}
+
+// A client that does not ask for part checksums (as before they existed) gets one xxh64 per
+// data message; one that does gets messages of several stored chunks with a checksum per part.
+// Both get the same bytes, and every checksum matches them.
+TEST_F(ServerTest, PartChecksumsOnlyWhenAskedAndBothFormsMatchTheBytes) {
+  const std::vector<SampleTensor> tensors = UploadLargeDemo(*client_, dir_.path());
+  ASSERT_FALSE(HasFailure());
+  auto stub = v1::CheckpointService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  // Every data message of one fetch, concatenated; the number of messages with parts.
+  auto fetch = [&](v1::FetchRequest request, bool parts, std::string* bytes) {
+    request.set_part_checksums(parts);
+    grpc::ClientContext context;
+    auto reader = stub->Fetch(&context, request);
+    v1::FetchResponse m;
+    int part_messages = 0;
+    while (reader->Read(&m)) {
+      if (!m.has_data()) continue;
+      const std::string& data = m.data().data();
+      if (m.data().part_bytes_size() == 0) {
+        EXPECT_EQ(m.data().xxh64(), XXH64(data.data(), data.size(), 0));
+      } else {
+        EXPECT_TRUE(parts) << "parts sent to a client that did not ask for them";
+        ++part_messages;
+        EXPECT_GE(m.data().part_bytes_size(), 2);
+        EXPECT_EQ(m.data().part_bytes_size(), m.data().part_xxh64_size());
+        size_t offset = 0;
+        for (int i = 0; i < m.data().part_bytes_size(); ++i) {
+          const std::string part = data.substr(offset, m.data().part_bytes(i));
+          EXPECT_EQ(part.size(), m.data().part_bytes(i));
+          EXPECT_EQ(m.data().part_xxh64(i), XXH64(part.data(), part.size(), 0)) << "part " << i;
+          offset += part.size();
+        }
+        EXPECT_EQ(offset, data.size());
+      }
+      *bytes += data;
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return part_messages;
+  };
+  const Strategy dst = DemoDestinationStrategy();
+  int part_messages = 0;
+  for (int64_t r = -1; r < dst.world_size(); ++r) {  // -1: merged
+    SCOPED_TRACE(r);
+    v1::FetchRequest request;
+    request.set_checkpoint_id("big");
+    if (r < 0) {
+      request.set_merged(true);
+    } else {
+      request.set_strategy("dst");
+      request.set_rank(r);
+    }
+    std::string whole, in_parts;
+    EXPECT_EQ(fetch(request, false, &whole), 0);
+    part_messages += fetch(request, true, &in_parts);
+    EXPECT_EQ(whole.size(), in_parts.size());
+    EXPECT_TRUE(whole == in_parts);
+  }
+  EXPECT_GT(part_messages, 0) << "no fetch of the large demo combined stored chunks";
 }
 
 TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {

@@ -1,8 +1,12 @@
-// Client library parts that need no server: choosing rank files, validating rank directories,
-// progress formatting, and errors raised before any RPC. Real-server behaviour is covered by the
+// Client library parts that need no ckptd: choosing rank files, validating rank directories,
+// progress formatting, errors raised before any RPC, and the checks of fetched data against an
+// in-process peer that sends crafted messages. Real-server behaviour is covered by the
 // integration tests.
 #include <stdlib.h>
 
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +22,7 @@
 #include "client/server_commands.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -382,6 +387,134 @@ TEST(CkptClientTest, FailedFetchLeavesNoFile) {
   const fs::path out = dir.path() / "out.ckpt";
   EXPECT_FALSE(client->FetchToFile(request, out.string()).ok());
   EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// An in-process peer whose Fetch sends a plan summary, one tensor header and the given data
+// messages: checks the client's verification of what a faulty server or network could send.
+class ScriptedFetchService final : public v1::CheckpointService::Service {
+ public:
+  explicit ScriptedFetchService(std::vector<v1::FetchData> data) : data_(std::move(data)) {}
+
+  grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest* request,
+                     grpc::ServerWriter<v1::FetchResponse>* writer) override {
+    part_checksums_requested_ = request->part_checksums();
+    int64_t total = 0;
+    for (const v1::FetchData& d : data_) total += static_cast<int64_t>(d.data().size());
+    v1::FetchResponse m;
+    m.mutable_summary()->set_tensor_count(1);
+    m.mutable_summary()->set_total_bytes(total);
+    writer->Write(m);
+    m.Clear();
+    m.mutable_tensor()->set_name("w");
+    m.mutable_tensor()->set_dtype("UInt8");
+    m.mutable_tensor()->add_local_shape(total);
+    m.mutable_tensor()->set_total_bytes(total);
+    writer->Write(m);
+    for (const v1::FetchData& d : data_) {
+      *m.mutable_data() = d;
+      writer->Write(m);
+    }
+    return grpc::Status::OK;
+  }
+
+  bool part_checksums_requested() const { return part_checksums_requested_; }
+
+ private:
+  std::vector<v1::FetchData> data_;
+  std::atomic<bool> part_checksums_requested_{false};
+};
+
+// Fetches `data` from a ScriptedFetchService; the bytes delivered, or the client's error.
+absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data,
+                                          bool* part_checksums_requested = nullptr) {
+  ScriptedFetchService service(std::move(data));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return absl::InternalError("could not start the scripted server");
+  auto client = CkptClient::Connect(absl::StrCat("127.0.0.1:", port));
+  if (!client.ok()) return client.status();
+  v1::FetchRequest request;
+  request.set_checkpoint_id("c1");
+  request.set_merged(true);
+  auto got = (*client)->FetchAll(request);
+  server->Shutdown();
+  if (part_checksums_requested) *part_checksums_requested = service.part_checksums_requested();
+  if (!got.ok()) return got.status();
+  std::string bytes;
+  for (const FetchedTensor& t : *got) bytes += t.data;
+  return bytes;
+}
+
+v1::FetchData WholeChecksummed(const std::string& bytes) {
+  v1::FetchData d;
+  d.set_data(bytes);
+  d.set_xxh64(XXH64(bytes.data(), bytes.size(), 0));
+  return d;
+}
+
+// `bytes` in parts of `sizes`, each with its own checksum.
+v1::FetchData InParts(const std::string& bytes, const std::vector<uint64_t>& sizes) {
+  v1::FetchData d;
+  d.set_data(bytes);
+  size_t offset = 0;
+  for (uint64_t n : sizes) {
+    d.add_part_bytes(n);
+    const std::string part = bytes.substr(std::min(offset, bytes.size()), n);
+    d.add_part_xxh64(XXH64(part.data(), part.size(), 0));
+    offset += n;
+  }
+  return d;
+}
+
+TEST(CkptClientTest, DataMessagesInWholeOrInPartsAreVerified) {
+  bool requested = false;
+  auto got = FetchScripted({WholeChecksummed("abcdef"), InParts("ghijklmnop", {3, 1, 6})},
+                           &requested);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "abcdefghijklmnop");
+  EXPECT_TRUE(requested) << "the client must ask for part checksums";
+}
+
+TEST(CkptClientTest, CorruptOrMalformedDataMessagesAreDataLoss) {
+  struct Case {
+    const char* what;
+    v1::FetchData data;
+    const char* error;
+  };
+  std::vector<Case> cases;
+  {
+    v1::FetchData d = WholeChecksummed("abcdef");
+    d.set_data("abcdeF");
+    cases.push_back({"flipped byte", d, "bytes [4, 10) failed their xxh64 checksum"});
+  }
+  {
+    v1::FetchData d = InParts("abcdefghij", {4, 6});
+    d.set_data("abcdefghiJ");
+    cases.push_back({"flipped byte in the second part", d, "bytes [8, 14) failed their xxh64"});
+  }
+  {
+    v1::FetchData d = InParts("abcdefghij", {4, 6});
+    d.add_part_bytes(1);
+    cases.push_back({"more sizes than checksums", d, "lists 3 part sizes but 2 part checksums"});
+  }
+  cases.push_back({"an empty part", InParts("abcdefghij", {4, 0, 6}), "part 1 of 0 bytes"});
+  cases.push_back({"parts beyond the data", InParts("abcdefghij", {4, 7}),
+                   "a data message of 10 bytes lists part 1 of 7 bytes at offset 4"});
+  cases.push_back(
+      {"parts short of the data", InParts("abcdefghij", {4, 5}), "cover 9 of its 10 bytes"});
+  cases.push_back({"a huge part size", InParts("abcdefghij", {4, ~uint64_t{0}}),
+                   "lists part 1 of 18446744073709551615 bytes"});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    // After 4 good bytes: positions in errors count from the start of the tensor.
+    auto got = FetchScripted({WholeChecksummed("0123"), c.data});
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_THAT(Msg(got.status()), AllOf(HasSubstr("tensor w"), HasSubstr(c.error)));
+  }
 }
 
 TEST(ServerCommandsTest, FetchArgumentCombinations) {

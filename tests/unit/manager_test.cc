@@ -104,24 +104,64 @@ class ManagerTest : public ::testing::Test {
     v1::FetchPlanSummary summary;
     std::vector<std::pair<v1::FetchTensorHeader, std::string>> tensors;
   };
+  // Fetches through Next (copies, one checksum per message) with checksums_ == kWhole, else
+  // through NextPiece as the service does, checking each message's checksum or parts.
   absl::StatusOr<Fetched> Fetch(const v1::FetchRequest& req) {
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     Fetched out;
     v1::FetchResponse msg;
+    FetchPiece piece;
     while (true) {
-      auto more = (*stream)->Next(&msg);
-      if (!more.ok()) return more.status();
-      if (!*more) break;
+      std::string data;
+      if (checksums_ == FetchChecksums::kWhole) {
+        auto more = (*stream)->Next(&msg);
+        if (!more.ok()) return more.status();
+        if (!*more) break;
+        if (msg.has_data()) {
+          data = msg.data().data();
+          EXPECT_EQ(msg.data().xxh64(), ChunkChecksum(data));
+        }
+      } else {
+        auto more = (*stream)->NextPiece(&piece, checksums_);
+        if (!more.ok()) return more.status();
+        if (!*more) break;
+        msg = piece.message;
+        for (const DataSegment& s : piece.segments) data += s.bytes;
+        EXPECT_EQ(static_cast<int64_t>(data.size()), piece.data_bytes);
+        if (!piece.segments.empty()) CheckPieceChecksums(piece, data);
+      }
       if (msg.has_summary()) out.summary = msg.summary();
       if (msg.has_tensor()) out.tensors.push_back({msg.tensor(), ""});
-      if (msg.has_data()) {
-        EXPECT_LE(static_cast<int64_t>(msg.data().data().size()), max_message_bytes_);
-        EXPECT_EQ(msg.data().xxh64(), ChunkChecksum(msg.data().data()));
-        out.tensors.back().second += msg.data().data();
+      if (!data.empty()) {
+        EXPECT_LE(static_cast<int64_t>(data.size()), max_message_bytes_);
+        out.tensors.back().second += data;
       }
     }
     return out;
+  }
+
+  void CheckPieceChecksums(const FetchPiece& piece, const std::string& data) {
+    if (checksums_ == FetchChecksums::kNone) {
+      EXPECT_EQ(piece.xxh64, 0u);
+      EXPECT_TRUE(piece.parts.empty());
+      return;
+    }
+    if (piece.parts.empty()) {
+      EXPECT_EQ(piece.xxh64, ChunkChecksum(data));
+      return;
+    }
+    ++part_messages_;
+    EXPECT_GE(piece.parts.size(), 2u);
+    size_t offset = 0;
+    for (const ChecksumPart& p : piece.parts) {
+      ASSERT_GT(p.bytes, 0);
+      ASSERT_LE(offset + static_cast<size_t>(p.bytes), data.size());
+      EXPECT_EQ(p.xxh64, ChunkChecksum(std::string_view(data).substr(offset, p.bytes)))
+          << "part at " << offset;
+      offset += static_cast<size_t>(p.bytes);
+    }
+    EXPECT_EQ(offset, data.size());
   }
 
   // Every tensor delivered to `rank` of `dst` equals the independently generated slice.
@@ -156,6 +196,8 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
+  FetchChecksums checksums_ = FetchChecksums::kWhole;
+  int64_t part_messages_ = 0;  // data messages checked that had parts
 };
 
 TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
@@ -204,6 +246,53 @@ TEST_F(ManagerTest, WholeChunkMessagesKeepEveryByteAndChecksum) {
     EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
                                       Box::Whole(t.global_shape), kSeed))
         << t.name;
+  }
+}
+
+// With part checksums, messages that combine whole stored chunks carry the chunks' stored
+// checksums as parts: they must cover the message exactly and match its bytes, for every re-split
+// and for merged fetches, whether messages hold whole bands (512) or cut bands and chunks (100).
+// Without checksums nothing is hashed.
+TEST_F(ManagerTest, PartChecksumsMatchEveryByteOfEveryMessage) {
+  for (int64_t max_message_bytes : {512, 100}) {
+    for (FetchChecksums mode : {FetchChecksums::kParts, FetchChecksums::kNone}) {
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
+                                static_cast<int>(mode)));
+      ManagerOptions options = SmallOptions();
+      options.fetch.max_message_bytes = max_message_bytes;
+      options.fetch.min_part_bytes = 16;
+      Restart(options);
+      const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+      PutStrategy("src", src);
+      PutStrategy("dst", dst);
+      UploadAll("ck", "src", src, DemoTensors());
+      checksums_ = mode;
+      part_messages_ = 0;
+      for (int64_t r = 0; r < dst.world_size(); ++r) {
+        SCOPED_TRACE(r);
+        ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+      }
+      for (int64_t r = 0; r < src.world_size(); ++r) {
+        SCOPED_TRACE(r);
+        ExpectRankMatches("ck", "src", src, r, DemoTensors());
+      }
+      v1::FetchRequest req;
+      req.set_checkpoint_id("ck");
+      req.set_merged(true);
+      auto got = Fetch(req);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (const SampleTensor& t : DemoTensors()) {
+        auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
+                               [&](const auto& p) { return p.first.name() == t.name; });
+        ASSERT_NE(it, got->tensors.end()) << t.name;
+        EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
+                                          Box::Whole(t.global_shape), kSeed))
+            << t.name;
+      }
+      if (mode == FetchChecksums::kParts) {
+        EXPECT_GT(part_messages_, 0);
+      }
+    }
   }
 }
 
