@@ -3,10 +3,13 @@
 #include <deque>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
+#include "core/status_macros.h"
 #include "service/grpc_status.h"
+#include "service/wire_format.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt {
@@ -270,10 +273,10 @@ namespace {
 
 // Reads one rank's stream. Each message is handled on the executor, and the next read starts
 // only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
-class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   UploadReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-                v1::UploadResponse* response)
+                grpc::ByteBuffer* response)
       : service_(service), ctx_(ctx), response_(response), start_(absl::Now()) {
     if (service_->shutting_down()) {
       Done(Unavailable());
@@ -289,6 +292,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     }
     service_->executor()->Submit([this] {
       const absl::Status s = Handle();
+      request_.Clear();  // the message's bytes are chunked or copied by now
+      slices_.clear();
+      data_.clear();
       if (!s.ok()) {
         upload_.reset();  // undoes this rank's contributions
         Done(s);
@@ -302,10 +308,21 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 
  private:
   absl::Status Handle() {
-    switch (request_.kind_case()) {
+    if (UploadDataViews(request_, &slices_, &data_)) {
+      size_t size = 0;
+      for (std::string_view d : data_) size += d.size();
+      CKPT_RETURN_IF_ERROR(CheckData(size));
+      for (std::string_view d : data_) CKPT_RETURN_IF_ERROR(upload_->Append(d));
+      return absl::OkStatus();
+    }
+    v1::UploadRequest request;
+    if (!grpc::SerializationTraits<v1::UploadRequest>::Deserialize(&request_, &request).ok()) {
+      return absl::InvalidArgumentError("malformed upload message (not a ckpt.v1.UploadRequest)");
+    }
+    switch (request.kind_case()) {
       case v1::UploadRequest::kHeader: {
         if (upload_) return absl::InvalidArgumentError("a second upload header in one stream");
-        header_ = request_.header();
+        header_ = request.header();
         auto u = service_->manager()->BeginUpload(header_);
         if (!u.ok()) return u.status();
         upload_ = std::move(*u);
@@ -313,20 +330,24 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       }
       case v1::UploadRequest::kTensor:
         if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
-        return upload_->StartTensor(request_.tensor());
+        return upload_->StartTensor(request.tensor());
       case v1::UploadRequest::kData:
-        if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
-        if (static_cast<int64_t>(request_.data().size()) >
-            service_->options().max_upload_message_bytes) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("data message of ", request_.data().size(), " bytes exceeds ",
-                           service_->options().max_upload_message_bytes));
-        }
-        return upload_->Append(request_.data());
+        CKPT_RETURN_IF_ERROR(CheckData(request.data().size()));
+        return upload_->Append(request.data());
       case v1::UploadRequest::KIND_NOT_SET:
         return absl::InvalidArgumentError("empty upload message");
     }
     return absl::InvalidArgumentError("unknown upload message");
+  }
+
+  // A data message of `size` bytes may come now.
+  absl::Status CheckData(size_t size) const {
+    if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
+    if (static_cast<int64_t>(size) > service_->options().max_upload_message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("data message of ", size, " bytes exceeds ",
+                                                     service_->options().max_upload_message_bytes));
+    }
+    return absl::OkStatus();
   }
 
   void Complete() {
@@ -345,15 +366,20 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       Done(r.status());
       return;
     }
-    *response_ = *r;
     if (r->committed()) service_->manager()->OnUploadFinished(header_.checkpoint_id());
-    Done(absl::OkStatus());
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<v1::UploadResponse>::Serialize(*r, response_, &own_buffer)
+             .ok()) {
+      Done(absl::InternalError("cannot serialise the upload response"));
+      return;
+    }
+    Done(absl::OkStatus(), r->committed());
   }
 
   // Logs and finishes; nothing may touch `this` afterwards (OnDone may run at once).
-  void Done(const absl::Status& s) {
+  void Done(const absl::Status& s, bool committed = false) {
     std::string detail = absl::StrCat("checkpoint=", header_.checkpoint_id(), " rank=", header_.rank());
-    if (s.ok() && response_->committed()) detail += " committed=true";
+    if (s.ok() && committed) detail += " committed=true";
     LogRpc("Upload", ctx_->peer(), s, upload_ ? upload_->bytes_received() : 0,
            absl::Now() - start_, detail);
     Finish(ToGrpcStatus(s));
@@ -361,9 +387,11 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 
   CheckpointServiceImpl* const service_;
   grpc::CallbackServerContext* const ctx_;
-  v1::UploadResponse* const response_;
+  grpc::ByteBuffer* const response_;  // an UploadResponse
   const absl::Time start_;
-  v1::UploadRequest request_;
+  grpc::ByteBuffer request_;  // an UploadRequest
+  std::vector<grpc::Slice> slices_;  // of a data message's request_, and views of its bytes
+  std::vector<std::string_view> data_;
   v1::UploadHeader header_;
   std::unique_ptr<RankUpload> upload_;
 };
@@ -373,73 +401,6 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
   grpc::ByteBuffer copy(buffer);  // Deserialize consumes its buffer; slices are shared, not copied
   return grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, request).ok();
-}
-
-// Releases the reference a grpc::Slice held on a data segment's owner.
-void ReleaseSegment(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
-
-// Serialises one Fetch message. A data message is written as the protobuf wire format of
-// FetchResponse{data: FetchData{data, xxh64 or part_bytes + part_xxh64}} by hand so that its bytes
-// go to gRPC as slices that reference the stored chunks (or the assembled band) instead of being
-// copied into a message.
-grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
-  if (piece.segments.empty()) {
-    std::string bytes = piece.message.SerializeAsString();
-    grpc::Slice slice(bytes);
-    return grpc::ByteBuffer(&slice, 1);
-  }
-  // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3, FetchData.data = 1
-  // (length-delimited), FetchData.xxh64 = 2 (varint), FetchData.part_bytes = 3 (packed
-  // varints) and FetchData.part_xxh64 = 4 (packed fixed64).
-  using google::protobuf::io::CodedOutputStream;
-  constexpr uint8_t kResponseData = (3 << 3) | 2;
-  constexpr uint8_t kDataBytes = (1 << 3) | 2;
-  constexpr uint8_t kDataXxh64 = (2 << 3) | 0;
-  constexpr uint8_t kPartBytes = (3 << 3) | 2;
-  constexpr uint8_t kPartXxh64 = (4 << 3) | 2;
-  const auto length = static_cast<uint64_t>(piece.data_bytes);
-  // The fields after the bytes: the checksum, or the parts' sizes and checksums.
-  uint64_t sizes_length = 0;
-  for (const ChecksumPart& p : piece.parts) {
-    sizes_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(p.bytes));
-  }
-  const uint64_t sums_length = 8 * piece.parts.size();
-  std::vector<uint8_t> tail(2 * (1 + 10) + sizes_length + sums_length);
-  uint8_t* tail_end = tail.data();
-  if (piece.parts.empty()) {
-    *tail_end++ = kDataXxh64;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(piece.xxh64, tail_end);
-  } else {
-    *tail_end++ = kPartBytes;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(sizes_length, tail_end);
-    for (const ChecksumPart& p : piece.parts) {
-      tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(p.bytes), tail_end);
-    }
-    *tail_end++ = kPartXxh64;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(sums_length, tail_end);
-    for (const ChecksumPart& p : piece.parts) {
-      tail_end = CodedOutputStream::WriteLittleEndian64ToArray(p.xxh64, tail_end);
-    }
-  }
-  const auto tail_size = static_cast<size_t>(tail_end - tail.data());
-  const uint64_t inner = 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;
-  uint8_t head[2 * (1 + 10)];
-  uint8_t* head_end = head;
-  *head_end++ = kResponseData;
-  head_end = CodedOutputStream::WriteVarint64ToArray(inner, head_end);
-  *head_end++ = kDataBytes;
-  head_end = CodedOutputStream::WriteVarint64ToArray(length, head_end);
-
-  std::vector<grpc::Slice> slices;
-  slices.reserve(piece.segments.size() + 2);
-  slices.emplace_back(head, static_cast<size_t>(head_end - head));  // copied
-  for (DataSegment& s : piece.segments) {
-    // gRPC only reads the bytes; the owner keeps them alive until gRPC drops the slice.
-    slices.emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
-                        new std::shared_ptr<const void>(std::move(s.owner)));
-  }
-  slices.emplace_back(tail.data(), tail_size);  // copied
-  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 // The state of one Fetch, shared by the reactor (gRPC events) and the producer task (executor).
@@ -830,8 +791,8 @@ grpc::ServerWriteReactor<v1::Job>* CheckpointServiceImpl::WatchJob(
   return new WatchJobReactor(this, ctx, req);
 }
 
-grpc::ServerReadReactor<v1::UploadRequest>* CheckpointServiceImpl::Upload(
-    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   return new UploadReactor(this, ctx, resp);
 }
 

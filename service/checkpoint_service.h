@@ -46,11 +46,14 @@ struct ServiceOptions {
   int64_t max_upload_message_bytes = int64_t{1} << 20;
 };
 
-// Fetch is registered raw (grpc::ByteBuffer) so that its data messages can reference stored
-// chunks instead of copying them; its request and responses are still ckpt.v1 messages.
+// Fetch and Upload are registered raw (grpc::ByteBuffer) so that data messages can reference
+// stored chunks instead of copying them (Fetch), and be chunked straight from gRPC's receive
+// buffers instead of being parsed into a string first (Upload); their requests and responses
+// are still ckpt.v1 messages.
 class CheckpointServiceImpl final
-    : public v1::CheckpointService::WithRawCallbackMethod_Fetch<
-          v1::CheckpointService::CallbackService> {
+    : public v1::CheckpointService::WithRawCallbackMethod_Upload<
+          v1::CheckpointService::WithRawCallbackMethod_Fetch<
+              v1::CheckpointService::CallbackService>> {
  public:
   // Does not own its arguments, which must outlive it. `jobs` must be started.
   CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs, Executor* executor,
@@ -71,8 +74,8 @@ class CheckpointServiceImpl final
   grpc::ServerUnaryReactor* DeleteStrategy(grpc::CallbackServerContext* ctx,
                                            const v1::DeleteStrategyRequest* req,
                                            v1::DeleteStrategyResponse* resp) override;
-  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* ctx,
-                                                     v1::UploadResponse* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* ctx,
+                                                    grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
                                             const v1::ListCheckpointsRequest* req,
                                             v1::ListCheckpointsResponse* resp) override;

@@ -414,6 +414,103 @@ TEST_F(ServerTest, KilledUploadLeavesNothingVisible) {
   ExpectServes("demo", "src", DemoSourceStrategy(), DemoTensors());
 }
 
+// ckptd reads upload data messages straight from gRPC's buffers when they are exactly
+// UploadRequest{data}, and parses anything else with protobuf. Messages are written here as raw
+// bytes: plain data messages, ones whose tag and length are split over slices, ones with a field
+// ckptd does not know (parsed by protobuf), and an empty one. The committed tensor must equal
+// what was sent; malformed and oversized messages are refused and leave nothing behind.
+TEST_F(ServerTest, RawUploadMessagesInAnyLayoutAreReadExactly) {
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  static const grpc::internal::RpcMethod kUpload("/ckpt.v1.CheckpointService/Upload",
+                                                 grpc::internal::RpcMethod::CLIENT_STREAMING);
+  auto serialized = [](const v1::UploadRequest& m) {
+    std::string bytes;
+    EXPECT_TRUE(m.SerializeToString(&bytes));
+    return bytes;
+  };
+  // Uploads `messages` (each a list of slices) as checkpoint `id`: the call's status, and the
+  // response if it succeeded.
+  auto upload = [&](const std::string& id, const std::vector<std::vector<std::string>>& messages,
+                    v1::UploadResponse* response) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer reply;
+    auto writer = std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>>(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), kUpload,
+                                                                      &context, &reply));
+    v1::UploadRequest header;
+    header.mutable_header()->set_checkpoint_id(id);
+    std::vector<std::vector<std::string>> all = {{serialized(header)}};
+    all.insert(all.end(), messages.begin(), messages.end());
+    for (const std::vector<std::string>& parts : all) {
+      std::vector<grpc::Slice> slices;
+      for (const std::string& p : parts) slices.emplace_back(p);
+      grpc::ByteBuffer buffer(slices.data(), slices.size());
+      if (!writer->Write(buffer)) break;
+    }
+    writer->WritesDone();
+    grpc::Status status = writer->Finish();
+    if (status.ok()) {
+      std::vector<grpc::Slice> slices;
+      EXPECT_TRUE(reply.Dump(&slices).ok());
+      std::string bytes;
+      for (const grpc::Slice& sl : slices) {
+        bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+      }
+      EXPECT_TRUE(response->ParseFromString(bytes));
+    }
+    return status;
+  };
+  const Shape shape = {64, 48};
+  const std::string bytes = SampleSlice("w", DType::kFloat32, shape, Box::Whole(shape), kSeed);
+  v1::UploadRequest tensor;
+  tensor.mutable_tensor()->set_name("w");
+  tensor.mutable_tensor()->set_dtype("Float32");
+  for (int64_t d : shape) tensor.mutable_tensor()->add_dims(d);
+  tensor.mutable_tensor()->set_total_bytes(static_cast<int64_t>(bytes.size()));
+  auto data = [&](size_t from, size_t n) {
+    v1::UploadRequest m;
+    m.set_data(bytes.substr(from, n));
+    return m;
+  };
+
+  std::vector<std::vector<std::string>> messages = {{serialized(tensor)}};
+  const std::string plain = serialized(data(0, 3000));  // tag, 2-byte length, bytes
+  messages.push_back({plain});
+  const std::string split = serialized(data(3000, 5000));
+  messages.push_back(
+      {split.substr(0, 1), split.substr(1, 1), split.substr(2, 700), split.substr(702)});
+  v1::UploadRequest with_unknown = data(8000, 4000);
+  with_unknown.GetReflection()->MutableUnknownFields(&with_unknown)->AddVarint(99, 7);
+  messages.push_back({serialized(with_unknown)});
+  messages.push_back({serialized(data(12000, 0))});
+  messages.push_back({serialized(data(12000, bytes.size() - 12000))});
+  v1::UploadResponse response;
+  grpc::Status status = upload("raw", messages, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(response.committed());
+  v1::FetchRequest merged;
+  merged.set_checkpoint_id("raw");
+  merged.set_merged(true);
+  auto got = client_->FetchAll(merged);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_TRUE(got->front().data == bytes) << "the stored tensor differs from what was sent";
+
+  // Malformed and oversized messages: refused, nothing stored.
+  status = upload("bad1", {{serialized(tensor)}, {std::string("\xff\xff\xff\xff")}}, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("malformed upload message"));
+  v1::UploadRequest big;
+  big.set_data(std::string((size_t{1} << 20) + 1, 'x'));
+  status = upload("bad2", {{serialized(tensor)}, {serialized(big)}}, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("data message of 1048577 bytes exceeds 1048576"));
+  auto ls = client_->ListCheckpoints();
+  ASSERT_TRUE(ls.ok()) << ls.status();
+  ASSERT_EQ(ls->size(), 1u);
+  EXPECT_EQ(ls->front().id(), "raw");
+}
+
 TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
   ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
   ASSERT_EQ(Ctl({"strategy", "put", "src", dir_ / "demo/src_strategy.ckpt"}).exit_code, 0);

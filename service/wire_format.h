@@ -1,0 +1,31 @@
+// The protobuf wire format of the two messages that carry tensor bytes, written and read by
+// hand so that the bytes stay in gRPC slices instead of being copied into or out of messages.
+// The field numbers are those of proto/ckpt.proto; wire_format_test checks both functions
+// against protobuf's own parser and serialiser.
+#ifndef CKPT_SERVICE_WIRE_FORMAT_H_
+#define CKPT_SERVICE_WIRE_FORMAT_H_
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include <string_view>
+#include <vector>
+
+#include "service/fetch_stream.h"
+
+namespace ckpt {
+
+// Serialises one Fetch message. A data message is written as the wire format of
+// FetchResponse{data: FetchData{data, xxh64 or part_bytes + part_xxh64}} whose bytes are slices
+// that reference the piece's segments (kept alive by their owners until gRPC drops them).
+grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece);
+
+// If `buffer` is exactly the wire format of UploadRequest{data} (as the client library writes
+// data messages), fills `data` with views of the bytes in `slices` (the buffer's slices, which
+// own them) and returns true. Otherwise returns false: the message is to be parsed by protobuf.
+bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
+                     std::vector<std::string_view>* data);
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICE_WIRE_FORMAT_H_
