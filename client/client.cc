@@ -18,6 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "client/fetch_wire.h"
 #include "client/strategy_files.h"
 #include "core/absl_compat.h"
 #include "core/ckpt_format.h"
@@ -32,7 +34,6 @@
 #include "grpcpp/support/slice.h"
 #include "grpcpp/support/sync_stream.h"
 #include "storage/file_stream.h"
-#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -295,6 +296,12 @@ class FetchChecker {
  public:
   explicit FetchChecker(TensorVisitor* visitor) : visitor_(visitor) {}
 
+  absl::Status Consume(const FetchWire& message) {
+    if (!message.is_data) return Consume(message.message);
+    return OnData(message.data, message.data_bytes, message.xxh64, message.part_bytes,
+                  message.part_xxh64);
+  }
+
   absl::Status Consume(const v1::FetchResponse& message) {
     switch (message.kind_case()) {
       case v1::FetchResponse::kSummary:
@@ -358,52 +365,60 @@ class FetchChecker {
   }
 
   absl::Status OnData(const v1::FetchData& data) {
+    const std::vector<std::string_view> views = {data.data()};
+    return OnData(views, data.data().size(), data.xxh64(),
+                  absl::MakeConstSpan(data.part_bytes().data(), data.part_bytes_size()),
+                  absl::MakeConstSpan(data.part_xxh64().data(), data.part_xxh64_size()));
+  }
+
+  // A data message of `size` bytes, the concatenated `views`.
+  absl::Status OnData(const std::vector<std::string_view>& views, uint64_t size, uint64_t xxh64,
+                      absl::Span<const uint64_t> part_bytes,
+                      absl::Span<const uint64_t> part_xxh64) {
     if (!current_) return absl::InternalError("fetch stream sent data outside a tensor");
-    const std::string& bytes = data.data();
-    const int64_t size = static_cast<int64_t>(bytes.size());
-    if (size > current_->total - current_->received) {
+    if (size > static_cast<uint64_t>(current_->total - current_->received)) {
       return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received more than its ",
                                               current_->total, " announced bytes"));
     }
-    if (data.part_bytes_size() == 0) {
-      CKPT_RETURN_IF_ERROR(Verify(bytes, 0, data.xxh64()));
+    ViewCursor cursor(views);
+    if (part_bytes.empty()) {
+      CKPT_RETURN_IF_ERROR(Verify(cursor.Xxh64(size), 0, size, xxh64));
     } else {
       // Parts end to end, each with its own checksum (FetchRequest.part_checksums).
-      if (data.part_bytes_size() != data.part_xxh64_size()) {
+      if (part_bytes.size() != part_xxh64.size()) {
         return absl::DataLossError(absl::StrCat(
-            "tensor ", current_->name, ": a data message lists ", data.part_bytes_size(),
-            " part sizes but ", data.part_xxh64_size(), " part checksums"));
+            "tensor ", current_->name, ": a data message lists ", part_bytes.size(),
+            " part sizes but ", part_xxh64.size(), " part checksums"));
       }
       uint64_t offset = 0;
-      for (int i = 0; i < data.part_bytes_size(); ++i) {
-        const uint64_t part = data.part_bytes(i);
-        if (part == 0 || part > bytes.size() - offset) {
-          return absl::DataLossError(absl::StrCat(
-              "tensor ", current_->name, ": a data message of ", bytes.size(), " bytes lists part ",
-              i, " of ", part, " bytes at offset ", offset));
+      for (size_t i = 0; i < part_bytes.size(); ++i) {
+        const uint64_t part = part_bytes[i];
+        if (part == 0 || part > size - offset) {
+          return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a data message of ",
+                                                  size, " bytes lists part ", i, " of ", part,
+                                                  " bytes at offset ", offset));
         }
-        CKPT_RETURN_IF_ERROR(Verify(std::string_view(bytes).substr(offset, part), offset,
-                                    data.part_xxh64(i)));
+        CKPT_RETURN_IF_ERROR(Verify(cursor.Xxh64(part), offset, part, part_xxh64[i]));
         offset += part;
       }
-      if (offset != bytes.size()) {
+      if (offset != size) {
         return absl::DataLossError(absl::StrCat("tensor ", current_->name,
                                                 ": the parts of a data message cover ", offset,
-                                                " of its ", bytes.size(), " bytes"));
+                                                " of its ", size, " bytes"));
       }
     }
-    current_->received += size;
-    bytes_ += size;
-    return visitor_->OnData(std::string_view(bytes));
+    current_->received += static_cast<int64_t>(size);
+    bytes_ += static_cast<int64_t>(size);
+    for (std::string_view v : views) CKPT_RETURN_IF_ERROR(visitor_->OnData(v));
+    return absl::OkStatus();
   }
 
-  // Checks the xxh64 of `bytes`, found at `offset` in the current data message.
-  absl::Status Verify(std::string_view bytes, uint64_t offset, uint64_t expected) const {
-    const uint64_t actual = XXH64(bytes.data(), bytes.size(), /*seed=*/0);
+  // Checks `actual`, the xxh64 of the `size` bytes at `offset` in the current data message.
+  absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const {
     if (actual == expected) return absl::OkStatus();
     const int64_t begin = current_->received + static_cast<int64_t>(offset);
     return absl::DataLossError(absl::StrCat(
-        "tensor ", current_->name, ": bytes [", begin, ", ", begin + std::ssize(bytes),
+        "tensor ", current_->name, ": bytes [", begin, ", ", begin + static_cast<int64_t>(size),
         ") failed their xxh64 checksum (received ", absl::Hex(actual), ", server sent ",
         absl::Hex(expected), ")"));
   }
@@ -837,9 +852,14 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
   }
   v1::FetchRequest sent = request;
   sent.set_part_checksums(true);  // FetchChecker verifies them
-  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> stream = stub_->Fetch(&context, sent);
+  // As the generated stub's Fetch, but data messages are read in place (client/fetch_wire.h).
+  static const grpc::internal::RpcMethod kFetch("/ckpt.v1.CheckpointService/Fetch",
+                                                grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<FetchWire>> stream(
+      grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
+                                                             sent));
   FetchChecker checker(&visitor);
-  v1::FetchResponse message;
+  FetchWire message;
   absl::Status local;
   while (stream->Read(&message)) {
     local = checker.Consume(message);

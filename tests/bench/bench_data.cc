@@ -258,8 +258,9 @@ absl::Status SliceChecker::Feed(std::string_view piece) {
     CKPT_RETURN_IF_ERROR(Check(offset_, at(0)));
     CKPT_RETURN_IF_ERROR(Check(offset_ + n / 2, at(n / 2)));
     CKPT_RETURN_IF_ERROR(Check(offset_ + n - 1, at(n - 1)));
-    // One run of up to 256 bytes at a position that moves from piece to piece.
-    const int64_t run = std::min<int64_t>(256, n);
+    // One run at a position that moves from piece to piece, 256 bytes per MiB of the piece (up
+    // to 256): the client hands over pieces of any size, so the checks stay in proportion.
+    const int64_t run = std::min<int64_t>(n, std::clamp<int64_t>(n >> 12, 1, 256));
     const int64_t start = static_cast<int64_t>(Mix(static_cast<uint64_t>(offset_)) %
                                                static_cast<uint64_t>(n - run + 1));
     for (int64_t i = start; i < start + run; ++i) CKPT_RETURN_IF_ERROR(Check(offset_ + i, at(i)));

@@ -81,8 +81,8 @@ absl::StatusOr<int64_t> WriteSourceCheckpoint(const BenchSpec& spec, const Strat
                                               const std::string& dir, int threads);
 
 // Checks sampled bytes of one delivered slice against the generator. Feed the slice's bytes in
-// order, in any pieces; every piece gets a few single bytes and one run checked. Not
-// thread-safe.
+// order, in any pieces; every piece gets a few single bytes and one run (of up to 256 bytes, in
+// proportion to its size) checked. Not thread-safe.
 class SliceChecker {
  public:
   SliceChecker(const BenchTensor* tensor, Box box) : tensor_(tensor), box_(std::move(box)) {}

@@ -1,0 +1,160 @@
+#include "client/fetch_wire.h"
+
+#include <grpcpp/impl/codegen/proto_utils.h>
+
+#include <algorithm>
+
+// For XXH64_state_t on the stack (its layout is stable within the 0.8 series we link).
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include "google/protobuf/io/coded_stream.h"
+
+namespace ckpt {
+namespace {
+
+using google::protobuf::io::CodedInputStream;
+
+// Field numbers and wire types of proto/ckpt.proto.
+constexpr uint32_t kResponseData = (3 << 3) | 2;  // FetchResponse.data
+constexpr uint32_t kDataBytes = (1 << 3) | 2;     // FetchData.data
+constexpr uint32_t kDataXxh64 = (2 << 3) | 0;     // FetchData.xxh64
+constexpr uint32_t kPartBytes = (3 << 3) | 0;     // FetchData.part_bytes, one varint
+constexpr uint32_t kPartBytesPacked = (3 << 3) | 2;
+constexpr uint32_t kPartXxh64 = (4 << 3) | 1;  // FetchData.part_xxh64, one fixed64
+constexpr uint32_t kPartXxh64Packed = (4 << 3) | 2;
+
+// The FetchData fields of `in` up to its limit; false on anything but the fields above (each
+// once, repeated ones in either encoding) or on malformed input.
+bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
+  bool have_data = false;
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) return in.BytesUntilLimit() == 0;  // the end, or an error before it
+    switch (tag) {
+      case kDataBytes: {
+        uint32_t n = 0;
+        if (have_data || !in.ReadVarint32(&n)) return false;
+        have_data = true;
+        out->data_bytes = n;
+        while (n > 0) {
+          const void* bytes = nullptr;
+          int size = 0;
+          if (!in.GetDirectBufferPointer(&bytes, &size) || size <= 0) return false;
+          const uint32_t take = std::min(n, static_cast<uint32_t>(size));
+          out->data.emplace_back(static_cast<const char*>(bytes), take);
+          if (!in.Skip(static_cast<int>(take))) return false;
+          n -= take;
+        }
+        break;
+      }
+      case kDataXxh64:
+        if (!in.ReadVarint64(&out->xxh64)) return false;
+        break;
+      case kPartBytes: {
+        uint64_t v = 0;
+        if (!in.ReadVarint64(&v)) return false;
+        out->part_bytes.push_back(v);
+        break;
+      }
+      case kPartBytesPacked: {
+        uint32_t length = 0;
+        if (!in.ReadVarint32(&length)) return false;
+        const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+        while (in.BytesUntilLimit() > 0) {
+          uint64_t v = 0;
+          if (!in.ReadVarint64(&v)) return false;
+          out->part_bytes.push_back(v);
+        }
+        in.PopLimit(limit);
+        break;
+      }
+      case kPartXxh64: {
+        uint64_t v = 0;
+        if (!in.ReadLittleEndian64(&v)) return false;
+        out->part_xxh64.push_back(v);
+        break;
+      }
+      case kPartXxh64Packed: {
+        uint32_t length = 0;
+        if (!in.ReadVarint32(&length) || length % 8 != 0) return false;
+        for (uint32_t i = 0; i < length / 8; ++i) {
+          uint64_t v = 0;
+          if (!in.ReadLittleEndian64(&v)) return false;
+          out->part_xxh64.push_back(v);
+        }
+        break;
+      }
+      default:
+        return false;
+    }
+  }
+}
+
+// Reads out->buffer as FetchResponse{data: FetchData} in place; false if it is anything else.
+bool ReadDataInPlace(FetchWire* out) {
+  out->reader = std::make_unique<grpc::ProtoBufferReader>(&out->buffer);
+  if (!out->reader->status().ok()) return false;
+  CodedInputStream in(out->reader.get());
+  uint32_t length = 0;
+  if (in.ReadTag() != kResponseData || !in.ReadVarint32(&length)) return false;
+  const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+  if (!ReadFetchData(in, out)) return false;
+  in.PopLimit(limit);
+  // Nothing may follow the data message.
+  return static_cast<uint64_t>(in.CurrentPosition()) == out->buffer.Length();
+}
+
+}  // namespace
+
+grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
+  out->reader.reset();  // before the buffer it reads
+  out->buffer.Clear();
+  out->buffer.Swap(buffer);
+  auto reset = [out] {
+    out->is_data = false;
+    out->data.clear();
+    out->data_bytes = 0;
+    out->xxh64 = 0;
+    out->part_bytes.clear();
+    out->part_xxh64.clear();
+  };
+  reset();
+  if (ReadDataInPlace(out)) {
+    out->is_data = true;
+    return grpc::Status::OK;
+  }
+  reset();
+  out->reader.reset();
+  grpc::ByteBuffer copy(out->buffer);  // shares the slices; Deserialize consumes its argument
+  return grpc::SerializationTraits<v1::FetchResponse>::Deserialize(&copy, &out->message);
+}
+
+uint64_t ViewCursor::Xxh64(uint64_t n) {
+  if (view_ < views_.size() && n <= views_[view_].size() - offset_) {
+    // Within one view: the one-shot function is faster than the streaming one.
+    const uint64_t h = XXH64(views_[view_].data() + offset_, static_cast<size_t>(n), /*seed=*/0);
+    offset_ += static_cast<size_t>(n);
+    if (offset_ == views_[view_].size()) {
+      ++view_;
+      offset_ = 0;
+    }
+    return h;
+  }
+  XXH64_state_t state;
+  XXH64_reset(&state, /*seed=*/0);
+  while (n > 0 && view_ < views_.size()) {
+    const std::string_view v = views_[view_];
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, v.size() - offset_));
+    XXH64_update(&state, v.data() + offset_, take);
+    n -= take;
+    offset_ += take;
+    if (offset_ == v.size()) {
+      ++view_;
+      offset_ = 0;
+    }
+  }
+  return XXH64_digest(&state);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,174 @@
+// The client's in-place reading of Fetch messages, checked against protobuf's parser for every
+// layout of the bytes over gRPC slices.
+#include "client/fetch_wire.h"
+
+#include <random>
+#include <string>
+
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "gtest/gtest.h"
+#include "xxhash.h"
+
+namespace ckpt {
+namespace {
+
+std::string Bytes(size_t n, char seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + i * 13);
+  return s;
+}
+
+// `bytes` as a ByteBuffer of slices cut at `cuts` (increasing offsets).
+grpc::ByteBuffer Sliced(const std::string& bytes, const std::vector<size_t>& cuts) {
+  std::vector<grpc::Slice> slices;
+  size_t from = 0;
+  for (size_t cut : cuts) {
+    slices.emplace_back(bytes.data() + from, cut - from);
+    from = cut;
+  }
+  slices.emplace_back(bytes.data() + from, bytes.size() - from);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Joined(const std::vector<std::string_view>& views) {
+  std::string out;
+  for (std::string_view v : views) {
+    EXPECT_FALSE(v.empty());
+    out += v;
+  }
+  return out;
+}
+
+// Parses `wire` cut at `cuts` and checks it against protobuf's reading of the same bytes.
+void ExpectReadInPlace(const std::string& wire, const std::vector<size_t>& cuts, FetchWire* got) {
+  v1::FetchResponse expected;
+  ASSERT_TRUE(expected.ParseFromString(wire));
+  ASSERT_TRUE(expected.has_data());
+  grpc::ByteBuffer buffer = Sliced(wire, cuts);
+  ASSERT_TRUE(ParseFetchWire(&buffer, got).ok());
+  ASSERT_TRUE(got->is_data);
+  EXPECT_TRUE(Joined(got->data) == expected.data().data());
+  EXPECT_EQ(got->data_bytes, expected.data().data().size());
+  EXPECT_EQ(got->xxh64, expected.data().xxh64());
+  EXPECT_EQ(got->part_bytes, std::vector<uint64_t>(expected.data().part_bytes().begin(),
+                                                   expected.data().part_bytes().end()));
+  EXPECT_EQ(got->part_xxh64, std::vector<uint64_t>(expected.data().part_xxh64().begin(),
+                                                   expected.data().part_xxh64().end()));
+}
+
+TEST(FetchWireTest, DataMessagesAreReadInPlaceHoweverSliced) {
+  FetchWire got;  // reused: every parse must reset what the previous one left
+  for (size_t n : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16384},
+                   (size_t{1} << 20) + 3}) {
+    for (int parts : {0, 1, 3}) {
+      v1::FetchResponse m;
+      m.mutable_data()->set_data(Bytes(n, static_cast<char>(parts)));
+      if (parts == 0) m.mutable_data()->set_xxh64(0x8000000000000001ull);
+      for (int i = 0; i < parts; ++i) {
+        m.mutable_data()->add_part_bytes(300u * (i + 1));
+        m.mutable_data()->add_part_xxh64(~uint64_t{0} - i);
+      }
+      const std::string wire = m.SerializeAsString();
+      std::vector<std::vector<size_t>> cut_sets = {{}};
+      for (size_t c = 1; c < std::min<size_t>(wire.size(), 10); ++c) cut_sets.push_back({c});
+      if (wire.size() > 40) {
+        cut_sets.push_back({1, 3, wire.size() / 2, wire.size() - 9, wire.size() - 1});
+      }
+      for (const std::vector<size_t>& cuts : cut_sets) {
+        SCOPED_TRACE(::testing::Message() << n << " bytes, " << parts << " parts, "
+                                          << cuts.size() << " cuts from "
+                                          << (cuts.empty() ? 0 : cuts[0]));
+        ExpectReadInPlace(wire, cuts, &got);
+      }
+    }
+  }
+}
+
+TEST(FetchWireTest, UnpackedPartListsAreReadToo) {
+  // FetchData{data: "abcdef", part_bytes: 2, 4 (unpacked), part_xxh64: 7, 9 (unpacked)}.
+  std::string inner;
+  {
+    google::protobuf::io::StringOutputStream s(&inner);
+    google::protobuf::io::CodedOutputStream out(&s);
+    out.WriteTag((1 << 3) | 2);
+    out.WriteVarint32(6);
+    out.WriteString("abcdef");
+    for (uint64_t v : {2, 4}) {
+      out.WriteTag((3 << 3) | 0);
+      out.WriteVarint64(v);
+    }
+    for (uint64_t v : {7, 9}) {
+      out.WriteTag((4 << 3) | 1);
+      out.WriteLittleEndian64(v);
+    }
+  }
+  std::string wire;
+  {
+    google::protobuf::io::StringOutputStream s(&wire);
+    google::protobuf::io::CodedOutputStream out(&s);
+    out.WriteTag((3 << 3) | 2);
+    out.WriteVarint32(static_cast<uint32_t>(inner.size()));
+    out.WriteString(inner);
+  }
+  FetchWire got;
+  ExpectReadInPlace(wire, {4}, &got);
+  EXPECT_EQ(got.part_bytes, (std::vector<uint64_t>{2, 4}));
+  EXPECT_EQ(got.part_xxh64, (std::vector<uint64_t>{7, 9}));
+}
+
+TEST(FetchWireTest, OtherMessagesAreParsedByProtobuf) {
+  FetchWire got;
+  v1::FetchResponse summary;
+  summary.mutable_summary()->set_tensor_count(2);
+  v1::FetchResponse tensor;
+  tensor.mutable_tensor()->set_name("w");
+  v1::FetchResponse unknown_field;  // data, but with a field this version does not know
+  unknown_field.mutable_data()->set_data("xyz");
+  unknown_field.mutable_data()->GetReflection()
+      ->MutableUnknownFields(unknown_field.mutable_data())
+      ->AddVarint(99, 5);
+  for (const v1::FetchResponse& m : {summary, tensor, unknown_field}) {
+    SCOPED_TRACE(m.ShortDebugString());
+    grpc::ByteBuffer buffer = Sliced(m.SerializeAsString(), {1});
+    ASSERT_TRUE(ParseFetchWire(&buffer, &got).ok());
+    EXPECT_FALSE(got.is_data);
+    EXPECT_TRUE(got.data.empty());
+    EXPECT_EQ(got.message.SerializeAsString(), m.SerializeAsString());
+  }
+}
+
+TEST(FetchWireTest, MalformedMessagesAreErrors) {
+  v1::FetchResponse m;
+  m.mutable_data()->set_data(std::string(500, 'q'));
+  m.mutable_data()->set_xxh64(5);
+  const std::string wire = m.SerializeAsString();
+  FetchWire got;
+  for (const std::string& bad : {wire.substr(0, wire.size() - 3), wire.substr(0, 2),
+                                 std::string("\x1a\x05\x0a\x09zz", 6)}) {
+    grpc::ByteBuffer buffer = Sliced(bad, {});
+    EXPECT_FALSE(ParseFetchWire(&buffer, &got).ok()) << bad.size() << " bytes";
+  }
+}
+
+TEST(FetchWireTest, CursorHashesRangesAcrossViews) {
+  std::mt19937_64 rng(7);
+  const std::string all = Bytes(10000, 'c');
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::string_view> views;
+    for (size_t at = 0; at < all.size();) {
+      const size_t n = std::min<size_t>(all.size() - at, 1 + rng() % 3000);
+      views.push_back(std::string_view(all).substr(at, n));
+      at += n;
+    }
+    ViewCursor cursor(views);
+    for (size_t at = 0; at < all.size();) {
+      const size_t n = std::min<size_t>(all.size() - at, rng() % 4000);
+      ASSERT_EQ(cursor.Xxh64(n), XXH64(all.data() + at, n, 0)) << "round " << round << " at " << at;
+      at += n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ckpt
