@@ -76,6 +76,33 @@ std::string LoadAverage() {
   return absl::StrCat(a, " ", b, " ", c);
 }
 
+// /proc/stat's aggregate CPU line: steal (time the hypervisor gave this VM's CPUs to others) and
+// the total, in ticks. A shared VM's figures move with its steal.
+struct CpuTicks {
+  uint64_t steal = 0;
+  uint64_t total = 0;
+};
+CpuTicks ReadCpuTicks() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  in >> cpu;
+  CpuTicks t;
+  // user nice system idle iowait irq softirq steal (guest times are inside user and nice)
+  for (int i = 0; i < 8 && in; ++i) {
+    uint64_t v = 0;
+    in >> v;
+    t.total += v;
+    if (i == 7) t.steal = v;
+  }
+  return t;
+}
+// Share of CPU time stolen since `start`, if /proc/stat could be read.
+std::optional<double> StealSince(const CpuTicks& start) {
+  const CpuTicks now = ReadCpuTicks();
+  if (now.total <= start.total) return std::nullopt;
+  return static_cast<double>(now.steal - start.steal) / static_cast<double>(now.total - start.total);
+}
+
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
@@ -473,6 +500,7 @@ class Harness {
   const BenchSpec spec_;
   const Clock::time_point start_ = Clock::now();
   const std::string load_at_start_ = LoadAverage();
+  const CpuTicks ticks_at_start_ = ReadCpuTicks();
 
   // State.
   std::string work_;
@@ -1076,6 +1104,7 @@ json Harness::Results() const {
                  {"cpus", std::thread::hardware_concurrency()},
                  {"load_average_start", load_at_start_},
                  {"load_average_end", LoadAverage()},
+                 {"cpu_steal_fraction", Opt(StealSince(ticks_at_start_))},
                  {"storage_bytes_read", Opt(storage_bytes_)}};
   j["notes"] = notes_;
   j["errors"] = errors_;
@@ -1188,9 +1217,13 @@ std::vector<Row> Harness::Table() const {
 }
 
 void Harness::Print() const {
-  std::printf("\nckptd benchmark: %s, 8 source ranks, loopback, %u CPUs, load average %s -> %s\n",
-              spec_.Describe().c_str(), std::thread::hardware_concurrency(),
-              load_at_start_.c_str(), LoadAverage().c_str());
+  const std::optional<double> steal = StealSince(ticks_at_start_);
+  const std::string steal_text = steal ? absl::StrFormat("%.1f%%", 100 * *steal) : "unknown";
+  std::printf(
+      "\nckptd benchmark: %s, 8 source ranks, loopback, %u CPUs, load average %s -> %s, CPU "
+      "steal %s\n",
+      spec_.Describe().c_str(), std::thread::hardware_concurrency(), load_at_start_.c_str(),
+      LoadAverage().c_str(), steal_text.c_str());
   const std::vector<Row> rows = Table();
   size_t w0 = 6, w1 = 8, w2 = 6;
   for (const Row& r : rows) {
