@@ -8,6 +8,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
+#include "tests/testing/byte_buffers.h"
 #include "xxhash.h"
 
 namespace ckpt {
@@ -19,17 +20,7 @@ std::string Bytes(size_t n, char seed) {
   return s;
 }
 
-// `bytes` as a ByteBuffer of slices cut at `cuts` (increasing offsets).
-grpc::ByteBuffer Sliced(const std::string& bytes, const std::vector<size_t>& cuts) {
-  std::vector<grpc::Slice> slices;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(bytes.data() + from, cut - from);
-    from = cut;
-  }
-  slices.emplace_back(bytes.data() + from, bytes.size() - from);
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
+using ::ckpt::testing::SlicedByteBuffer;
 
 std::string Joined(const std::vector<std::string_view>& views) {
   std::string out;
@@ -45,7 +36,7 @@ void ExpectReadInPlace(const std::string& wire, const std::vector<size_t>& cuts,
   v1::FetchResponse expected;
   ASSERT_TRUE(expected.ParseFromString(wire));
   ASSERT_TRUE(expected.has_data());
-  grpc::ByteBuffer buffer = Sliced(wire, cuts);
+  grpc::ByteBuffer buffer = SlicedByteBuffer(wire, cuts);
   ASSERT_TRUE(ParseFetchWire(&buffer, got).ok());
   ASSERT_TRUE(got->is_data);
   EXPECT_TRUE(Joined(got->data) == expected.data().data());
@@ -130,7 +121,7 @@ TEST(FetchWireTest, OtherMessagesAreParsedByProtobuf) {
       ->AddVarint(99, 5);
   for (const v1::FetchResponse& m : {summary, tensor, unknown_field}) {
     SCOPED_TRACE(m.ShortDebugString());
-    grpc::ByteBuffer buffer = Sliced(m.SerializeAsString(), {1});
+    grpc::ByteBuffer buffer = SlicedByteBuffer(m.SerializeAsString(), {1});
     ASSERT_TRUE(ParseFetchWire(&buffer, &got).ok());
     EXPECT_FALSE(got.is_data);
     EXPECT_TRUE(got.data.empty());
@@ -146,7 +137,7 @@ TEST(FetchWireTest, MalformedMessagesAreErrors) {
   FetchWire got;
   for (const std::string& bad : {wire.substr(0, wire.size() - 3), wire.substr(0, 2),
                                  std::string("\x1a\x05\x0a\x09zz", 6)}) {
-    grpc::ByteBuffer buffer = Sliced(bad, {});
+    grpc::ByteBuffer buffer = SlicedByteBuffer(bad, {});
     EXPECT_FALSE(ParseFetchWire(&buffer, &got).ok()) << bad.size() << " bytes";
   }
 }

@@ -193,6 +193,36 @@ class ManagerTest : public ::testing::Test {
     EXPECT_EQ(got->tensors.size(), expected_count);
   }
 
+  // Uploads the demo as checkpoint "ck" of strategy "src", then checks every rank of the demo
+  // destination "dst" and of the source layout, and a merged fetch.
+  void UploadDemoAndExpectEveryReSplit() {
+    const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+    PutStrategy("src", src);
+    PutStrategy("dst", dst);
+    UploadAll("ck", "src", src, DemoTensors());
+    for (int64_t r = 0; r < dst.world_size(); ++r) {
+      SCOPED_TRACE(r);
+      ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+    }
+    for (int64_t r = 0; r < src.world_size(); ++r) {
+      SCOPED_TRACE(r);
+      ExpectRankMatches("ck", "src", src, r, DemoTensors());
+    }
+    v1::FetchRequest req;
+    req.set_checkpoint_id("ck");
+    req.set_merged(true);
+    auto got = Fetch(req);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (const SampleTensor& t : DemoTensors()) {
+      auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
+                             [&](const auto& p) { return p.first.name() == t.name; });
+      ASSERT_NE(it, got->tensors.end()) << t.name;
+      EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
+                                        Box::Whole(t.global_shape), kSeed))
+          << t.name;
+    }
+  }
+
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
@@ -222,31 +252,7 @@ TEST_F(ManagerTest, WholeChunkMessagesKeepEveryByteAndChecksum) {
   options.fetch.max_message_bytes = 512;
   options.fetch.whole_chunk_message_bytes = 32;
   Restart(options);
-  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
-  PutStrategy("src", src);
-  PutStrategy("dst", dst);
-  UploadAll("ck", "src", src, DemoTensors());
-  for (int64_t r = 0; r < dst.world_size(); ++r) {
-    SCOPED_TRACE(r);
-    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
-  }
-  for (int64_t r = 0; r < src.world_size(); ++r) {
-    SCOPED_TRACE(r);
-    ExpectRankMatches("ck", "src", src, r, DemoTensors());
-  }
-  v1::FetchRequest req;
-  req.set_checkpoint_id("ck");
-  req.set_merged(true);
-  auto got = Fetch(req);
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (const SampleTensor& t : DemoTensors()) {
-    auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
-                           [&](const auto& p) { return p.first.name() == t.name; });
-    ASSERT_NE(it, got->tensors.end()) << t.name;
-    EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
-                                      Box::Whole(t.global_shape), kSeed))
-        << t.name;
-  }
+  UploadDemoAndExpectEveryReSplit();
 }
 
 // With part checksums, messages that combine whole stored chunks carry the chunks' stored
@@ -262,33 +268,9 @@ TEST_F(ManagerTest, PartChecksumsMatchEveryByteOfEveryMessage) {
       options.fetch.max_message_bytes = max_message_bytes;
       options.fetch.min_part_bytes = 16;
       Restart(options);
-      const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
-      PutStrategy("src", src);
-      PutStrategy("dst", dst);
-      UploadAll("ck", "src", src, DemoTensors());
       checksums_ = mode;
       part_messages_ = 0;
-      for (int64_t r = 0; r < dst.world_size(); ++r) {
-        SCOPED_TRACE(r);
-        ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
-      }
-      for (int64_t r = 0; r < src.world_size(); ++r) {
-        SCOPED_TRACE(r);
-        ExpectRankMatches("ck", "src", src, r, DemoTensors());
-      }
-      v1::FetchRequest req;
-      req.set_checkpoint_id("ck");
-      req.set_merged(true);
-      auto got = Fetch(req);
-      ASSERT_TRUE(got.ok()) << got.status();
-      for (const SampleTensor& t : DemoTensors()) {
-        auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
-                               [&](const auto& p) { return p.first.name() == t.name; });
-        ASSERT_NE(it, got->tensors.end()) << t.name;
-        EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
-                                          Box::Whole(t.global_shape), kSeed))
-            << t.name;
-      }
+      UploadDemoAndExpectEveryReSplit();
       if (mode == FetchChecksums::kParts) {
         EXPECT_GT(part_messages_, 0);
       }

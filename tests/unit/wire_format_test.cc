@@ -9,6 +9,7 @@
 
 #include "ckpt.pb.h"
 #include "gtest/gtest.h"
+#include "tests/testing/byte_buffers.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -92,17 +93,7 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
   }
 }
 
-// `bytes` as a ByteBuffer of slices cut at `cuts` (increasing offsets).
-grpc::ByteBuffer Sliced(const std::string& bytes, const std::vector<size_t>& cuts) {
-  std::vector<grpc::Slice> slices;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(bytes.data() + from, cut - from);
-    from = cut;
-  }
-  slices.emplace_back(bytes.data() + from, bytes.size() - from);
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
+using ::ckpt::testing::SlicedByteBuffer;
 
 std::string Joined(const std::vector<std::string_view>& views) {
   std::string out;
@@ -125,7 +116,7 @@ TEST(WireFormatTest, UploadDataMessagesAreReadInPlaceHoweverSliced) {
                                         << (cuts.empty() ? 0 : cuts[0]));
       std::vector<grpc::Slice> slices;
       std::vector<std::string_view> views;
-      ASSERT_TRUE(UploadDataViews(Sliced(wire, cuts), &slices, &views));
+      ASSERT_TRUE(UploadDataViews(SlicedByteBuffer(wire, cuts), &slices, &views));
       EXPECT_TRUE(Joined(views) == m.data());
       for (std::string_view v : views) EXPECT_FALSE(v.empty());
     }
@@ -156,7 +147,7 @@ TEST(WireFormatTest, OtherUploadMessagesAreLeftToProtobuf) {
     SCOPED_TRACE(i);
     std::vector<grpc::Slice> slices;
     std::vector<std::string_view> views;
-    EXPECT_FALSE(UploadDataViews(Sliced(wires[i], {}), &slices, &views));
+    EXPECT_FALSE(UploadDataViews(SlicedByteBuffer(wires[i], {}), &slices, &views));
   }
 }
 
