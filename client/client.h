@@ -123,7 +123,8 @@ class TensorVisitor {
   virtual ~TensorVisitor() = default;
   virtual absl::Status OnSummary(const v1::FetchPlanSummary& summary) = 0;
   virtual absl::Status OnTensor(const v1::FetchTensorHeader& header) = 0;
-  // `data` is valid only during the call.
+  // The current tensor's next bytes, already verified, in pieces of any size (as gRPC received
+  // them). `data` is valid only during the call.
   virtual absl::Status OnData(std::string_view data) = 0;
   virtual absl::Status OnTensorEnd() = 0;
 };
