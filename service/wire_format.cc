@@ -75,7 +75,7 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
 }
 
 bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
-               std::vector<std::string_view>* data) {
+                     std::vector<std::string_view>* data) {
   slices->clear();
   data->clear();
   if (!buffer.Dump(slices).ok()) return false;
@@ -84,7 +84,7 @@ bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* s
   size_t head_size = 0;
   for (const grpc::Slice& slice : *slices) {
     const size_t n = std::min(slice.size(), sizeof(head) - head_size);
-    std::memcpy(head + head_size, slice.begin(), n);
+    if (n > 0) std::memcpy(head + head_size, slice.begin(), n);
     head_size += n;
     if (head_size == sizeof(head)) break;
   }
