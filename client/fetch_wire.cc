@@ -4,10 +4,7 @@
 
 #include <algorithm>
 
-// For XXH64_state_t on the stack (its layout is stable within the 0.8 series we link).
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
+#include "core/checksum.h"
 #include "google/protobuf/io/coded_stream.h"
 
 namespace ckpt {
@@ -131,22 +128,11 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
 }
 
 uint64_t ViewCursor::Xxh64(uint64_t n) {
-  if (view_ < views_.size() && n <= views_[view_].size() - offset_) {
-    // Within one view: the one-shot function is faster than the streaming one.
-    const uint64_t h = XXH64(views_[view_].data() + offset_, static_cast<size_t>(n), /*seed=*/0);
-    offset_ += static_cast<size_t>(n);
-    if (offset_ == views_[view_].size()) {
-      ++view_;
-      offset_ = 0;
-    }
-    return h;
-  }
-  XXH64_state_t state;
-  XXH64_reset(&state, /*seed=*/0);
+  parts_.clear();
   while (n > 0 && view_ < views_.size()) {
     const std::string_view v = views_[view_];
     const size_t take = static_cast<size_t>(std::min<uint64_t>(n, v.size() - offset_));
-    XXH64_update(&state, v.data() + offset_, take);
+    parts_.push_back(v.substr(offset_, take));
     n -= take;
     offset_ += take;
     if (offset_ == v.size()) {
@@ -154,7 +140,7 @@ uint64_t ViewCursor::Xxh64(uint64_t n) {
       offset_ = 0;
     }
   }
-  return XXH64_digest(&state);
+  return ChunkChecksum(parts_);
 }
 
 }  // namespace ckpt

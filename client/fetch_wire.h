@@ -43,13 +43,14 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out);
 class ViewCursor {
  public:
   explicit ViewCursor(const std::vector<std::string_view>& views) : views_(views) {}
-  // xxh64 (seed 0) of the next `n` bytes; n must not exceed what is left.
+  // ChunkChecksum of the next `n` bytes; n must not exceed what is left.
   uint64_t Xxh64(uint64_t n);
 
  private:
   const std::vector<std::string_view>& views_;
   size_t view_ = 0;
-  size_t offset_ = 0;  // in views_[view_]
+  size_t offset_ = 0;                     // in views_[view_]
+  std::vector<std::string_view> parts_;  // of the range being hashed (reused)
 };
 
 }  // namespace ckpt

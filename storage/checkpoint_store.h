@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/checksum.h"
 
 namespace ckpt {
 
@@ -53,10 +54,8 @@ class ChunkData {
   virtual std::string_view bytes() const = 0;
 };
 
-// xxh64 (seed 0) of a chunk: recorded in manifests at upload, verified on every read.
-uint64_t ChunkChecksum(std::string_view bytes);
-// The same checksum of the concatenation of `parts`, without joining them.
-uint64_t ChunkChecksum(const std::vector<std::string_view>& parts);
+// A chunk's ChunkChecksum (core/checksum.h) is recorded in its manifest at upload and verified
+// on every read.
 
 // Counters for tests and the benchmark (monotonic since open).
 struct StoreStats {
