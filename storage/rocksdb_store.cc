@@ -36,6 +36,7 @@
 #include "spdlog/spdlog.h"
 #include "storage/checkpoint_store.h"
 #include "storage/file_stream.h"
+#include "storage/internal/rocksdb_crc32c.h"
 #include "storage/internal/rocksdb_store_internal.h"
 
 namespace ckpt {
@@ -356,7 +357,16 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   // Nothing is live yet, so this removes every upload that was in progress when the previous
   // process stopped.
   CKPT_RETURN_IF_ERROR(store->CollectGarbage().status());
-  Log()->info("event=store_open dir={} next_data_id={}", dir, store->next_data_id_);
+  // Opening wrote or verified MANIFEST records: RocksDB has computed CRC32Cs by now.
+  const bool fast_crc = rocksdb_store_internal::AcceleratedCrc32cBytes() > 0;
+  if (!fast_crc) {
+    Log()->warn(
+        "event=store_crc32c_slow dir={} detail=\"librocksdb does not call the accelerated "
+        "CRC32C (storage/internal/rocksdb_crc32c.h); chunk flushes use its table-driven code\"",
+        dir);
+  }
+  Log()->info("event=store_open dir={} next_data_id={} crc32c={}", dir, store->next_data_id_,
+              fast_crc ? "isa-l" : "rocksdb-builtin");
   return store;
 }
 

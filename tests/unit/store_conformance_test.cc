@@ -1,5 +1,6 @@
 // One conformance suite for every CheckpointStore (DESIGN.md §5), plus tests only the RocksDB
 // store can pass (persistence, on-disk corruption, the directory lock).
+#include <dlfcn.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "storage/checkpoint_store.h"
+#include "storage/internal/rocksdb_crc32c.h"
 #include "storage/internal/rocksdb_store_internal.h"
 
 namespace ckpt {
@@ -625,6 +627,60 @@ TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
   for (const auto& [address, bytes] : more) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
   ASSERT_OK_AND_ASSIGN(const uint64_t next, store_->BeginData());
   EXPECT_GT(next, id2);
+}
+
+// The CRC32C that replaces librocksdb's (storage/internal/rocksdb_crc32c.h) gives the values of
+// the library's own code, which the dynamic linker still finds behind the replacement, and the
+// published check values.
+TEST(RocksDbCrc32cTest, AcceleratedCrc32cEqualsRocksDbsOwnCode) {
+  using Extend = uint32_t (*)(uint32_t, const char*, size_t);
+  const auto rocksdb_own =
+      reinterpret_cast<Extend>(dlsym(RTLD_NEXT, "_ZN7rocksdb6crc32c6ExtendEjPKcm"));
+  ASSERT_NE(rocksdb_own, nullptr) << "librocksdb exports no rocksdb::crc32c::Extend: " << dlerror();
+  using rocksdb_store_internal::ExtendCrc32c;
+
+  // RFC 3720 B.4 (iSCSI) and the common "123456789" check value.
+  EXPECT_EQ(ExtendCrc32c(0, std::string(32, '\0').data(), 32), 0x8a9136aau);
+  EXPECT_EQ(ExtendCrc32c(0, std::string(32, '\xff').data(), 32), 0x62a8ab43u);
+  std::string ascending(32, '\0');
+  for (int i = 0; i < 32; ++i) ascending[i] = static_cast<char>(i);
+  EXPECT_EQ(ExtendCrc32c(0, ascending.data(), 32), 0x46dd794eu);
+  EXPECT_EQ(ExtendCrc32c(0, "123456789", 9), 0xe3069283u);
+  EXPECT_EQ(ExtendCrc32c(0x12345678, "", 0), 0x12345678u);
+
+  const std::string bytes = RandomBytes(300000, 21);
+  std::mt19937_64 rng(22);
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t offset = rng() % 64;  // any alignment
+    const size_t n = trial < 200 ? rng() % 300 : rng() % (bytes.size() - offset);
+    const uint32_t init = trial % 3 == 0 ? 0 : static_cast<uint32_t>(rng());
+    ASSERT_EQ(ExtendCrc32c(init, bytes.data() + offset, n),
+              rocksdb_own(init, bytes.data() + offset, n))
+        << "offset " << offset << " length " << n << " init " << init;
+  }
+  // Extending piece by piece equals one pass.
+  const uint32_t whole = ExtendCrc32c(0, bytes.data(), bytes.size());
+  uint32_t pieces = 0;
+  for (size_t at = 0; at < bytes.size(); at += 7919) {
+    pieces = ExtendCrc32c(pieces, bytes.data() + at, std::min<size_t>(7919, bytes.size() - at));
+  }
+  EXPECT_EQ(pieces, whole);
+}
+
+// RocksDB computes its checksums with the replacement: opening a store already did (MANIFEST
+// records), and every chunk flushed into a blob file goes through it. Fails if a librocksdb
+// build stops binding its calls to the executable's definition.
+TEST_F(RocksDbStoreTest, RocksDbChecksumsWithTheAcceleratedCrc32c) {
+  EXPECT_GT(rocksdb_store_internal::AcceleratedCrc32cBytes(), 0u);
+  const uint64_t before = rocksdb_store_internal::AcceleratedCrc32cBytes();
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
+      {Addr(0, 0, 0, 0), RandomBytes(1 << 20, 23)}, {Addr(0, 0, 0, 1), RandomBytes(70000, 24)}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt", "manifest", id));
+  EXPECT_GE(rocksdb_store_internal::AcceleratedCrc32cBytes() - before, (1u << 20) + 70000u);
+  // And reads the values back as its own (RocksDB verifies table blocks when it opens them).
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  for (const auto& [address, bytes] : chunks) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
 }
 
 // Bytes of RocksDB's blob files in `dir`.
