@@ -8,7 +8,6 @@
 #include "core/absl_compat.h"
 #include "core/reshard.h"
 #include "core/status_macros.h"
-#include "core/strided_copy.h"
 
 namespace ckpt {
 namespace {
@@ -18,8 +17,6 @@ constexpr int kMaxDims = 64;
 
 // Element bits and shape under which a tensor's bytes are chunked: str values are raw bytes.
 int StorageBits(DType dtype) { return dtype == DType::kStr ? 8 : ElementBits(dtype); }
-DType CopyType(DType dtype) { return dtype == DType::kStr ? DType::kUInt8 : dtype; }
-
 std::string StagesString(const std::vector<int32_t>& stages) {
   return absl::StrCat("[", absl::StrJoin(stages, ", "), "]");
 }
@@ -354,7 +351,7 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(), ": tensor ", name, ": ", grid.status().message()));
     }
-    cur.grid = *std::move(grid);
+    cur.chunker.emplace(*std::move(grid));
   }
   sent_.insert(name);
   ++position_;
@@ -376,56 +373,33 @@ absl::Status RankUpload::Append(std::string_view data) {
   c.received += static_cast<int64_t>(data.size());
   bytes_received_ += static_cast<int64_t>(data.size());
   if (c.mode == Mode::kBuffer) {
-    c.band.append(data);
+    c.value.append(data);
   } else {
-    const ChunkGrid& g = *c.grid;
-    const Shape& shape = g.shape();
-    const int64_t row_bytes =
-        shape.empty() ? g.total_bytes() : g.total_bytes() / shape[0];
-    while (!data.empty()) {
-      const int64_t rows = shape.empty() ? 1 : std::min(g.band_rows(), shape[0] - c.band_start_row);
-      const int64_t band_bytes = rows * row_bytes;
-      const size_t take =
-          std::min(data.size(), static_cast<size_t>(band_bytes - static_cast<int64_t>(c.band.size())));
-      c.band.append(data.substr(0, take));
-      data.remove_prefix(take);
-      if (static_cast<int64_t>(c.band.size()) == band_bytes) CKPT_RETURN_IF_ERROR(FlushBand());
-    }
+    CKPT_RETURN_IF_ERROR(ChunkBands(data));
   }
   if (c.received == c.total) return FinishTensor();
   return absl::OkStatus();
 }
 
+absl::Status RankUpload::ChunkBands(std::string_view data) {
+  BandChunker& chunker = *current_->chunker;
+  while (!data.empty()) {
+    data.remove_prefix(chunker.Add(data));
+    if (chunker.full()) CKPT_RETURN_IF_ERROR(FlushBand());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RankUpload::FlushBand() {
   Current& c = *current_;
-  const ChunkGrid& g = *c.grid;
-  const Shape& shape = g.shape();
-  const int64_t band_index = shape.empty() ? 0 : c.band_start_row / g.band_rows();
-  const int64_t per_band = g.chunks_per_band();
-  Box band_box = Box::Whole(shape);
-  if (!shape.empty()) {
-    band_box.lo[0] = c.band_start_row;
-    band_box.hi[0] = std::min(shape[0], c.band_start_row + g.band_rows());
-  }
-  std::vector<std::string> owned;
-  owned.reserve(per_band);
+  BandChunker& chunker = *c.chunker;
   std::vector<ChunkWrite> writes;
-  for (int64_t k = 0; k < per_band; ++k) {
-    const int64_t chunk = band_index * per_band + k;
-    std::string_view bytes;
-    if (per_band == 1) {
-      bytes = c.band;  // the band is exactly one chunk
-    } else {
-      const Box cb = g.ChunkBox(chunk);
-      owned.emplace_back(static_cast<size_t>(g.ChunkBytes(chunk)), '\0');
-      CKPT_RETURN_IF_ERROR(
-          CopyBoxRegion(CopyType(c.dtype), c.band.data(), band_box, owned.back().data(), cb, cb));
-      bytes = owned.back();
-    }
+  for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
+    const std::string_view bytes = chunker.chunk(k);
     c.checksums.push_back(ChunkChecksum(bytes));
     if (c.mode == Mode::kWrite || c.mode == Mode::kBuffer) {
       writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
-                         static_cast<uint32_t>(chunk)},
+                         static_cast<uint32_t>(chunker.ChunkIndex(k))},
                         bytes});
     }
   }
@@ -433,8 +407,7 @@ absl::Status RankUpload::FlushBand() {
     CKPT_RETURN_IF_ERROR(pending_->store_->PutChunks(writes));
     for (const ChunkWrite& w : writes) bytes_stored_ += static_cast<int64_t>(w.bytes.size());
   }
-  c.band.clear();
-  c.band_start_row = band_box.hi.empty() ? 1 : band_box.hi[0];
+  if (chunker.band() + 1 < chunker.bands()) chunker.Start(chunker.band() + 1);
   return absl::OkStatus();
 }
 
@@ -443,15 +416,17 @@ absl::Status RankUpload::StoreVerbatim() {
   // Chunk and checksum the buffered value without writing, then write only if no identical copy
   // is stored yet.
   std::vector<uint64_t> checksums;
-  if (c.grid) {
-    const ChunkGrid& g = *c.grid;
-    for (int64_t k = 0; k < g.chunk_count(); ++k) {
-      const Box cb = g.ChunkBox(k);
-      std::string bytes(static_cast<size_t>(g.ChunkBytes(k)), '\0');
-      CKPT_RETURN_IF_ERROR(CopyBoxRegion(CopyType(c.dtype), c.band.data(),
-                                         Box::Whole(g.shape()), bytes.data(), cb, cb));
-      checksums.push_back(ChunkChecksum(bytes));
+  if (c.chunker) {
+    BandChunker& chunker = *c.chunker;
+    std::string_view rest = c.value;
+    for (int64_t band = 0; band < chunker.bands(); ++band) {
+      chunker.Start(band);
+      rest.remove_prefix(chunker.Add(rest));
+      for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
+        checksums.push_back(ChunkChecksum(chunker.chunk(k)));
+      }
     }
+    chunker.Start(0);
   }
   {
     std::lock_guard<std::mutex> lock(pending_->mu_);
@@ -466,24 +441,9 @@ absl::Status RankUpload::StoreVerbatim() {
     }
     c.blob_index = t.next_blob_index++;
   }
-  // Write it as a new variant through the band path: the whole value is one band sequence.
-  std::string value = std::move(c.band);
-  c.band.clear();
-  c.band_start_row = 0;
+  // Write it as a new variant through the band path.
   c.checksums.clear();
-  if (c.grid) {
-    const ChunkGrid& g = *c.grid;
-    const Shape& shape = g.shape();
-    const int64_t row_bytes = shape.empty() ? g.total_bytes() : g.total_bytes() / shape[0];
-    std::string_view rest = value;
-    while (!rest.empty()) {
-      const int64_t rows = shape.empty() ? 1 : std::min(g.band_rows(), shape[0] - c.band_start_row);
-      const size_t take = static_cast<size_t>(rows * row_bytes);
-      c.band.assign(rest.substr(0, take));
-      rest.remove_prefix(take);
-      CKPT_RETURN_IF_ERROR(FlushBand());
-    }
-  }
+  if (c.chunker) CKPT_RETURN_IF_ERROR(ChunkBands(c.value));
   std::lock_guard<std::mutex> lock(pending_->mu_);
   PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
   PendingCheckpoint::Blob blob;
@@ -492,8 +452,8 @@ absl::Status RankUpload::StoreVerbatim() {
   blob.record.set_cell(c.blob_index);
   blob.record.set_blob_index(c.blob_index);
   SetBox(blob.record, c.box);
-  if (c.grid) {
-    for (int64_t v : c.grid->tile()) blob.record.add_tile(v);
+  if (c.chunker) {
+    for (int64_t v : c.chunker->grid().tile()) blob.record.add_tile(v);
   }
   for (uint64_t x : c.checksums) blob.record.add_chunk_xxh64(x);
   blob.record.set_total_bytes(c.total);
@@ -521,8 +481,8 @@ absl::Status RankUpload::FinishTensor() {
     }
     if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", c.name));
     blob->record.clear_tile();
-    if (c.grid) {
-      for (int64_t v : c.grid->tile()) blob->record.add_tile(v);
+    if (c.chunker) {
+      for (int64_t v : c.chunker->grid().tile()) blob->record.add_tile(v);
     }
     blob->record.clear_chunk_xxh64();
     for (uint64_t x : c.checksums) blob->record.add_chunk_xxh64(x);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
 #include "ckpt_records.pb.h"
+#include "core/band_chunker.h"
 #include "core/chunk_grid.h"
 #include "core/dtype.h"
 #include "core/layout.h"
@@ -132,14 +133,13 @@ class RankUpload {
     DType dtype = DType::kFloat32;
     Mode mode = Mode::kWrite;
     Box box;  // the slice in global coordinates
-    std::optional<ChunkGrid> grid;
     int64_t total = 0;
     int64_t received = 0;
     int64_t cell = 0;
     uint32_t tensor_index = 0;
     uint32_t blob_index = 0;
-    std::string band;  // bytes of the current band of tile rows (or the whole verbatim value)
-    int64_t band_start_row = 0;
+    std::optional<BandChunker> chunker;  // cuts the slice's bytes into chunks, band by band
+    std::string value;  // the whole value, while buffered for a verbatim comparison (kBuffer)
     std::vector<uint64_t> checksums;  // per chunk, in chunk order
   };
   struct Verification {
@@ -149,7 +149,9 @@ class RankUpload {
     Box box;
   };
 
-  absl::Status FlushBand();  // chunks, checksums and (unless verifying) writes one band
+  // Feeds slice bytes to the chunker, flushing every band it completes.
+  absl::Status ChunkBands(std::string_view data);
+  absl::Status FlushBand();  // checksums and (unless verifying) writes the chunker's full band
   absl::Status FinishTensor();
   absl::Status StoreVerbatim();
   std::string Where() const;  // "checkpoint X rank R"

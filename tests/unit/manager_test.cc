@@ -58,9 +58,11 @@ class ManagerTest : public ::testing::Test {
   }
 
   // Uploads one rank of the demo tensors laid out by `strategy` (empty name: whole file).
+  // Records the rank's UploadResponse in last_response_.
   absl::Status UploadRank(const std::string& id, const std::string& strategy_name,
                           const Strategy* strategy, int64_t rank,
-                          const std::vector<SampleTensor>& tensors, size_t piece = 37) {
+                          const std::vector<SampleTensor>& tensors, size_t piece = 37,
+                          uint64_t verbatim_seed = kSeed) {
     const v1::UploadHeader h = Header(id, strategy_name, rank);
     auto upload = manager_->BeginUpload(h);
     if (!upload.ok()) return upload.status();
@@ -74,7 +76,9 @@ class ManagerTest : public ::testing::Test {
           box = *l->SliceBox(t.global_shape, rank % strategy->devices_per_stage());
         }
       }
-      const std::string bytes = SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed);
+      const bool verbatim = !strategy || !ResolveLayout(*strategy, t.name, true);
+      const std::string bytes =
+          SampleSlice(t.name, t.dtype, t.global_shape, box, verbatim ? verbatim_seed : kSeed);
       v1::UploadTensorHeader th;
       th.set_name(t.name);
       th.set_dtype(std::string(DTypeName(t.dtype)));
@@ -89,6 +93,7 @@ class ManagerTest : public ::testing::Test {
     }
     auto r = (*upload)->Finish();
     if (!r.ok()) return r.status();
+    last_response_ = *r;
     manager_->OnUploadFinished(id);
     return absl::OkStatus();
   }
@@ -228,6 +233,7 @@ class ManagerTest : public ::testing::Test {
   int64_t max_message_bytes_ = 0;
   FetchChecksums checksums_ = FetchChecksums::kWhole;
   int64_t part_messages_ = 0;  // data messages checked that had parts
+  v1::UploadResponse last_response_;  // of UploadRank's last successful rank
 };
 
 TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
@@ -520,6 +526,31 @@ TEST_F(ManagerTest, ZeroElementVerbatimTensorsRoundTrip) {
   EXPECT_TRUE(it->second.empty());
   req.set_merged(true);
   EXPECT_TRUE(Fetch(req).ok());
+}
+
+TEST_F(ManagerTest, SmallVerbatimValuesAreStoredOncePerDistinctValue) {
+  // Values of at most verbatim_dedupe_bytes (1024 here) that every rank sends are stored once;
+  // a rank whose value differs gets a variant of its own. "table" spans several bands and column
+  // tiles of its chunk grid (256-byte chunks), so the comparison covers chunked values.
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  std::vector<int64_t> demo_bytes;
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    ASSERT_TRUE(UploadRank("plain", "src", &src, r, DemoTensors()).ok()) << r;
+    demo_bytes.push_back(last_response_.bytes_stored());
+  }
+  auto tensors = DemoTensors();
+  tensors.push_back({"step", DType::kFloat32, {10}});       // 40 bytes, one chunk
+  tensors.push_back({"table", DType::kFloat16, {24, 20}});  // 960 bytes, 4 chunks
+  constexpr int64_t kDivergent = 5;
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    ASSERT_TRUE(UploadRank("ck", "src", &src, r, tensors, 37, r == kDivergent ? kSeed + 1 : kSeed)
+                    .ok())
+        << r;
+    const int64_t extra = r == 0 || r == kDivergent ? 40 + 960 : 0;
+    EXPECT_EQ(last_response_.bytes_stored(), demo_bytes[r] + extra) << "rank " << r;
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRankMatches("ck", "src", src, 0, tensors));
 }
 
 TEST_F(ManagerTest, DeletingAPendingUploadDiscardsItForARetry) {
