@@ -324,8 +324,8 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   record_options.write_buffer_size = 8 << 20;  // small records: keep memory and replay small
   rocksdb::ColumnFamilyOptions chunk_options = FamilyOptions(block_cache);
   chunk_options.write_buffer_size = 64 << 20;
-  // Flushing chunks is the upload's bottleneck (Debian's RocksDB checksums blob records with a
-  // table-driven CRC32C): let two memtables flush in parallel while two more fill.
+  // Flushing chunks (copying them into blob files in the page cache) is the largest part of an
+  // upload's store cost: let two memtables flush in parallel while two more fill.
   chunk_options.max_write_buffer_number = 4;
   chunk_options.enable_blob_files = true;
   chunk_options.min_blob_size = kMinBlobBytes;
@@ -545,8 +545,7 @@ absl::Status RocksDbStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
                   absl::StrCat("batching chunk ", c.address.ToString())));
   }
   // Chunks skip the WAL: they are useless until CommitCheckpoint, which first flushes them to
-  // (synced) blob files. Writing them to the WAL as well would double the bytes on disk, and
-  // Debian's RocksDB checksums WAL records with a software CRC32C.
+  // (synced) blob files. Writing them to the WAL as well would double the bytes on disk.
   rocksdb::WriteOptions write_options;
   write_options.disableWAL = true;
   CKPT_RETURN_IF_ERROR(
@@ -563,7 +562,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunk(const ChunkAd
                                                                    uint64_t expected_checksum) {
   auto data = std::make_unique<RocksChunkData>();
   // Every chunk is verified end to end against its xxh64 below, which catches media corruption
-  // too; RocksDB's own blob checksum (a software CRC32C in Debian's build) would only repeat it.
+  // too; RocksDB's own blob checksum would only repeat it.
   rocksdb::ReadOptions read_options;
   read_options.verify_checksums = false;
   const rocksdb::Status status =
