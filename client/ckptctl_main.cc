@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/malloc_tuning.h"
 #include "client/offline_commands.h"
 #include "client/server_commands.h"
 
@@ -26,6 +27,8 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Fetches and uploads stream gigabytes through short-lived buffers (client/malloc_tuning.h).
+  ckpt::TuneMallocForStreaming();
   CLI::App app{"ckptctl - client of ckptd, the sharded-checkpoint service"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");

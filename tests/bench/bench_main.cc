@@ -33,6 +33,7 @@
 #include "ckpt.grpc.pb.h"
 #include "ckpt_records.pb.h"
 #include "client/client.h"
+#include "client/malloc_tuning.h"
 #include "core/absl_compat.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
@@ -57,8 +58,8 @@ using nlohmann::json;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int64_t kMessageBytes = int64_t{1} << 20;  // ckptd's data message size
-// Throughput figures (transport, each fetch case) are the median of this many runs, so that one
-// hiccup of a shared machine does not decide a ratio.
+// Throughput figures (transport, each fetch case, upload) are the median of this many runs, so
+// that one hiccup of a shared machine does not decide a ratio.
 constexpr int kRepeats = 3;
 
 double Median(std::vector<double> v) {
@@ -289,6 +290,9 @@ absl::StatusOr<int64_t> VerifyRankFile(const BenchSpec& spec, const Strategy& de
 
 int WorkerMain(const std::string& server, const std::string& strategy_name, int64_t rank,
                double size_gib) {
+  // A worker stands for a user's program fetching its rank through the client library, which
+  // opts in to the allocator policy the library documents for streaming (as ckptctl does).
+  TuneMallocForStreaming();
   const BenchSpec spec = MakeSpec(SizeBytes(size_gib));
   auto destination = StrategyByName(spec, strategy_name);
   ClientOptions options;
@@ -546,7 +550,9 @@ class Harness {
   std::optional<double> baseline_cpu_seconds_;
   std::optional<DepsResult> deps_;
   std::optional<double> upload_gibps_;
-  std::optional<CpuPerGib> upload_cpu_;
+  std::optional<CpuPerGib> upload_cpu_;  // of the median pass
+  std::optional<double> upload_first_gibps_;  // the first pass, into a fresh ckptd and store
+  std::optional<CpuPerGib> upload_first_cpu_;
   // 1 MiB chunks put into a fresh RocksDB store and committed, in this process: what RocksDB
   // alone costs to ingest the bytes (the floor of the upload's server side).
   std::optional<double> store_write_gibps_;
@@ -675,18 +681,39 @@ void Harness::MeasureUpload() {
     auto put = client_->PutStrategy(name, *StrategyByName(spec_, name), true);
     if (!put.ok()) return Error(absl::StrCat("PutStrategy ", name), put.status());
   }
-  const CpuMeter cpu(server_->pid());
-  const auto start = Clock::now();
-  auto up = client_->UploadDirectory(kCheckpointId, kSourceName, work_ + "/src");
-  const double seconds = Seconds(start);
-  if (!up.ok()) return Error("upload", up.status());
-  if (!up->committed) return Error("upload", absl::InternalError("checkpoint not committed"));
-  uploaded_ = true;
-  upload_gibps_ = up->file_bytes / kGiB / seconds;
-  upload_cpu_ = cpu.Finish(up->file_bytes);
-  Progress(absl::StrFormat("upload: %.3f GiB in %.2f s = %.2f GiB/s (%lld bytes stored)",
-                           up->file_bytes / kGiB, seconds, *upload_gibps_,
-                           static_cast<long long>(up->bytes_stored)));
+  // kRepeats passes into the same ckptd, the checkpoint deleted between them; the last one stays
+  // for the fetch cases. The first pass also pays for the fresh process growing its heap
+  // (memtables, gRPC buffers) and for the fresh store's first page-cache pages, so it is shown on
+  // its own; the target is judged on the median pass, like every other throughput here.
+  std::vector<double> pass_seconds;
+  std::vector<std::optional<CpuPerGib>> pass_cpu;
+  int64_t file_bytes = 0;
+  for (int pass = 0; pass < kRepeats; ++pass) {
+    if (pass > 0) {
+      if (auto s = client_->DeleteCheckpoint(kCheckpointId); !s.ok()) {
+        return Error("delete the uploaded checkpoint before the next upload pass", s);
+      }
+    }
+    const CpuMeter cpu(server_->pid());
+    const auto start = Clock::now();
+    auto up = client_->UploadDirectory(kCheckpointId, kSourceName, work_ + "/src");
+    const double seconds = Seconds(start);
+    if (!up.ok()) return Error("upload", up.status());
+    if (!up->committed) return Error("upload", absl::InternalError("checkpoint not committed"));
+    uploaded_ = true;
+    file_bytes = up->file_bytes;
+    pass_seconds.push_back(seconds);
+    pass_cpu.push_back(cpu.Finish(up->file_bytes));
+    Progress(absl::StrFormat("upload pass %d: %.3f GiB in %.2f s = %.2f GiB/s (%lld bytes stored)",
+                             pass + 1, up->file_bytes / kGiB, seconds,
+                             up->file_bytes / kGiB / seconds,
+                             static_cast<long long>(up->bytes_stored)));
+  }
+  const auto median = std::find(pass_seconds.begin(), pass_seconds.end(), Median(pass_seconds));
+  upload_gibps_ = file_bytes / kGiB / *median;
+  upload_cpu_ = pass_cpu[median - pass_seconds.begin()];
+  upload_first_gibps_ = file_bytes / kGiB / pass_seconds.front();
+  upload_first_cpu_ = pass_cpu.front();
 }
 
 void Harness::MeasureStoreWrite() {
@@ -1086,6 +1113,8 @@ json Harness::Results() const {
                  {"disk_write_gibps", Opt(disk_gibps_)},
                  {"disk_buffered_write_gibps", Opt(disk_buffered_gibps_)},
                  {"cpu", CpuJson(upload_cpu_)},
+                 {"first_pass_gibps", Opt(upload_first_gibps_)},
+                 {"first_pass_cpu", CpuJson(upload_first_cpu_)},
                  {"store_write_gibps", Opt(store_write_gibps_)},
                  {"store_write_cpu_s_per_gib", Opt(store_write_cpu_)}};
   json targets = json::array();
@@ -1201,13 +1230,16 @@ std::vector<Row> Harness::Table() const {
   {
     std::optional<double> need;
     if (disk_gibps_) need = 0.5 * *disk_gibps_;
-    rows.push_back({"upload (8 ranks, 4 streams)", Fmt(upload_gibps_, " GiB/s"),
+    rows.push_back({"upload (8 ranks, 4 streams, median pass)", Fmt(upload_gibps_, " GiB/s"),
                     absl::StrCat(">= 0.5 x disk write ", Fmt(disk_gibps_, " GiB/s")),
                     Verdict(upload_gibps_ && need ? std::optional<bool>(*upload_gibps_ >= *need)
                                                   : std::nullopt)});
     rows.push_back({"  buffered disk write (page cache + fsync)",
                     Fmt(disk_buffered_gibps_, " GiB/s"), "", ""});
     rows.push_back({kCpuRow, CpuText(upload_cpu_), "", ""});
+    rows.push_back({"  first pass (fresh ckptd and store)", Fmt(upload_first_gibps_, " GiB/s"),
+                    "", ""});
+    rows.push_back({"    CPU per GiB (server + client)", CpuText(upload_first_cpu_), "", ""});
     rows.push_back({"  store write limit (RocksDB, 1 thread)", Fmt(store_write_gibps_, " GiB/s"),
                     "", ""});
     rows.push_back(
@@ -1258,6 +1290,12 @@ int Harness::Run() {
     MeasureUpload();
   }
   if (uploaded_) {
+    // From here on this process is the fetching client of every single-stream case (and of the
+    // limits they are compared with), so it opts in to the client library's allocator policy for
+    // streaming, as ckptctl and the concurrent workers do. The upload and the store write limit
+    // above ran with glibc's defaults; the baseline child process keeps them too (it stands for
+    // MindSpore's Python tool).
+    TuneMallocForStreaming();
     if (Selected("transport")) MeasureTransportLimit();
     if (Selected("storage")) MeasureStorageLimit();
     const std::vector<FetchCase> cases = {

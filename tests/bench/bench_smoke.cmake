@@ -33,7 +33,7 @@ endforeach()
 foreach(key seconds peak_rss_mib baseline_seconds baseline_peak_rss_mib)
   require(transform ${key})
 endforeach()
-foreach(key gibps disk_write_gibps store_write_gibps)
+foreach(key gibps disk_write_gibps store_write_gibps first_pass_gibps)
   require(upload ${key})
 endforeach()
 
@@ -51,6 +51,7 @@ endforeach()
 # Figures that need nothing from the server beyond issue 3 must be real numbers.
 foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "deps_all_ranks_ms"
              "upload;gibps" "upload;disk_write_gibps" "upload;store_write_gibps"
+             "upload;first_pass_gibps"
              "concurrent;gibps" "transform;baseline_seconds")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
