@@ -693,6 +693,7 @@ void Harness::MeasureUpload() {
       if (auto s = client_->DeleteCheckpoint(kCheckpointId); !s.ok()) {
         return Error("delete the uploaded checkpoint before the next upload pass", s);
       }
+      uploaded_ = false;  // until the next pass commits it again
     }
     const CpuMeter cpu(server_->pid());
     const auto start = Clock::now();
