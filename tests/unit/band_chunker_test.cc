@@ -1,10 +1,12 @@
 #include "core/band_chunker.h"
 
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/random_layouts.h"
 
 namespace ckpt {
 namespace {
@@ -37,7 +39,10 @@ std::string GatherBox(const std::string& slice, const Shape& shape, const Box& b
 }
 
 TEST(BandChunkerTest, RandomGridsAndCutsMatchBruteForce) {
-  std::mt19937_64 rng(5);
+  const uint64_t seed = testing::PropertySeed(5);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (rerun with CKPT_SEED=" << seed << ")");
+  std::cout << "BandChunkerTest.RandomGridsAndCutsMatchBruteForce seed " << seed << "\n";
+  testing::Rng rng(seed);
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
