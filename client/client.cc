@@ -294,7 +294,9 @@ class RankFileSender {
 // handing it to the visitor. Not thread-safe (one stream).
 class FetchChecker {
  public:
-  explicit FetchChecker(TensorVisitor* visitor) : visitor_(visitor) {}
+  // `checkpoint` names the fetched checkpoint in checksum errors.
+  FetchChecker(TensorVisitor* visitor, std::string checkpoint)
+      : visitor_(visitor), checkpoint_(std::move(checkpoint)) {}
 
   absl::Status Consume(const FetchWire& message) {
     if (!message.is_data) return Consume(message.message);
@@ -417,10 +419,13 @@ class FetchChecker {
   absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const {
     if (actual == expected) return absl::OkStatus();
     const int64_t begin = current_->received + static_cast<int64_t>(offset);
+    // Whole stored chunks are checked only here (the server sends their stored checksum without
+    // hashing them), so a mismatch may be corruption in the store as well as in transit.
     return absl::DataLossError(absl::StrCat(
-        "tensor ", current_->name, ": bytes [", begin, ", ", begin + static_cast<int64_t>(size),
-        ") failed their xxh64 checksum (received ", absl::Hex(actual), ", server sent ",
-        absl::Hex(expected), ")"));
+        "checkpoint ", checkpoint_, " tensor ", current_->name, ": bytes [", begin, ", ",
+        begin + static_cast<int64_t>(size), ") failed their xxh64 checksum (received ",
+        absl::Hex(actual), ", expected ", absl::Hex(expected),
+        "): corrupted in the server's store or in transit"));
   }
 
   // Closes the open tensor (if any) at `where`, checking it got all its bytes.
@@ -436,6 +441,7 @@ class FetchChecker {
   }
 
   TensorVisitor* visitor_;
+  const std::string checkpoint_;
   std::optional<v1::FetchPlanSummary> summary_;
   std::optional<Current> current_;
   int64_t tensors_ = 0;
@@ -858,7 +864,7 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
   std::unique_ptr<grpc::ClientReader<FetchWire>> stream(
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
                                                              sent));
-  FetchChecker checker(&visitor);
+  FetchChecker checker(&visitor, request.checkpoint_id());
   FetchWire message;
   absl::Status local;
   while (stream->Read(&message)) {

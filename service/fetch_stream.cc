@@ -25,17 +25,18 @@ Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
 
 // A stored chunk and the region of the current band it supplies, in global coordinates.
 struct Piece {
-  std::shared_ptr<ChunkData> chunk;
-  uint64_t chunk_xxh64;  // verified when read
+  std::shared_ptr<StreamChunk> chunk;
   Box chunk_box;
   Box region;
 };
 
-// A view of `length` bytes of `p`'s chunk from `offset`, carrying the chunk's checksum when the
-// view is the whole chunk.
-DataSegment ChunkSegment(const Piece& p, size_t offset, size_t length) {
-  DataSegment s{p.chunk, p.chunk->bytes().substr(offset, length), std::nullopt};
-  if (offset == 0 && length == p.chunk->bytes().size()) s.chunk_xxh64 = p.chunk_xxh64;
+// A view of `length` bytes of `chunk` from `offset`, carrying the chunk's checksum when the view
+// is the whole chunk.
+DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offset,
+                         size_t length) {
+  const std::string_view bytes = chunk->data->bytes();
+  DataSegment s{chunk, bytes.substr(offset, length), std::nullopt, chunk};
+  if (offset == 0 && length == bytes.size()) s.chunk_xxh64 = chunk->xxh64;
   return s;
 }
 
@@ -52,7 +53,7 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
   if (rank == 0) {  // a scalar: one piece, the whole chunk
     if (pieces->size() != 1) return false;
     const Piece& p = pieces->front();
-    out->push_back(ChunkSegment(p, 0, p.chunk->bytes().size()));
+    out->push_back(ChunkSegment(p.chunk, 0, p.chunk->data->bytes().size()));
     return true;
   }
   int64_t row_elements = 1;
@@ -75,7 +76,7 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
     if (p.region.lo[0] != next) break;  // a gap or an overlap: not a plain stack of rows
     const auto offset = static_cast<size_t>((p.region.lo[0] - p.chunk_box.lo[0]) * row_bytes);
     const auto length = static_cast<size_t>((p.region.hi[0] - p.region.lo[0]) * row_bytes);
-    out->push_back(ChunkSegment(p, offset, length));
+    out->push_back(ChunkSegment(p.chunk, offset, length));
     next = p.region.hi[0];
   }
   if (next != band.hi[0] || out->size() != pieces->size()) {
@@ -87,10 +88,34 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
 
 }  // namespace
 
-void FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* out) const {
-  if (checksums == FetchChecksums::kNone) return;
-  // A run of segments hashed together; with kParts, whole stored chunks of at least
-  // min_part_bytes end a run and are parts of their own.
+absl::Status FetchStream::Annotate(const absl::Status& s) const {
+  const std::string tensor = tensor_ < plan_.tensors.size() ? plan_.tensors[tensor_].name : "?";
+  return absl::Status(s.code(), absl::StrCat("checkpoint ", checkpoint_->manifest.id(),
+                                             " tensor ", tensor, ": ", s.message()));
+}
+
+absl::Status FetchStream::Verify(StreamChunk& chunk) {
+  if (chunk.verified) return absl::OkStatus();
+  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.xxh64); !s.ok()) {
+    return Annotate(s);
+  }
+  chunk.verified = true;
+  return absl::OkStatus();
+}
+
+// Whole stored chunks of at least min_part_bytes are parts of their own with kParts: the client
+// verifies them against their stored checksum. Every other stored byte is verified here before
+// it is hashed into a message checksum (or, with kNone, handed on).
+absl::Status FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* out) {
+  auto own_part = [&](const DataSegment& s) {
+    return checksums == FetchChecksums::kParts && s.chunk_xxh64 &&
+           static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes;
+  };
+  for (const DataSegment& s : out->segments) {
+    if (s.chunk && !own_part(s)) CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
+  }
+  if (checksums == FetchChecksums::kNone) return absl::OkStatus();
+  // A run of segments hashed together; own parts end a run.
   std::vector<std::string_view> run;
   int64_t run_bytes = 0;
   auto end_run = [&] {
@@ -101,7 +126,7 @@ void FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* out) con
   };
   for (const DataSegment& s : out->segments) {
     const auto size = static_cast<int64_t>(s.bytes.size());
-    if (checksums == FetchChecksums::kParts && s.chunk_xxh64 && size >= options_.min_part_bytes) {
+    if (own_part(s)) {
       end_run();
       out->parts.push_back({size, *s.chunk_xxh64});
     } else {
@@ -114,6 +139,7 @@ void FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* out) con
     out->xxh64 = out->parts.front().xxh64;
     out->parts.clear();
   }
+  return absl::OkStatus();
 }
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
@@ -152,35 +178,35 @@ const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
   return nullptr;
 }
 
-absl::StatusOr<std::shared_ptr<ChunkData>> FetchStream::Chunk(const ChunkAddress& address,
-                                                              uint64_t checksum) {
+absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddress& address,
+                                                                uint64_t checksum) {
   const ChunkKey key{(uint64_t{address.tensor} << 32) | address.blob, address.chunk};
   if (auto hit = cache_index_.find(key); hit != cache_index_.end()) {
     cache_.splice(cache_.begin(), cache_, hit->second);
-    return cache_.front().data;
+    return cache_.front().chunk;
   }
-  auto read = store_->ReadChunk(address, checksum);
+  auto read = store_->ReadChunkUnverified(address);
   if (!read.ok()) return read.status();
-  std::shared_ptr<ChunkData> data(std::move(*read));
-  cache_.push_front({key, data});
+  auto chunk = std::make_shared<StreamChunk>();
+  chunk->address = address;
+  chunk->data = std::move(*read);
+  chunk->xxh64 = checksum;
+  cache_.push_front({key, chunk});
   cache_index_[key] = cache_.begin();
-  cache_bytes_ += static_cast<int64_t>(data->bytes().size());
+  cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
   while (cache_bytes_ > options_.chunk_cache_bytes && cache_.size() > 1) {
-    cache_bytes_ -= static_cast<int64_t>(cache_.back().data->bytes().size());
+    cache_bytes_ -= static_cast<int64_t>(cache_.back().chunk->data->bytes().size());
     cache_index_.erase(cache_.back().key);
     cache_.pop_back();
   }
-  return data;
+  return chunk;
 }
 
 absl::Status FetchStream::BuildBand() {
   const TensorPlan& t = plan_.tensors[tensor_];
   const records::TensorRecord& r = Record(t);
   const uint64_t data_id = checkpoint_->manifest.data_id();
-  auto where = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("checkpoint ", checkpoint_->manifest.id(),
-                                               " tensor ", t.name, ": ", s.message()));
-  };
+  auto where = [&](const absl::Status& s) { return Annotate(s); };
   band_.clear();
   band_left_ = 0;
   band_segment_ = 0;
@@ -200,8 +226,8 @@ absl::Status FetchStream::BuildBand() {
     auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(next_chunk_)},
                       b->chunk_xxh64(next_chunk_));
     if (!data.ok()) return where(data.status());
-    band_.push_back({*data, (*data)->bytes(), b->chunk_xxh64(next_chunk_)});
-    band_left_ = static_cast<int64_t>((*data)->bytes().size());
+    band_.push_back(ChunkSegment(*data, 0, (*data)->data->bytes().size()));
+    band_left_ = static_cast<int64_t>((*data)->data->bytes().size());
     ++next_chunk_;
     return absl::OkStatus();
   }
@@ -256,15 +282,15 @@ absl::Status FetchStream::BuildBand() {
       auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(chunk)},
                         b->chunk_xxh64(chunk));
       if (!data.ok()) return where(data.status());
-      if (static_cast<int64_t>((*data)->bytes().size()) != grid->ChunkBytes(chunk)) {
-        return where(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ",
-                                                      (*data)->bytes().size(), " bytes, expected ",
+      const size_t size = (*data)->data->bytes().size();
+      if (static_cast<int64_t>(size) != grid->ChunkBytes(chunk)) {
+        return where(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ", size,
+                                                      " bytes, expected ",
                                                       grid->ChunkBytes(chunk))));
       }
       Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
       Box region = *Intersect(chunk_box, *part);
-      pieces.push_back(
-          {std::move(*data), b->chunk_xxh64(chunk), std::move(chunk_box), std::move(region)});
+      pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
     }
   }
   if (ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
@@ -291,7 +317,8 @@ absl::Status FetchStream::BuildBand() {
   std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
   int64_t covered = 0;
   for (const Piece& p : pieces) {
-    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->bytes().data(), p.chunk_box,
+    CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
+    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
                                        buffer.get(), band_box, p.region));
     covered += *p.region.Volume();
   }
@@ -301,7 +328,8 @@ absl::Status FetchStream::BuildBand() {
                                                   band_box.ToString())));
   }
   band_.push_back({std::shared_ptr<const void>(buffer, buffer.get()),
-                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes)), std::nullopt});
+                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes)), std::nullopt,
+                   nullptr});
   band_left_ = band_bytes;
   return absl::OkStatus();
 }
@@ -368,6 +396,8 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
       if (band_offset_ == 0 && head.chunk_xxh64 &&
           static_cast<int64_t>(head.bytes.size()) >= options_.whole_chunk_message_bytes &&
           static_cast<int64_t>(head.bytes.size()) <= options_.max_message_bytes) {
+        // Unless the client verifies stored checksums (kParts), verify the chunk here first.
+        if (checksums != FetchChecksums::kParts) CKPT_RETURN_IF_ERROR(Verify(*head.chunk));
         out->segments.push_back(head);
         out->data_bytes = static_cast<int64_t>(head.bytes.size());
         if (checksums != FetchChecksums::kNone) out->xxh64 = *head.chunk_xxh64;
@@ -382,7 +412,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
         const DataSegment& s = band_[band_segment_];
         const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
         out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n),
-                                 n == s.bytes.size() ? s.chunk_xxh64 : std::nullopt});
+                                 n == s.bytes.size() ? s.chunk_xxh64 : std::nullopt, s.chunk});
         want -= static_cast<int64_t>(n);
         out->data_bytes += static_cast<int64_t>(n);
         band_offset_ += n;
@@ -393,7 +423,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
       }
       band_left_ -= out->data_bytes;
       if (band_left_ == 0) band_.clear();  // drop references the message does not hold
-      ChecksumMessage(checksums, out);
+      CKPT_RETURN_IF_ERROR(ChecksumMessage(checksums, out));
       bytes_produced_ += out->data_bytes;
       return true;
     }

@@ -41,12 +41,26 @@ struct FetchOptions {
 };
 
 // How NextPiece checksums data messages.
+// Every byte a stream produces is verified against its stored checksum, by the stream or, for
+// whole stored chunks with kParts, by the client.
 enum class FetchChecksums {
   kNone,   // no checksums (in-process readers that do not send the bytes on)
   kWhole,  // one xxh64 of each message's bytes
-  // Whole stored chunks in a combined message keep the checksum verified when they were read,
-  // as parts of their own (FetchRequest.part_checksums): their bytes are not hashed again.
+  // Whole stored chunks (alone, or in a combined message as parts of their own) carry their
+  // manifest checksum (FetchRequest.part_checksums) and are not hashed on the server at all: the
+  // client, which verifies every part, is the one to check them.
   kParts,
+};
+
+// A stored chunk as a stream read it (CheckpointStore::ReadChunkUnverified). It is verified
+// against its manifest checksum, once, before any of its bytes are used or leave the stream
+// without that checksum; bytes that leave with it (a whole chunk as a message or part of its own,
+// to a client that verifies parts) are verified by the client instead.
+struct StreamChunk {
+  ChunkAddress address;
+  std::unique_ptr<ChunkData> data;
+  uint64_t xxh64 = 0;  // from the manifest
+  bool verified = false;
 };
 
 // A run of a data message's bytes, kept alive by `owner` (a stored chunk read from the store, or
@@ -54,9 +68,11 @@ enum class FetchChecksums {
 struct DataSegment {
   std::shared_ptr<const void> owner;
   std::string_view bytes;
-  // Set when `bytes` is a whole stored chunk: its checksum, verified when the chunk was read, so
-  // that a message of just this chunk needs no second pass over its bytes.
+  // Set when `bytes` is a whole stored chunk: its manifest checksum, so that a message or part of
+  // just this chunk needs no pass over its bytes on the server.
   std::optional<uint64_t> chunk_xxh64;
+  // The stored chunk `bytes` come from; null for an assembled band (verified bytes).
+  std::shared_ptr<StreamChunk> chunk;
 };
 
 // A run of a data message's bytes and their xxh64 (FetchData.part_bytes / part_xxh64).
@@ -96,8 +112,16 @@ class FetchStream {
 
  private:
   absl::Status BuildBand();  // fills band_ with the next band of the current tensor
-  absl::StatusOr<std::shared_ptr<ChunkData>> Chunk(const ChunkAddress& address, uint64_t checksum);
-  void ChecksumMessage(FetchChecksums checksums, FetchPiece* out) const;  // sets xxh64 or parts
+  // The chunk at `address` (from the LRU or the store, unverified) with its manifest checksum.
+  absl::StatusOr<std::shared_ptr<StreamChunk>> Chunk(const ChunkAddress& address,
+                                                     uint64_t checksum);
+  // Verifies `chunk` unless done before: DATA_LOSS naming the checkpoint, tensor and chunk.
+  absl::Status Verify(StreamChunk& chunk);
+  // Verifies the chunks of segments that leave without their own stored checksum, then sets
+  // out's xxh64 or parts.
+  absl::Status ChecksumMessage(FetchChecksums checksums, FetchPiece* out);
+  // `s` prefixed with the checkpoint and the current tensor.
+  absl::Status Annotate(const absl::Status& s) const;
   int64_t TensorBytes(const TensorPlan& t) const;
   const records::TensorRecord& Record(const TensorPlan& t) const;
   const records::BlobRecord* BlobFor(const records::TensorRecord& r, const CopyOp& op) const;
@@ -125,7 +149,7 @@ class FetchStream {
   using ChunkKey = std::pair<uint64_t, uint64_t>;
   struct CachedChunk {
     ChunkKey key;
-    std::shared_ptr<ChunkData> data;
+    std::shared_ptr<StreamChunk> chunk;
   };
   std::list<CachedChunk> cache_;
   absl::flat_hash_map<ChunkKey, std::list<CachedChunk>::iterator> cache_index_;

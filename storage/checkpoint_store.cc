@@ -1,11 +1,30 @@
 #include "storage/checkpoint_store.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checksum.h"
 
 namespace ckpt {
 
 std::string ChunkAddress::ToString() const {
   return absl::StrCat("data ", data_id, " tensor ", tensor, " blob ", blob, " chunk ", chunk);
+}
+
+absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
+                         uint64_t expected_checksum) {
+  const uint64_t actual = ChunkChecksum(bytes);
+  if (actual == expected_checksum) return absl::OkStatus();
+  return absl::DataLossError(
+      absl::StrFormat("chunk %s failed its checksum (expected %016x, got %016x)",
+                      address.ToString(), expected_checksum, actual));
+}
+
+absl::StatusOr<std::unique_ptr<ChunkData>> CheckpointStore::ReadChunk(const ChunkAddress& address,
+                                                                      uint64_t expected_checksum) {
+  absl::StatusOr<std::unique_ptr<ChunkData>> data = ReadChunkUnverified(address);
+  if (!data.ok()) return data;
+  if (absl::Status s = VerifyChunk(address, (*data)->bytes(), expected_checksum); !s.ok()) return s;
+  return data;
 }
 
 }  // namespace ckpt

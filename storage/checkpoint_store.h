@@ -55,7 +55,11 @@ class ChunkData {
 };
 
 // A chunk's ChunkChecksum (core/checksum.h) is recorded in its manifest at upload and verified
-// on every read.
+// on every read: by ReadChunk, or by whoever reads with ReadChunkUnverified (VerifyChunk).
+
+// DATA_LOSS naming `address` when `bytes` do not hash to `expected_checksum`.
+absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
+                         uint64_t expected_checksum);
 
 // Counters for tests and the benchmark (monotonic since open).
 struct StoreStats {
@@ -94,8 +98,14 @@ class CheckpointStore {
   virtual absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) = 0;
   // Reads one chunk and verifies it against `expected_checksum`: DATA_LOSS naming the address on
   // mismatch (never wrong bytes), NOT_FOUND when absent.
-  virtual absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
-                                                               uint64_t expected_checksum) = 0;
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
+                                                       uint64_t expected_checksum);
+  // Reads one chunk as stored, not verified; NOT_FOUND when absent. Only for a reader that
+  // verifies the bytes (VerifyChunk) before it uses them, or hands them on together with their
+  // manifest checksum to a reader that verifies them (a Fetch client asking for part checksums):
+  // a Fetch of whole chunks then hashes each byte once, on the client, instead of twice.
+  virtual absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
+      const ChunkAddress& address) = 0;
   // Deletes every chunk of a live data id and forgets it.
   virtual absl::Status DiscardData(uint64_t data_id) = 0;
 

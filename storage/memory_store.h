@@ -40,8 +40,8 @@ class MemoryStore final : public CheckpointStore {
   // StoreOptions::free_disk_bytes, when set, is called with the store's mutex held: it must not
   // call back into the store.
   absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override;
-  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
-                                                       uint64_t expected_checksum) override;
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
+      const ChunkAddress& address) override;
   absl::Status DiscardData(uint64_t data_id) override;
 
   absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,

@@ -203,8 +203,8 @@ class RocksDbStore final : public CheckpointStore {
 
   absl::StatusOr<uint64_t> BeginData() override;
   absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override;
-  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
-                                                       uint64_t expected_checksum) override;
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
+      const ChunkAddress& address) override;
   absl::Status DiscardData(uint64_t data_id) override;
 
   absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,
@@ -558,11 +558,12 @@ absl::Status RocksDbStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunk(const ChunkAddress& address,
-                                                                   uint64_t expected_checksum) {
+absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
+    const ChunkAddress& address) {
   auto data = std::make_unique<RocksChunkData>();
-  // Every chunk is verified end to end against its xxh64 below, which catches media corruption
-  // too; RocksDB's own blob checksum would only repeat it.
+  // The reader verifies every chunk end to end against its xxh64 (CheckpointStore::ReadChunk or
+  // VerifyChunk), which catches media corruption too; RocksDB's own blob checksum would only
+  // repeat it.
   rocksdb::ReadOptions read_options;
   read_options.verify_checksums = false;
   const rocksdb::Status status =
@@ -571,17 +572,9 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunk(const ChunkAd
     return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
   }
   if (!status.ok()) return FromRocks(status, absl::StrCat("reading chunk ", address.ToString()));
-  const std::string_view bytes = data->bytes();
   chunks_read_.fetch_add(1, std::memory_order_relaxed);
-  chunk_bytes_read_.fetch_add(static_cast<int64_t>(bytes.size()), std::memory_order_relaxed);
-  // RocksDB's own block/blob checksums catch media corruption; this catches everything else
-  // (a wrong key, a bug in a writer) end to end against what the manifest recorded at upload.
-  const uint64_t actual = ChunkChecksum(bytes);
-  if (actual != expected_checksum) {
-    return absl::DataLossError(
-        absl::StrFormat("chunk %s failed its checksum (expected %016x, got %016x)",
-                        address.ToString(), expected_checksum, actual));
-  }
+  chunk_bytes_read_.fetch_add(static_cast<int64_t>(data->bytes().size()),
+                              std::memory_order_relaxed);
   return std::unique_ptr<ChunkData>(std::move(data));
 }
 

@@ -28,6 +28,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/forwarding_store.h"
 #include "storage/checkpoint_store.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/subprocess.h"
@@ -121,11 +122,12 @@ std::vector<CkptTensor> AsCkptTensors(const Fetched& f) {
   return out;
 }
 
-// A memory store whose ReadChunk fails (DATA_LOSS) once, at a chosen read: a fault injected
+// A memory store whose reads fail (DATA_LOSS) once, at a chosen read: a fault injected
 // into one rank of a job that writes several ranks at once.
-class FaultyReadStore final : public CheckpointStore {
+class FaultyReadStore final : public testing::ForwardingStore {
  public:
-  explicit FaultyReadStore(std::unique_ptr<CheckpointStore> base) : base_(std::move(base)) {}
+  explicit FaultyReadStore(std::unique_ptr<CheckpointStore> base)
+      : ForwardingStore(std::move(base)) {}
 
   // Read number `n` (0-based) from now on fails.
   void FailRead(int64_t n) {
@@ -133,56 +135,15 @@ class FaultyReadStore final : public CheckpointStore {
     fail_at_ = n;
   }
 
-  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
-                                                       uint64_t expected_checksum) override {
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
+      const ChunkAddress& address) override {
     if (reads_.fetch_add(1) == fail_at_.load()) {
       return absl::DataLossError(absl::StrCat("injected fault reading ", address.ToString()));
     }
-    return base_->ReadChunk(address, expected_checksum);
+    return base().ReadChunkUnverified(address);
   }
-
-  absl::Status PutStrategy(const std::string& name, std::string_view record,
-                           bool overwrite) override {
-    return base_->PutStrategy(name, record, overwrite);
-  }
-  absl::StatusOr<std::string> GetStrategy(const std::string& name) override {
-    return base_->GetStrategy(name);
-  }
-  absl::StatusOr<std::vector<std::string>> ListStrategies() override {
-    return base_->ListStrategies();
-  }
-  absl::Status DeleteStrategy(const std::string& name) override {
-    return base_->DeleteStrategy(name);
-  }
-  absl::StatusOr<uint64_t> BeginData() override { return base_->BeginData(); }
-  absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override {
-    return base_->PutChunks(chunks);
-  }
-  absl::Status DiscardData(uint64_t data_id) override { return base_->DiscardData(data_id); }
-  absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,
-                                uint64_t data_id) override {
-    return base_->CommitCheckpoint(id, manifest, data_id);
-  }
-  absl::StatusOr<std::string> GetManifest(const std::string& id) override {
-    return base_->GetManifest(id);
-  }
-  absl::StatusOr<std::vector<std::string>> ListCheckpoints() override {
-    return base_->ListCheckpoints();
-  }
-  absl::Status DeleteCheckpoint(const std::string& id) override {
-    return base_->DeleteCheckpoint(id);
-  }
-  absl::Status PutJob(const std::string& id, std::string_view record) override {
-    return base_->PutJob(id, record);
-  }
-  absl::StatusOr<std::string> GetJob(const std::string& id) override { return base_->GetJob(id); }
-  absl::StatusOr<std::vector<JobRecord>> ListJobs() override { return base_->ListJobs(); }
-  absl::StatusOr<int64_t> CollectGarbage() override { return base_->CollectGarbage(); }
-  absl::Status Flush() override { return base_->Flush(); }
-  StoreStats stats() const override { return base_->stats(); }
 
  private:
-  const std::unique_ptr<CheckpointStore> base_;
   std::atomic<int64_t> reads_{0};
   std::atomic<int64_t> fail_at_{-1};
 };

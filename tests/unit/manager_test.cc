@@ -3,14 +3,18 @@
 #include "service/manager.h"
 
 #include <chrono>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/sample.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_store.h"
+#include "tests/testing/forwarding_store.h"
 
 namespace ckpt {
 namespace {
@@ -18,6 +22,49 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr uint64_t kSeed = 5;
+
+class OwnedChunk final : public ChunkData {
+ public:
+  explicit OwnedChunk(std::string bytes) : bytes_(std::move(bytes)) {}
+  std::string_view bytes() const override { return bytes_; }
+
+ private:
+  const std::string bytes_;
+};
+
+// Reads of one chosen chunk come back with their middle byte flipped (the stored copy is
+// untouched, so the same checkpoint can be read both ways); records the chunks read.
+class CorruptingStore final : public testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
+      const ChunkAddress& address) override {
+    auto data = base().ReadChunkUnverified(address);
+    std::lock_guard<std::mutex> lock(mu_);
+    reads_.push_back(address);
+    if (!data.ok() || address != corrupt_) return data;
+    std::string bytes((*data)->bytes());
+    if (!bytes.empty()) bytes[bytes.size() / 2] ^= 0x20;
+    return std::unique_ptr<ChunkData>(new OwnedChunk(std::move(bytes)));
+  }
+
+  // Corrupts reads of `address` from now on (none: an address no chunk has).
+  void Corrupt(std::optional<ChunkAddress> address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    corrupt_ = address ? *address : ChunkAddress{~uint64_t{0}, 0, 0, 0};
+  }
+  // The chunks read since the last call, in order.
+  std::vector<ChunkAddress> TakeReads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(reads_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  ChunkAddress corrupt_{~uint64_t{0}, 0, 0, 0};
+  std::vector<ChunkAddress> reads_;
+};
 
 v1::UploadHeader Header(const std::string& id, const std::string& strategy, int64_t rank) {
   v1::UploadHeader h;
@@ -46,7 +93,9 @@ class ManagerTest : public ::testing::Test {
   // A new, empty store and a manager with `options`.
   void Restart(const ManagerOptions& options) {
     manager_.reset();
-    store_ = NewMemoryStore();
+    auto store = std::make_unique<CorruptingStore>(NewMemoryStore());
+    corrupting_ = store.get();
+    store_ = std::move(store);
     max_message_bytes_ = options.fetch.max_message_bytes;
     manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
   }
@@ -229,6 +278,7 @@ class ManagerTest : public ::testing::Test {
   }
 
   std::unique_ptr<CheckpointStore> store_;
+  CorruptingStore* corrupting_ = nullptr;  // store_
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
   FetchChecksums checksums_ = FetchChecksums::kWhole;
@@ -279,6 +329,119 @@ TEST_F(ManagerTest, PartChecksumsMatchEveryByteOfEveryMessage) {
       UploadDemoAndExpectEveryReSplit();
       if (mode == FetchChecksums::kParts) {
         EXPECT_GT(part_messages_, 0);
+      }
+    }
+  }
+}
+
+// A stream verifies every stored byte before it leaves, except whole chunks that go to a client
+// verifying their stored checksums (kParts), which the server sends without hashing them. With
+// any one chunk corrupted, no message may therefore carry wrong bytes under checksums that match
+// them: with kParts the client catches each one, with kWhole and kNone none leaves at all (the
+// stream ends with DATA_LOSS naming the chunk first).
+TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  std::vector<v1::FetchRequest> requests;
+  for (const auto& [name, strategy] : {std::pair{"src", &src}, std::pair{"dst", &dst}}) {
+    for (int64_t r = 0; r < strategy->world_size(); ++r) {
+      v1::FetchRequest& req = requests.emplace_back();
+      req.set_checkpoint_id("ck");
+      req.set_strategy(name);
+      req.set_rank(r);
+    }
+  }
+  requests.emplace_back().set_checkpoint_id("ck");
+  requests.back().set_merged(true);
+
+  struct Message {
+    std::string bytes;
+    bool checksums_match = true;
+  };
+  // The data messages of `req` until the stream ends or fails (its status).
+  auto run = [&](const v1::FetchRequest& req, FetchChecksums mode,
+                 std::vector<Message>* out) -> absl::Status {
+    auto stream = manager_->OpenFetch(req);
+    if (!stream.ok()) return stream.status();
+    FetchPiece piece;
+    while (true) {
+      auto more = (*stream)->NextPiece(&piece, mode);
+      if (!more.ok()) return more.status();
+      if (!*more) return absl::OkStatus();
+      if (piece.segments.empty()) continue;
+      Message& m = out->emplace_back();
+      for (const DataSegment& seg : piece.segments) m.bytes += seg.bytes;
+      if (mode == FetchChecksums::kNone) continue;
+      if (piece.parts.empty()) {
+        m.checksums_match = piece.xxh64 == ChunkChecksum(m.bytes);
+        continue;
+      }
+      size_t offset = 0;
+      for (const ChecksumPart& p : piece.parts) {
+        const std::string_view part = std::string_view(m.bytes).substr(offset, p.bytes);
+        m.checksums_match = m.checksums_match && p.xxh64 == ChunkChecksum(part);
+        offset += static_cast<size_t>(p.bytes);
+      }
+    }
+  };
+
+  for (int64_t max_message_bytes : {512, 100}) {
+    for (FetchChecksums mode :
+         {FetchChecksums::kParts, FetchChecksums::kWhole, FetchChecksums::kNone}) {
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
+                                static_cast<int>(mode)));
+      ManagerOptions options = SmallOptions();
+      options.fetch.max_message_bytes = max_message_bytes;
+      options.fetch.whole_chunk_message_bytes = 32;
+      options.fetch.min_part_bytes = 16;
+      Restart(options);
+      PutStrategy("src", src);
+      PutStrategy("dst", dst);
+      UploadAll("ck", "src", src, DemoTensors());
+      int64_t runs = 0, caught_by_client = 0, failed_streams = 0;
+      for (const v1::FetchRequest& req : requests) {
+        SCOPED_TRACE(req.ShortDebugString());
+        std::vector<Message> truth;
+        corrupting_->Corrupt(std::nullopt);
+        corrupting_->TakeReads();
+        ASSERT_TRUE(run(req, mode, &truth).ok());
+        const std::vector<ChunkAddress> read = corrupting_->TakeReads();
+        ASSERT_FALSE(read.empty());
+        // Up to 12 of the chunks the stream reads, spread over it.
+        for (size_t k = 0; k < read.size(); k += std::max<size_t>(1, read.size() / 12)) {
+          SCOPED_TRACE(read[k].ToString());
+          ++runs;
+          std::vector<Message> got;
+          corrupting_->Corrupt(read[k]);
+          const absl::Status status = run(req, mode, &got);
+          bool caught = false;
+          ASSERT_LE(got.size(), truth.size());
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (got[i].bytes == truth[i].bytes) continue;
+            ASSERT_FALSE(got[i].checksums_match) << "message " << i << " has wrong bytes";
+            caught = true;
+          }
+          caught_by_client += caught;
+          if (status.ok()) {
+            EXPECT_TRUE(caught) << "the corrupted chunk went unnoticed";
+          } else {
+            ++failed_streams;
+            EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+            EXPECT_THAT(std::string(status.message()),
+                        HasSubstr(absl::StrCat("checkpoint ck tensor ")));
+            EXPECT_THAT(std::string(status.message()),
+                        HasSubstr(read[k].ToString() + " failed its checksum"));
+          }
+        }
+      }
+      if (mode == FetchChecksums::kParts) {
+        // With 100-byte messages the demo's chunks (up to 256 bytes) are mostly cut.
+        if (max_message_bytes == 512) {
+          EXPECT_GT(caught_by_client, 0) << "whole chunks were hashed on the server";
+        }
+        EXPECT_GT(failed_streams, 0) << "assembled chunks were not verified on the server";
+      } else {
+        EXPECT_EQ(caught_by_client, 0);
+        EXPECT_EQ(failed_streams, runs);
       }
     }
   }

@@ -37,7 +37,7 @@ FetchPiece DataPiece(const std::vector<std::string>& parts, std::shared_ptr<std:
   FetchPiece piece;
   size_t offset = 0;
   for (const std::string& p : parts) {
-    piece.segments.push_back({*owner, std::string_view(**owner).substr(offset, p.size()), {}});
+    piece.segments.push_back({*owner, std::string_view(**owner).substr(offset, p.size()), {}, nullptr});
     offset += p.size();
   }
   piece.data_bytes = static_cast<int64_t>(all.size());
