@@ -144,11 +144,12 @@ bool DirectIoAllowed() {
 }  // namespace
 
 AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct,
-                               std::unique_ptr<char, FreeDeleter> buffer)
+                               bool in_place, std::unique_ptr<char, FreeDeleter> buffer)
     : path_(std::move(path)),
       temp_path_(std::move(temp_path)),
       fd_(fd),
       direct_(direct),
+      in_place_(in_place),
       buffer_(std::move(buffer)) {}
 
 AtomicFileSink::~AtomicFileSink() {
@@ -161,15 +162,27 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
     return absl::InvalidArgumentError(absl::StrCat("invalid output file path \"", path, "\""));
   }
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is a directory; cannot write a file there"));
+  }
+  const bool in_place = exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+  if (exists && !in_place && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is neither a regular file nor a character device or pipe; cannot write there"));
   }
   std::unique_ptr<char, FreeDeleter> buffer(
       static_cast<char*>(std::aligned_alloc(kDirectAlign, kBufferBytes)));
   if (!buffer) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate the write buffer for ", path));
+  }
+  if (in_place) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoToStatus(errno, "open", path);
+    return std::unique_ptr<AtomicFileSink>(
+        new AtomicFileSink(path, path, fd, /*direct=*/false, /*in_place=*/true, std::move(buffer)));
   }
   // A few attempts: O_EXCL fails only if a temp file of the same random name exists.
   int last_errno = EEXIST;
@@ -183,8 +196,8 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
       const int flags = ::fcntl(fd, F_GETFL);
       const bool direct = try_direct_io && DirectIoAllowed() && flags >= 0 &&
                           ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
-      return std::unique_ptr<AtomicFileSink>(
-          new AtomicFileSink(path, std::move(temp_path), fd, direct, std::move(buffer)));
+      return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(
+          path, std::move(temp_path), fd, direct, /*in_place=*/false, std::move(buffer)));
     }
     last_errno = errno;
     if (last_errno != EEXIST) break;
@@ -213,7 +226,7 @@ absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
     n -= static_cast<size_t>(put);
     file_bytes_ += put;
   }
-  if (!direct_ && file_bytes_ - writeback_start_ >= kWritebackBytes) {
+  if (!direct_ && !in_place_ && file_bytes_ - writeback_start_ >= kWritebackBytes) {
     // Only a hint: an I/O error it would see is reported by Commit's fsync.
     (void)::sync_file_range(fd_, writeback_start_, file_bytes_ - writeback_start_,
                             SYNC_FILE_RANGE_WRITE);
@@ -268,6 +281,17 @@ absl::Status AtomicFileSink::Commit() {
   }
   if (!status_.ok()) return status_;
   absl::Status s = FlushBuffer();
+  if (in_place_) {  // a device or a pipe: nothing to sync or rename
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (s.ok() && rc != 0) s = ErrnoToStatus(errno, "close", path_);
+    if (!s.ok()) {
+      status_ = s;
+      return s;
+    }
+    committed_ = true;
+    return absl::OkStatus();
+  }
   if (s.ok() && file_bytes_ != bytes_written_ && ::ftruncate(fd_, bytes_written_) != 0) {
     s = ErrnoToStatus(errno, "truncate", temp_path_);  // dropping the last block's padding
   }
@@ -302,7 +326,7 @@ void AtomicFileSink::Abandon() {
     ::close(fd_);
     fd_ = -1;
   }
-  ::unlink(temp_path_.c_str());  // best effort: it may already be gone
+  if (!in_place_) ::unlink(temp_path_.c_str());  // best effort: it may already be gone
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,10 +69,14 @@ class FileByteSource final : public ByteSource {
 // padded and the file truncated to its exact size. Where direct I/O is refused (tmpfs, some
 // network file systems, unusual block sizes), or the environment sets CKPT_DIRECT_IO=0, the sink
 // writes through the page cache instead and starts the writeback as it goes.
+//
+// When `path` is a character device or a pipe (/dev/null, /dev/stdout, a named pipe) the bytes are
+// written to it in place: renaming a file over it would replace the device node or the pipe.
 class AtomicFileSink final : public ByteSink {
  public:
   // Creates the temporary file (mode 0666 minus umask). Errors name the temporary path.
-  // `try_direct_io` false always writes through the page cache.
+  // `try_direct_io` false always writes through the page cache. INVALID_ARGUMENT when `path` is
+  // a directory, a block device or a socket.
   static absl::StatusOr<std::unique_ptr<AtomicFileSink>> Create(const std::string& path,
                                                                 bool try_direct_io = true);
 
@@ -87,7 +91,10 @@ class AtomicFileSink final : public ByteSink {
   absl::Status Commit();
 
   const std::string& path() const { return path_; }
+  // The file being written: `path` itself for a device or a pipe.
   const std::string& temp_path() const { return temp_path_; }
+  // Whether `path` is a device or a pipe written in place.
+  bool in_place() const { return in_place_; }
   // Bytes accepted by Write so far.
   int64_t bytes_written() const { return bytes_written_; }
   // Whether the file is being written with direct I/O (false after a fallback).
@@ -98,7 +105,7 @@ class AtomicFileSink final : public ByteSink {
     void operator()(char* p) const { std::free(p); }
   };
 
-  AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct,
+  AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct, bool in_place,
                  std::unique_ptr<char, FreeDeleter> buffer);
 
   // Writes out the buffer. With direct I/O a non-final flush needs a whole number of blocks
@@ -107,7 +114,7 @@ class AtomicFileSink final : public ByteSink {
   absl::Status WriteAll(const char* data, size_t n);
   // Switches the descriptor to buffered I/O (direct I/O refused a write).
   bool StopDirectIo();
-  void Abandon();  // closes and unlinks the temporary file
+  void Abandon();  // closes and unlinks the temporary file (never `path` written in place)
 
   static constexpr size_t kBufferBytes = size_t{4} << 20;
   // Alignment of direct I/O buffers, offsets and sizes: the largest logical block size in use.
@@ -124,6 +131,7 @@ class AtomicFileSink final : public ByteSink {
   std::string temp_path_;
   int fd_;
   bool direct_;
+  const bool in_place_;
   std::unique_ptr<char, FreeDeleter> buffer_;  // kBufferBytes, kDirectAlign-aligned
   size_t buffered_ = 0;
   int64_t bytes_written_ = 0;

@@ -1,5 +1,6 @@
 #include "storage/file_stream.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -188,6 +190,48 @@ TEST_F(FileStreamTest, AtomicSinkCommitPublishesFile) {
   EXPECT_EQ((*sink)->Commit().code(), absl::StatusCode::kFailedPrecondition);
   sink->reset();  // destroying a committed sink keeps the file
   EXPECT_TRUE(testing::ReadFileOrDie(path) == bytes);
+}
+
+// A device or a pipe is written in place: a file renamed over it would replace it (as
+// `ckptctl fetch --out /dev/null` once replaced /dev/null). Tested on a named pipe of the test's
+// own, which takes the same path as a character device.
+TEST_F(FileStreamTest, AtomicSinkWritesDevicesAndPipesInPlace) {
+  const std::string fifo = Path("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  struct stat st;
+  for (bool commit : {true, false}) {
+    SCOPED_TRACE(commit ? "committed" : "abandoned");
+    const std::string bytes = RandomBytes((6 << 20) + 11, 5);
+    std::string received;
+    std::thread reader([&] { received = testing::ReadFileOrDie(fifo); });
+    {
+      absl::StatusOr<std::unique_ptr<AtomicFileSink>> sink = AtomicFileSink::Create(fifo);
+      if (!sink.ok() || !(*sink)->in_place()) {
+        // The reader waits for a writer to open the pipe: be that writer, then fail.
+        const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+        reader.join();
+        FAIL() << "the pipe is not written in place: "
+               << (sink.ok() ? (*sink)->temp_path() : sink.status().ToString());
+      }
+      EXPECT_EQ((*sink)->temp_path(), fifo);
+      EXPECT_TRUE((*sink)->Write(std::string_view(bytes).substr(0, 1000)).ok());
+      EXPECT_TRUE((*sink)->Write(std::string_view(bytes).substr(1000)).ok());
+      if (commit) {
+        EXPECT_TRUE((*sink)->Commit().ok());
+      }
+    }  // an abandoned sink closes the pipe, and must not unlink it
+    reader.join();
+    // Committed: every byte. Abandoned: what had been written through, not the buffered rest.
+    if (commit) {
+      EXPECT_TRUE(received == bytes);
+    } else {
+      EXPECT_TRUE(bytes.compare(0, received.size(), received) == 0);
+    }
+    ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode));
+    EXPECT_EQ(ListDir(), std::vector<std::string>{"pipe"});  // no temporary file beside it
+  }
 }
 
 // Direct I/O writes whole blocks from an aligned buffer and truncates the padding of the last
