@@ -556,10 +556,26 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       queued_bytes_ += next_size_;
       has_next_ = false;
       if (!writing_) {
+        // The writer is idle: restart it on another executor thread rather than here. gRPC
+        // sends a message inline in StartWrite, and the next writes start from OnWriteDone where
+        // the previous one completed; started from the producer, every byte would be read,
+        // assembled and sent by this one thread while the other core idles.
         writing_ = true;
-        reactor_->StartWrite(&queue_.front());
+        auto self = shared_from_this();
+        service_->executor()->Submit([self] { self->StartWriting(); });
       }
     }
+  }
+
+  // Runs on the executor: writes the front of the queue (Produce set writing_ for this).
+  void StartWriting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reactor_ == nullptr || cancelled_ || queue_.empty()) {
+      writing_ = false;
+      MaybeFinishLocked();
+      return;
+    }
+    reactor_->StartWrite(&queue_.front());
   }
 
   void Resume() {
