@@ -127,19 +127,25 @@ class StoreFixture : public ::testing::Test {
     return *id;
   }
 
-  // Reads a chunk and checks its bytes.
+  // Reads a chunk, verified and unverified, and checks its bytes.
   void ExpectChunk(const ChunkAddress& address, const std::string& bytes) {
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
         store_->ReadChunk(address, ChunkChecksum(bytes));
     ASSERT_TRUE(data.ok()) << address.ToString() << ": " << data.status();
     EXPECT_TRUE((*data)->bytes() == bytes) << address.ToString() << ": " << (*data)->bytes().size()
                                            << " bytes read, " << bytes.size() << " expected";
+    data = store_->ReadChunkUnverified(address);
+    ASSERT_TRUE(data.ok()) << address.ToString() << ": " << data.status();
+    EXPECT_TRUE((*data)->bytes() == bytes) << address.ToString() << " (unverified)";
   }
 
   void ExpectNoChunk(const ChunkAddress& address) {
     absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, 0);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound)
         << address.ToString() << ": " << data.status();
+    data = store_->ReadChunkUnverified(address);
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound)
+        << address.ToString() << " (unverified): " << data.status();
   }
 
   const StoreKind kind_;
@@ -226,8 +232,9 @@ TEST_P(StoreConformanceTest, ChunksRoundTrip) {
   const StoreStats stats = store_->stats();
   EXPECT_EQ(stats.chunks_written, static_cast<int64_t>(chunks.size()));
   EXPECT_EQ(stats.chunk_bytes_written, bytes);
-  EXPECT_EQ(stats.chunks_read, static_cast<int64_t>(chunks.size()));
-  EXPECT_EQ(stats.chunk_bytes_read, bytes);
+  // ExpectChunk reads each chunk twice: verified, then unverified. Both count.
+  EXPECT_EQ(stats.chunks_read, 2 * static_cast<int64_t>(chunks.size()));
+  EXPECT_EQ(stats.chunk_bytes_read, 2 * bytes);
 
   // Rewriting a chunk of a live upload replaces it (an upload retried after a stream reset).
   ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), "again"}}));
@@ -762,6 +769,14 @@ TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
   ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
   EXPECT_THAT(Msg(data.status()),
               HasSubstr("chunk " + chunks[0].first.ToString() + " failed its checksum"));
+  // Unverified, the stored bytes come back as they are: their reader must verify them.
+  data = store_->ReadChunkUnverified(chunks[0].first);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ((*data)->bytes().size(), original.size());
+  EXPECT_NE((*data)->bytes(), original);
+  EXPECT_TRUE(absl::IsDataLoss(
+      VerifyChunk(chunks[0].first, (*data)->bytes(), ChunkChecksum(original))));
+  EXPECT_TRUE(VerifyChunk(chunks[0].first, original, ChunkChecksum(original)).ok());
 }
 
 TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {
