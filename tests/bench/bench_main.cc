@@ -314,15 +314,17 @@ int WorkerMain(const std::string& server, const std::string& strategy_name, int6
   request.set_rank(rank);
   CheckingVisitor visitor(&spec, &*destination, rank, "");
   const auto start = Clock::now();
+  const double cpu_start = SelfCpuSeconds();
   absl::Status status = (*client)->Fetch(request, visitor);
   const double seconds = Seconds(start);
+  const double cpu = SelfCpuSeconds() - cpu_start;
   if (status.ok()) status = visitor.Complete();
   if (!status.ok()) {
     std::printf("error %s\n", status.ToString().c_str());
     return 1;
   }
-  std::printf("ok %lld %.6f %lld\n", static_cast<long long>(visitor.bytes()), seconds,
-              static_cast<long long>(visitor.checked()));
+  std::printf("ok %lld %.6f %lld %.6f\n", static_cast<long long>(visitor.bytes()), seconds,
+              static_cast<long long>(visitor.checked()), cpu);
   return 0;
 }
 
@@ -539,6 +541,7 @@ class Harness {
   std::vector<FetchResult> fetch_;
   std::optional<double> concurrent_gibps_;
   std::optional<double> concurrent_rss_mib_;
+  std::optional<CpuPerGib> concurrent_cpu_;  // server + all workers
   std::optional<double> concurrent_stats_rss_mib_;
   int64_t concurrent_bytes_ = 0;
   std::optional<double> transform_seconds_;
@@ -922,22 +925,31 @@ void Harness::MeasureConcurrent() {
     }
   }
   const auto start = Clock::now();
+  const absl::StatusOr<double> server_cpu_start = ProcessCpuSeconds(server_->pid());
   for (auto& w : workers) {
     if (auto s = w->WriteLine("go"); !s.ok()) return Error("worker", s);
   }
   int64_t bytes = 0;
   int64_t verified = 0;
+  double workers_cpu = 0;
   for (auto& w : workers) {
     const auto line = w->ReadLine();
     long long b = 0, v = 0;
-    double secs = 0;
-    if (!line || std::sscanf(line->c_str(), "ok %lld %lf %lld", &b, &secs, &v) != 3) {
+    double secs = 0, cpu = 0;
+    if (!line || std::sscanf(line->c_str(), "ok %lld %lf %lld %lf", &b, &secs, &v, &cpu) != 4) {
       return Error("worker", absl::InternalError(line ? *line : "no result"));
     }
     bytes += b;
     verified += v;
+    workers_cpu += cpu;
   }
   const double seconds = Seconds(start);
+  const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
+  if (server_cpu_start.ok() && server_cpu_end.ok() && bytes > 0) {
+    // The workers' CPU is their own, during their fetch (not start-up and planning).
+    const double gib = static_cast<double>(bytes) / kGiB;
+    concurrent_cpu_ = CpuPerGib{(*server_cpu_end - *server_cpu_start) / gib, workers_cpu / gib};
+  }
   for (auto& w : workers) {
     const Child::Exit e = w->Wait();
     if (e.exit_code != 0) {
@@ -1095,6 +1107,7 @@ json Harness::Results() const {
                      {"server_peak_rss_mib", Opt(concurrent_rss_mib_)},
                      {"server_stats_peak_rss_mib", Opt(concurrent_stats_rss_mib_)},
                      {"bytes", concurrent_bytes_},
+                     {"cpu", CpuJson(concurrent_cpu_)},
                      {"destination", "row_to_col"}};
   j["transform"] = {{"seconds", Opt(transform_seconds_)},
                     {"peak_rss_mib", Opt(transform_rss_mib_)},
@@ -1195,6 +1208,7 @@ std::vector<Row> Harness::Table() const {
          absl::StrCat(">= 0.8 x transport = ", Fmt(need, " GiB/s")),
          Verdict(concurrent_gibps_ && need ? std::optional<bool>(*concurrent_gibps_ >= *need)
                                            : std::nullopt)});
+    rows.push_back({"  CPU per GiB (server + all workers)", CpuText(concurrent_cpu_), "", ""});
     rows.push_back({"  ckptd peak RSS (VmHWM)", Fmt(concurrent_rss_mib_, " MiB", 0), "<= 512 MiB",
                     Verdict(concurrent_rss_mib_
                                 ? std::optional<bool>(*concurrent_rss_mib_ <= 512.0)
