@@ -946,7 +946,7 @@ void Harness::MeasureConcurrent() {
   const double seconds = Seconds(start);
   const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
   if (server_cpu_start.ok() && server_cpu_end.ok() && bytes > 0) {
-    // The workers' CPU is their own, during their fetch (not start-up and planning).
+    // The workers' CPU is their own, during their fetch (not their start-up).
     const double gib = static_cast<double>(bytes) / kGiB;
     concurrent_cpu_ = CpuPerGib{(*server_cpu_end - *server_cpu_start) / gib, workers_cpu / gib};
   }
