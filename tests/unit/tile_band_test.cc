@@ -1,0 +1,133 @@
+#include "core/tile_band.h"
+
+#include <algorithm>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/random_layouts.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Brute force: the row-major bytes of `box` inside a row-major array of `shape` whose elements
+// are `elem` bytes, gathered element by element.
+std::string Gather(const std::string& array, const Shape& shape, const Box& box, int elem) {
+  std::string out;
+  std::vector<int64_t> index = box.lo;
+  do {
+    int64_t offset = 0;
+    for (size_t d = 0; d < shape.size(); ++d) offset = offset * shape[d] + index[d];
+    out.append(array, static_cast<size_t>(offset * elem), static_cast<size_t>(elem));
+  } while (NextIndex(index, box.lo, box.hi));
+  return out;
+}
+
+// Cuts `box` into random disjoint boxes that cover it (guillotine cuts on random dims).
+void Cut(const Box& box, std::mt19937_64& rng, int depth, std::vector<Box>* out) {
+  std::vector<size_t> cuttable;
+  for (size_t d = 0; d < box.rank(); ++d) {
+    if (box.extent(d) > 1) cuttable.push_back(d);
+  }
+  if (cuttable.empty() || depth == 0 || rng() % 4 == 0) {
+    out->push_back(box);
+    return;
+  }
+  const size_t d = cuttable[rng() % cuttable.size()];
+  const int64_t at = box.lo[d] + 1 + static_cast<int64_t>(rng() % (box.extent(d) - 1));
+  Box a = box, b = box;
+  a.hi[d] = at;
+  b.lo[d] = at;
+  Cut(a, rng, depth - 1, out);
+  Cut(b, rng, depth - 1, out);
+}
+
+// Random slices, bands and tilings, tiles added in random order with their bytes split into
+// random pieces: the band must equal the brute-force gather of its rows, and be complete exactly
+// when the last tile arrives.
+TEST(TileBandTest, RandomTilingsAssembleTheBand) {
+  const uint64_t seed = testing::PropertySeed(11);
+  std::mt19937_64 rng(seed);
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kUInt8, DType::kFloat64};
+  for (int trial = 0; trial < 500; ++trial) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " trial " << trial);
+    const DType dtype = dtypes[rng() % 4];
+    const int elem = ElementBits(dtype) / 8;
+    Shape local(1 + rng() % 3);
+    for (int64_t& d : local) d = 1 + static_cast<int64_t>(rng() % 9);
+    int64_t elements = 1;
+    for (int64_t d : local) elements *= d;
+    std::string array(static_cast<size_t>(elements * elem), '\0');
+    for (char& c : array) c = static_cast<char>(rng());
+    const int64_t first = static_cast<int64_t>(rng() % local[0]);
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % (local[0] - first));
+    auto band = TileBand::Start(dtype, local, first, rows, int64_t{1} << 20);
+    ASSERT_TRUE(band.ok()) << band.status();
+    std::vector<Box> tiles;
+    Cut((*band)->box(), rng, 6, &tiles);
+    std::shuffle(tiles.begin(), tiles.end(), rng);
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      ASSERT_FALSE((*band)->complete());
+      const std::string bytes = Gather(array, local, tiles[i], elem);
+      std::vector<std::string_view> pieces;
+      for (size_t pos = 0; pos < bytes.size();) {
+        const size_t n = std::min(bytes.size() - pos, 1 + static_cast<size_t>(rng() % 16));
+        pieces.push_back(std::string_view(bytes).substr(pos, n));
+        pos += n;
+      }
+      ASSERT_TRUE((*band)->Add(tiles[i], pieces).ok()) << tiles[i].ToString();
+    }
+    ASSERT_TRUE((*band)->complete());
+    EXPECT_EQ((*band)->bytes(), Gather(array, local, (*band)->box(), elem));
+  }
+}
+
+TEST(TileBandTest, BadTilesAndBandsAreRefusedNamingThem) {
+  auto band = TileBand::Start(DType::kFloat32, {4, 6}, 1, 2, 1 << 20);  // rows [1, 3)
+  ASSERT_TRUE(band.ok()) << band.status();
+  const Box left{{1, 0}, {3, 3}};
+  const std::string left_bytes(2 * 3 * 4, 'a');
+  ASSERT_TRUE((*band)->Add(left, {left_bytes}).ok());
+  struct Case {
+    Box tile;
+    size_t bytes;
+    const char* error;
+  };
+  const Case cases[] = {
+      {{{1, 2}, {3, 6}}, 2 * 4 * 4, "overlaps tile [1:3, 0:3]"},
+      {{{0, 3}, {2, 6}}, 2 * 3 * 4, "is not inside band [1:3, 0:6]"},
+      {{{1, 3}, {3, 7}}, 2 * 4 * 4, "is not inside band"},
+      {{{1}, {3}}, 2 * 4, "is not inside band"},  // wrong rank
+      {{{1, 3}, {3, 3}}, 0, "is not inside band"},  // empty
+      {{{1, 3}, {3, 6}}, 2 * 3 * 4 - 1, "has 23 bytes, expected 24"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tile.ToString());
+    const std::string bytes(c.bytes, 'b');
+    const absl::Status s = (*band)->Add(c.tile, {bytes});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.error));
+  }
+  EXPECT_FALSE((*band)->complete());  // nothing of the refused tiles counted
+  ASSERT_TRUE((*band)->Add({{1, 3}, {3, 6}}, {std::string(24, 'c')}).ok());
+  EXPECT_TRUE((*band)->complete());
+  EXPECT_EQ((*band)->bytes(), std::string(12, 'a') + std::string(12, 'c') +
+                                  std::string(12, 'a') + std::string(12, 'c'));
+
+  EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {}, 0, 1, 1 << 20).status().message()),
+              HasSubstr("scalar"));
+  EXPECT_THAT(std::string(TileBand::Start(DType::kInt4, {4, 6}, 0, 1, 1 << 20).status().message()),
+              HasSubstr("sub-byte"));
+  EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {4, 6}, 3, 2, 1 << 20).status().message()),
+              HasSubstr("outside a slice of 4 rows"));
+  EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {4, 6}, 0, 4, 95).status().message()),
+              HasSubstr("of 96 bytes exceeds the limit of 95"));
+}
+
+}  // namespace
+}  // namespace ckpt
