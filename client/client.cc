@@ -24,6 +24,7 @@
 #include "core/absl_compat.h"
 #include "core/ckpt_format.h"
 #include "core/status_macros.h"
+#include "core/tile_band.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -301,7 +302,7 @@ class FetchChecker {
   absl::Status Consume(const FetchWire& message) {
     if (!message.is_data) return Consume(message.message);
     return OnData(message.data, message.data_bytes, message.xxh64, message.part_bytes,
-                  message.part_xxh64);
+                  message.part_xxh64, message.tile_box, message.band_rows);
   }
 
   absl::Status Consume(const v1::FetchResponse& message) {
@@ -336,7 +337,13 @@ class FetchChecker {
     std::string name;
     int64_t total = 0;
     int64_t received = 0;
+    // For tiles (FetchData.tile_box): the slice's dtype and shape, and the band being assembled.
+    std::optional<DType> dtype;
+    Shape local;
+    std::unique_ptr<TileBand> band;
   };
+  // The largest band of tiles the client assembles (the server's bands are about 1 MiB).
+  static constexpr int64_t kMaxBandBytes = int64_t{256} << 20;
 
   absl::Status OnSummary(const v1::FetchPlanSummary& summary) {
     if (summary_) return absl::InternalError("fetch stream holds a second plan summary");
@@ -362,7 +369,11 @@ class FetchChecker {
                                               header.total_bytes(), " bytes"));
     }
     ++tensors_;
-    current_ = Current{header.name(), header.total_bytes(), 0};
+    current_.emplace();
+    current_->name = header.name();
+    current_->total = header.total_bytes();
+    if (auto dtype = ParseDType(header.dtype()); dtype.ok()) current_->dtype = *dtype;
+    current_->local.assign(header.local_shape().begin(), header.local_shape().end());
     return visitor_->OnTensor(header);
   }
 
@@ -370,14 +381,20 @@ class FetchChecker {
     const std::vector<std::string_view> views = {data.data()};
     return OnData(views, data.data().size(), data.xxh64(),
                   absl::MakeConstSpan(data.part_bytes().data(), data.part_bytes_size()),
-                  absl::MakeConstSpan(data.part_xxh64().data(), data.part_xxh64_size()));
+                  absl::MakeConstSpan(data.part_xxh64().data(), data.part_xxh64_size()),
+                  absl::MakeConstSpan(data.tile_box().data(), data.tile_box_size()),
+                  data.band_rows());
   }
 
   // A data message of `size` bytes, the concatenated `views`.
   absl::Status OnData(const std::vector<std::string_view>& views, uint64_t size, uint64_t xxh64,
-                      absl::Span<const uint64_t> part_bytes,
-                      absl::Span<const uint64_t> part_xxh64) {
+                      absl::Span<const uint64_t> part_bytes, absl::Span<const uint64_t> part_xxh64,
+                      absl::Span<const int64_t> tile_box, int64_t band_rows) {
     if (!current_) return absl::InternalError("fetch stream sent data outside a tensor");
+    if (current_->band && tile_box.empty()) {
+      return absl::DataLossError(absl::StrCat("tensor ", current_->name,
+                                              ": row-major data inside a band of tiles"));
+    }
     if (size > static_cast<uint64_t>(current_->total - current_->received)) {
       return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received more than its ",
                                               current_->total, " announced bytes"));
@@ -409,9 +426,68 @@ class FetchChecker {
                                                 " of its ", size, " bytes"));
       }
     }
+    if (!tile_box.empty()) return AddTiles(views, part_bytes, tile_box, band_rows);
     current_->received += static_cast<int64_t>(size);
     bytes_ += static_cast<int64_t>(size);
     for (std::string_view v : views) CKPT_RETURN_IF_ERROR(visitor_->OnData(v));
+    return absl::OkStatus();
+  }
+
+  // Places a verified message of tiles (part i is tile i) into the current band, opening it at
+  // the first row not yet delivered; hands the band on once its tiles cover it.
+  absl::Status AddTiles(const std::vector<std::string_view>& views,
+                        absl::Span<const uint64_t> part_bytes, absl::Span<const int64_t> tile_box,
+                        int64_t band_rows) {
+    Current& c = *current_;
+    auto fail = [&](const std::string& what) {
+      return absl::DataLossError(absl::StrCat("tensor ", c.name, ": ", what));
+    };
+    const size_t rank = c.local.size();
+    if (!c.dtype || rank == 0 || part_bytes.empty() ||
+        tile_box.size() != 2 * rank * part_bytes.size()) {
+      return fail(absl::StrCat("a data message of ", part_bytes.size(), " parts lists ",
+                               tile_box.size(), " tile coordinates for a slice of rank ", rank));
+    }
+    if (!c.band) {
+      Shape row(c.local.begin() + 1, c.local.end());
+      auto row_elements = NumElements(row);
+      auto row_bytes = row_elements.ok() ? ByteSizeOf(*c.dtype, *row_elements) : row_elements;
+      if (!row_bytes.ok() || *row_bytes <= 0 || c.received % *row_bytes != 0) {
+        return fail("tiles do not start at a whole row");
+      }
+      auto band = TileBand::Start(*c.dtype, c.local, c.received / *row_bytes, band_rows,
+                                  kMaxBandBytes);
+      if (!band.ok()) return fail(std::string(band.status().message()));
+      c.band = std::move(*band);
+    } else if (band_rows != c.band->box().extent(0)) {
+      return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",
+                               band_rows));
+    }
+    size_t view = 0, offset = 0;  // position in `views`
+    std::vector<std::string_view> pieces;
+    for (size_t i = 0; i < part_bytes.size(); ++i) {
+      Box tile;
+      tile.lo.assign(tile_box.begin() + 2 * rank * i, tile_box.begin() + 2 * rank * i + rank);
+      tile.hi.assign(tile_box.begin() + 2 * rank * i + rank, tile_box.begin() + 2 * rank * (i + 1));
+      pieces.clear();
+      for (uint64_t left = part_bytes[i]; left > 0;) {  // the parts cover the views exactly
+        const size_t take = std::min<size_t>(left, views[view].size() - offset);
+        pieces.push_back(views[view].substr(offset, take));
+        left -= take;
+        offset += take;
+        if (offset == views[view].size()) {
+          ++view;
+          offset = 0;
+        }
+      }
+      if (absl::Status s = c.band->Add(tile, pieces); !s.ok()) return fail(std::string(s.message()));
+    }
+    if (!c.band->complete()) return absl::OkStatus();
+    const std::string_view band = c.band->bytes();
+    c.received += static_cast<int64_t>(band.size());
+    bytes_ += static_cast<int64_t>(band.size());
+    CKPT_RETURN_IF_ERROR(visitor_->OnData(band));
+    c.band.reset();
     return absl::OkStatus();
   }
 
@@ -431,6 +507,11 @@ class FetchChecker {
   // Closes the open tensor (if any) at `where`, checking it got all its bytes.
   absl::Status EndTensor(std::string_view where) {
     if (!current_) return absl::OkStatus();
+    if (current_->band) {
+      return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a band of tiles ",
+                                              current_->band->box().ToString(),
+                                              " was incomplete before ", Sv(where)));
+    }
     if (current_->received != current_->total) {
       return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received ",
                                               current_->received, " of ", current_->total,
@@ -858,6 +939,7 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
   }
   v1::FetchRequest sent = request;
   sent.set_part_checksums(true);  // FetchChecker verifies them
+  sent.set_tiles(true);           // and assembles tiles
   // As the generated stub's Fetch, but data messages are read in place (client/fetch_wire.h).
   static const grpc::internal::RpcMethod kFetch("/ckpt.v1.CheckpointService/Fetch",
                                                 grpc::internal::RpcMethod::SERVER_STREAMING);

@@ -20,6 +20,24 @@ constexpr uint32_t kPartBytes = (3 << 3) | 0;     // FetchData.part_bytes, one v
 constexpr uint32_t kPartBytesPacked = (3 << 3) | 2;
 constexpr uint32_t kPartXxh64 = (4 << 3) | 1;  // FetchData.part_xxh64, one fixed64
 constexpr uint32_t kPartXxh64Packed = (4 << 3) | 2;
+constexpr uint32_t kTileBox = (5 << 3) | 0;  // FetchData.tile_box, one varint
+constexpr uint32_t kTileBoxPacked = (5 << 3) | 2;
+constexpr uint32_t kBandRows = (6 << 3) | 0;  // FetchData.band_rows
+
+// Appends a packed run of varints (its length, then the values) to `out`.
+template <typename T>
+bool ReadPackedVarints(CodedInputStream& in, std::vector<T>* out) {
+  uint32_t length = 0;
+  if (!in.ReadVarint32(&length)) return false;
+  const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+  while (in.BytesUntilLimit() > 0) {
+    uint64_t v = 0;
+    if (!in.ReadVarint64(&v)) return false;
+    out->push_back(static_cast<T>(v));
+  }
+  in.PopLimit(limit);
+  return true;
+}
 
 // The FetchData fields of `in` up to its limit; false on anything but the fields above (each
 // once, repeated ones in either encoding) or on malformed input.
@@ -54,22 +72,28 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
         out->part_bytes.push_back(v);
         break;
       }
-      case kPartBytesPacked: {
-        uint32_t length = 0;
-        if (!in.ReadVarint32(&length)) return false;
-        const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-        while (in.BytesUntilLimit() > 0) {
-          uint64_t v = 0;
-          if (!in.ReadVarint64(&v)) return false;
-          out->part_bytes.push_back(v);
-        }
-        in.PopLimit(limit);
+      case kPartBytesPacked:
+        if (!ReadPackedVarints(in, &out->part_bytes)) return false;
         break;
-      }
       case kPartXxh64: {
         uint64_t v = 0;
         if (!in.ReadLittleEndian64(&v)) return false;
         out->part_xxh64.push_back(v);
+        break;
+      }
+      case kTileBox: {
+        uint64_t v = 0;
+        if (!in.ReadVarint64(&v)) return false;
+        out->tile_box.push_back(static_cast<int64_t>(v));
+        break;
+      }
+      case kTileBoxPacked:
+        if (!ReadPackedVarints(in, &out->tile_box)) return false;
+        break;
+      case kBandRows: {
+        uint64_t v = 0;
+        if (!in.ReadVarint64(&v)) return false;
+        out->band_rows = static_cast<int64_t>(v);
         break;
       }
       case kPartXxh64Packed: {
@@ -115,6 +139,8 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
     out->xxh64 = 0;
     out->part_bytes.clear();
     out->part_xxh64.clear();
+    out->tile_box.clear();
+    out->band_rows = 0;
   };
   reset();
   if (ReadDataInPlace(out)) {

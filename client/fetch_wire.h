@@ -30,6 +30,8 @@ struct FetchWire {
   uint64_t xxh64 = 0;
   std::vector<uint64_t> part_bytes;
   std::vector<uint64_t> part_xxh64;
+  std::vector<int64_t> tile_box;
+  int64_t band_rows = 0;
 
   // What the views point into (the reader may hold a decompressed copy of the buffer).
   grpc::ByteBuffer buffer;

@@ -514,9 +514,10 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         }
       }
       if (!has_next_) {
-        auto more = stream_->NextPiece(&piece_, request_.part_checksums()
-                                                    ? FetchChecksums::kParts
-                                                    : FetchChecksums::kWhole);
+        auto more = stream_->NextPiece(&piece_,
+                                       request_.part_checksums() ? FetchChecksums::kParts
+                                                                 : FetchChecksums::kWhole,
+                                       request_.tiles());
         if (!more.ok()) {
           EndProducer(more.status());
           return;

@@ -208,6 +208,7 @@ absl::Status FetchStream::BuildBand() {
   const uint64_t data_id = checkpoint_->manifest.data_id();
   auto where = [&](const absl::Status& s) { return Annotate(s); };
   band_.clear();
+  band_tiles_.clear();
   band_left_ = 0;
   band_segment_ = 0;
   band_offset_ = 0;
@@ -312,20 +313,46 @@ absl::Status FetchStream::BuildBand() {
   }
 
   const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
-  // General case: assemble the band in a buffer of its own. The plan's regions tile the
-  // destination box exactly, so every byte is written (checked: the buffer is uninitialised).
-  std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
+  // Tiles: the pieces as they are stored, for the client to assemble (whole chunks unhashed and
+  // uncopied; parts of chunks verified and cut out). Each must fit one message.
+  bool tiles = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1;
   int64_t covered = 0;
   for (const Piece& p : pieces) {
-    CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
-    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
-                                       buffer.get(), band_box, p.region));
-    covered += *p.region.Volume();
+    const int64_t volume = *p.region.Volume();
+    covered += volume;
+    tiles = tiles && *ByteSizeOf(t.dtype, volume) <= options_.max_message_bytes;
   }
   if (covered != *band_box.Volume()) {
     return where(absl::InternalError(absl::StrCat("the re-shard plan covers ", covered, " of ",
                                                   *band_box.Volume(), " elements of rows ",
                                                   band_box.ToString())));
+  }
+  if (tiles) {
+    for (const Piece& p : pieces) {
+      if (p.region == p.chunk_box) {
+        band_.push_back(ChunkSegment(p.chunk, 0, p.chunk->data->bytes().size()));
+      } else {
+        CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
+        const auto size = static_cast<size_t>(*ByteSizeOf(t.dtype, *p.region.Volume()));
+        std::shared_ptr<char[]> cut(new char[size]);
+        CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
+                                           cut.get(), p.region, p.region));
+        band_.push_back({std::shared_ptr<const void>(cut, cut.get()),
+                         std::string_view(cut.get(), size), std::nullopt, nullptr});
+      }
+      band_tiles_.push_back(Shift(p.region, t.dst_box.lo, -1));
+    }
+    band_rows_ = band_box.extent(0);
+    band_left_ = band_bytes;
+    return absl::OkStatus();
+  }
+  // General case: assemble the band in a buffer of its own. The plan's regions tile the
+  // destination box exactly, so every byte is written (checked: the buffer is uninitialised).
+  std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
+  for (const Piece& p : pieces) {
+    CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
+    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
+                                       buffer.get(), band_box, p.region));
   }
   band_.push_back({std::shared_ptr<const void>(buffer, buffer.get()),
                    std::string_view(buffer.get(), static_cast<size_t>(band_bytes)), std::nullopt,
@@ -351,12 +378,16 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
   return true;
 }
 
-absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums checksums) {
+absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums checksums,
+                                            bool tiles) {
   out->message.Clear();
   out->segments.clear();
   out->xxh64 = 0;
   out->parts.clear();
   out->data_bytes = 0;
+  out->tile_box.clear();
+  out->band_rows = 0;
+  tiles_ = tiles && checksums == FetchChecksums::kParts;
   if (!summary_sent_) {
     summary_sent_ = true;
     v1::FetchPlanSummary* s = out->message.mutable_summary();
@@ -374,6 +405,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
       next_chunk_ = 0;
       tensor_done_ = false;
       band_.clear();
+      band_tiles_.clear();
       band_left_ = 0;
       v1::FetchTensorHeader* h = out->message.mutable_tensor();
       h->set_name(t.name);
@@ -388,6 +420,31 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
     }
     if (band_left_ == 0 && !tensor_done_) {
       CKPT_RETURN_IF_ERROR(BuildBand());
+    }
+    if (band_left_ > 0 && !band_tiles_.empty()) {
+      // Whole tiles, up to max_message_bytes (at least one), each a part of its own: a whole
+      // stored chunk with its stored checksum (the client verifies it), a cut-out region (of a
+      // verified chunk) hashed here.
+      while (band_segment_ < band_.size()) {
+        const DataSegment& s = band_[band_segment_];
+        const auto size = static_cast<int64_t>(s.bytes.size());
+        if (!out->segments.empty() && out->data_bytes + size > options_.max_message_bytes) break;
+        out->segments.push_back(s);
+        out->parts.push_back({size, s.chunk_xxh64 ? *s.chunk_xxh64 : ChunkChecksum(s.bytes)});
+        const Box& tile = band_tiles_[band_segment_];
+        out->tile_box.insert(out->tile_box.end(), tile.lo.begin(), tile.lo.end());
+        out->tile_box.insert(out->tile_box.end(), tile.hi.begin(), tile.hi.end());
+        out->data_bytes += size;
+        ++band_segment_;
+      }
+      out->band_rows = band_rows_;
+      band_left_ -= out->data_bytes;
+      if (band_left_ == 0) {
+        band_.clear();
+        band_tiles_.clear();
+      }
+      bytes_produced_ += out->data_bytes;
+      return true;
     }
     if (band_left_ > 0) {
       // A large whole chunk on its own, with its stored checksum; otherwise up to

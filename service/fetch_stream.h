@@ -91,6 +91,10 @@ struct FetchPiece {
   // cover the segments exactly) instead of `xxh64`.
   std::vector<ChecksumPart> parts;
   int64_t data_bytes = 0;
+  // A message of tiles (FetchData.tile_box, band_rows): one part per tile, each tile's box in
+  // the slice's local coordinates, lo then hi.
+  std::vector<int64_t> tile_box;
+  int64_t band_rows = 0;
 };
 
 // Not thread-safe: one producer at a time.
@@ -104,8 +108,12 @@ class FetchStream {
   absl::StatusOr<bool> Next(v1::FetchResponse* out);
   // Same, without copying data: `out->segments` reference chunk or band memory, checksummed as
   // `checksums` says.
+  // With `tiles` (and kParts; FetchRequest.tiles), a band that would be assembled from several
+  // stored chunks is sent as their regions instead (FetchPiece::tile_box), for the client to
+  // assemble. The same `checksums` and `tiles` must be passed to every call.
   absl::StatusOr<bool> NextPiece(FetchPiece* out,
-                                 FetchChecksums checksums = FetchChecksums::kWhole);
+                                 FetchChecksums checksums = FetchChecksums::kWhole,
+                                 bool tiles = false);
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }
@@ -142,6 +150,10 @@ class FetchStream {
   // The current band: its bytes as segments, and the read position (segment, offset in it).
   std::vector<DataSegment> band_;
   int64_t band_left_ = 0;  // bytes of the band not yet sent
+  bool tiles_ = false;     // NextPiece's `tiles` (with kParts)
+  // For a band of tiles: each segment's box in local coordinates (else empty), and its rows.
+  std::vector<Box> band_tiles_;
+  int64_t band_rows_ = 0;
   size_t band_segment_ = 0;
   size_t band_offset_ = 0;
 

@@ -22,13 +22,16 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   }
   // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3, FetchData.data = 1
   // (length-delimited), FetchData.xxh64 = 2 (varint), FetchData.part_bytes = 3 (packed
-  // varints) and FetchData.part_xxh64 = 4 (packed fixed64).
+  // varints), FetchData.part_xxh64 = 4 (packed fixed64), FetchData.tile_box = 5 (packed
+  // varints) and FetchData.band_rows = 6 (varint).
   using google::protobuf::io::CodedOutputStream;
   constexpr uint8_t kResponseData = (3 << 3) | 2;
   constexpr uint8_t kDataBytes = (1 << 3) | 2;
   constexpr uint8_t kDataXxh64 = (2 << 3) | 0;
   constexpr uint8_t kPartBytes = (3 << 3) | 2;
   constexpr uint8_t kPartXxh64 = (4 << 3) | 2;
+  constexpr uint8_t kTileBox = (5 << 3) | 2;
+  constexpr uint8_t kBandRows = (6 << 3) | 0;
   const auto length = static_cast<uint64_t>(piece.data_bytes);
   // The fields after the bytes: the checksum, or the parts' sizes and checksums.
   uint64_t sizes_length = 0;
@@ -36,7 +39,11 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
     sizes_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(p.bytes));
   }
   const uint64_t sums_length = 8 * piece.parts.size();
-  std::vector<uint8_t> tail(2 * (1 + 10) + sizes_length + sums_length);
+  uint64_t tiles_length = 0;
+  for (int64_t v : piece.tile_box) {
+    tiles_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(v));
+  }
+  std::vector<uint8_t> tail(4 * (1 + 10) + sizes_length + sums_length + tiles_length);
   uint8_t* tail_end = tail.data();
   if (piece.parts.empty()) {
     *tail_end++ = kDataXxh64;
@@ -52,6 +59,16 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
     for (const ChecksumPart& p : piece.parts) {
       tail_end = CodedOutputStream::WriteLittleEndian64ToArray(p.xxh64, tail_end);
     }
+  }
+  if (!piece.tile_box.empty()) {
+    *tail_end++ = kTileBox;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(tiles_length, tail_end);
+    for (int64_t v : piece.tile_box) {
+      tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(v), tail_end);
+    }
+    *tail_end++ = kBandRows;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(piece.band_rows),
+                                                       tail_end);
   }
   const auto tail_size = static_cast<size_t>(tail_end - tail.data());
   const uint64_t inner = 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;

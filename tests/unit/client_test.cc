@@ -393,13 +393,17 @@ TEST(CkptClientTest, FailedFetchLeavesNoFile) {
 // messages: checks the client's verification of what a faulty server or network could send.
 class ScriptedFetchService final : public v1::CheckpointService::Service {
  public:
-  explicit ScriptedFetchService(std::vector<v1::FetchData> data) : data_(std::move(data)) {}
+  // One UInt8 tensor "w" of shape `local` (default: [the data's bytes]).
+  explicit ScriptedFetchService(std::vector<v1::FetchData> data, Shape local = {})
+      : data_(std::move(data)), local_(std::move(local)) {}
 
   grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest* request,
                      grpc::ServerWriter<v1::FetchResponse>* writer) override {
     part_checksums_requested_ = request->part_checksums();
+    tiles_requested_ = request->tiles();
     int64_t total = 0;
     for (const v1::FetchData& d : data_) total += static_cast<int64_t>(d.data().size());
+    if (!local_.empty()) total = *NumElements(local_);
     v1::FetchResponse m;
     m.mutable_summary()->set_tensor_count(1);
     m.mutable_summary()->set_total_bytes(total);
@@ -407,7 +411,11 @@ class ScriptedFetchService final : public v1::CheckpointService::Service {
     m.Clear();
     m.mutable_tensor()->set_name("w");
     m.mutable_tensor()->set_dtype("UInt8");
-    m.mutable_tensor()->add_local_shape(total);
+    if (local_.empty()) {
+      m.mutable_tensor()->add_local_shape(total);
+    } else {
+      for (int64_t d : local_) m.mutable_tensor()->add_local_shape(d);
+    }
     m.mutable_tensor()->set_total_bytes(total);
     writer->Write(m);
     for (const v1::FetchData& d : data_) {
@@ -418,16 +426,20 @@ class ScriptedFetchService final : public v1::CheckpointService::Service {
   }
 
   bool part_checksums_requested() const { return part_checksums_requested_; }
+  bool tiles_requested() const { return tiles_requested_; }
 
  private:
   std::vector<v1::FetchData> data_;
+  const Shape local_;
   std::atomic<bool> part_checksums_requested_{false};
+  std::atomic<bool> tiles_requested_{false};
 };
 
 // Fetches `data` from a ScriptedFetchService; the bytes delivered, or the client's error.
 absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data,
-                                          bool* part_checksums_requested = nullptr) {
-  ScriptedFetchService service(std::move(data));
+                                          bool* part_checksums_requested = nullptr,
+                                          Shape local = {}, bool* tiles_requested = nullptr) {
+  ScriptedFetchService service(std::move(data), std::move(local));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -442,6 +454,7 @@ absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data,
   auto got = (*client)->FetchAll(request);
   server->Shutdown();
   if (part_checksums_requested) *part_checksums_requested = service.part_checksums_requested();
+  if (tiles_requested) *tiles_requested = service.tiles_requested();
   if (!got.ok()) return got.status();
   std::string bytes;
   for (const FetchedTensor& t : *got) bytes += t.data;
@@ -476,6 +489,103 @@ TEST(CkptClientTest, DataMessagesInWholeOrInPartsAreVerified) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "abcdefghijklmnop");
   EXPECT_TRUE(requested) << "the client must ask for part checksums";
+}
+
+// Tiles `boxes` of the row-major UInt8 array `array` of shape `local`, one part each, in a band
+// of `band_rows` rows.
+v1::FetchData Tiles(const std::string& array, const Shape& local, const std::vector<Box>& boxes,
+                    int64_t band_rows) {
+  v1::FetchData d;
+  for (const Box& box : boxes) {
+    std::string tile;
+    std::vector<int64_t> index = box.lo;
+    do {
+      int64_t offset = 0;
+      for (size_t k = 0; k < local.size(); ++k) offset = offset * local[k] + index[k];
+      tile.push_back(array[static_cast<size_t>(offset)]);
+    } while (NextIndex(index, box.lo, box.hi));
+    *d.mutable_data() += tile;
+    d.add_part_bytes(tile.size());
+    d.add_part_xxh64(XXH64(tile.data(), tile.size(), 0));
+    for (int64_t v : box.lo) d.add_tile_box(v);
+    for (int64_t v : box.hi) d.add_tile_box(v);
+  }
+  d.set_band_rows(band_rows);
+  return d;
+}
+
+// A [4, 6] tensor: row 0 row-major, rows 1-2 as a band of two tiles sent right tile first (in
+// one message, then in two), row 3 row-major again.
+TEST(CkptClientTest, BandsOfTilesAreAssembledInPlace) {
+  const Shape local = {4, 6};
+  std::string array;
+  for (int i = 0; i < 24; ++i) array.push_back(static_cast<char>('a' + i));
+  const Box left{{1, 0}, {3, 4}}, right{{1, 4}, {3, 6}};
+  for (bool one_message : {true, false}) {
+    SCOPED_TRACE(one_message ? "one message" : "two messages");
+    std::vector<v1::FetchData> script = {WholeChecksummed(array.substr(0, 6))};
+    if (one_message) {
+      script.push_back(Tiles(array, local, {right, left}, 2));
+    } else {
+      script.push_back(Tiles(array, local, {right}, 2));
+      script.push_back(Tiles(array, local, {left}, 2));
+    }
+    script.push_back(WholeChecksummed(array.substr(18)));
+    bool tiles_requested = false;
+    auto got = FetchScripted(script, nullptr, local, &tiles_requested);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, array);
+    EXPECT_TRUE(tiles_requested) << "the client must ask for tiles";
+  }
+}
+
+TEST(CkptClientTest, BadBandsOfTilesAreDataLoss) {
+  const Shape local = {4, 6};
+  const std::string array(24, 'x');
+  const Box left{{1, 0}, {3, 4}}, right{{1, 4}, {3, 6}};
+  struct Case {
+    const char* what;
+    std::vector<v1::FetchData> after_row_0;
+    const char* error;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"overlapping tiles",
+                   {Tiles(array, local, {left, Box{{1, 3}, {3, 6}}}, 2)},
+                   "overlaps tile [1:3, 0:4]"});
+  cases.push_back({"a tile outside its band",
+                   {Tiles(array, local, {Box{{0, 0}, {2, 6}}}, 2)},
+                   "is not inside band [1:3, 0:6]"});
+  cases.push_back({"a band beyond the slice",
+                   {Tiles(array, local, {left}, 4)},
+                   "outside a slice of 4 rows"});
+  {
+    v1::FetchData d = Tiles(array, local, {left, right}, 2);
+    d.mutable_tile_box()->RemoveLast();
+    cases.push_back({"tile coordinates short of the parts", {d}, "lists 7 tile coordinates"});
+  }
+  cases.push_back({"a band changing its rows",
+                   {Tiles(array, local, {left}, 2), Tiles(array, local, {right}, 1)},
+                   "a band of 2 rows continues as one of 1"});
+  cases.push_back({"row-major data inside a band",
+                   {Tiles(array, local, {left}, 2), WholeChecksummed(array.substr(0, 4))},
+                   "row-major data inside a band of tiles"});
+  cases.push_back({"a tensor ending inside a band",
+                   {Tiles(array, local, {left}, 2)},
+                   "a band of tiles [1:3, 0:6] was incomplete"});
+  {
+    v1::FetchData d = Tiles(array, local, {left, right}, 2);
+    (*d.mutable_data())[9] = 'y';
+    cases.push_back({"a corrupted tile", {d}, "bytes [14, 18) failed their xxh64 checksum"});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<v1::FetchData> script = {WholeChecksummed(array.substr(0, 6))};
+    script.insert(script.end(), c.after_row_0.begin(), c.after_row_0.end());
+    auto got = FetchScripted(script, nullptr, local);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_THAT(Msg(got.status()), AllOf(HasSubstr("tensor w"), HasSubstr(c.error)));
+  }
 }
 
 TEST(CkptClientTest, CorruptOrMalformedDataMessagesAreDataLoss) {

@@ -46,6 +46,9 @@ void ExpectReadInPlace(const std::string& wire, const std::vector<size_t>& cuts,
                                                    expected.data().part_bytes().end()));
   EXPECT_EQ(got->part_xxh64, std::vector<uint64_t>(expected.data().part_xxh64().begin(),
                                                    expected.data().part_xxh64().end()));
+  EXPECT_EQ(got->tile_box, std::vector<int64_t>(expected.data().tile_box().begin(),
+                                                expected.data().tile_box().end()));
+  EXPECT_EQ(got->band_rows, expected.data().band_rows());
 }
 
 TEST(FetchWireTest, DataMessagesAreReadInPlaceHoweverSliced) {
@@ -59,6 +62,12 @@ TEST(FetchWireTest, DataMessagesAreReadInPlaceHoweverSliced) {
       for (int i = 0; i < parts; ++i) {
         m.mutable_data()->add_part_bytes(300u * (i + 1));
         m.mutable_data()->add_part_xxh64(~uint64_t{0} - i);
+        if (parts == 3) {  // as tiles of a rank-2 slice
+          for (int64_t v : {int64_t{i}, int64_t{0}, int64_t{i} + 1, int64_t{1} << 33}) {
+            m.mutable_data()->add_tile_box(v);
+          }
+          m.mutable_data()->set_band_rows(300);
+        }
       }
       const std::string wire = m.SerializeAsString();
       std::vector<std::vector<size_t>> cut_sets = {{}};
@@ -77,7 +86,8 @@ TEST(FetchWireTest, DataMessagesAreReadInPlaceHoweverSliced) {
 }
 
 TEST(FetchWireTest, UnpackedPartListsAreReadToo) {
-  // FetchData{data: "abcdef", part_bytes: 2, 4 (unpacked), part_xxh64: 7, 9 (unpacked)}.
+  // FetchData{data: "abcdef", part_bytes: 2, 4, part_xxh64: 7, 9, tile_box: 0, 2, 3, 5}, the
+  // repeated fields unpacked.
   std::string inner;
   {
     google::protobuf::io::StringOutputStream s(&inner);
@@ -93,6 +103,10 @@ TEST(FetchWireTest, UnpackedPartListsAreReadToo) {
       out.WriteTag((4 << 3) | 1);
       out.WriteLittleEndian64(v);
     }
+    for (uint64_t v : {0, 2, 3, 5}) {  // tile_box, unpacked
+      out.WriteTag((5 << 3) | 0);
+      out.WriteVarint64(v);
+    }
   }
   std::string wire;
   {
@@ -106,6 +120,7 @@ TEST(FetchWireTest, UnpackedPartListsAreReadToo) {
   ExpectReadInPlace(wire, {4}, &got);
   EXPECT_EQ(got.part_bytes, (std::vector<uint64_t>{2, 4}));
   EXPECT_EQ(got.part_xxh64, (std::vector<uint64_t>{7, 9}));
+  EXPECT_EQ(got.tile_box, (std::vector<int64_t>{0, 2, 3, 5}));
 }
 
 TEST(FetchWireTest, OtherMessagesAreParsedByProtobuf) {

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_store.h"
+#include "core/tile_band.h"
 #include "tests/testing/forwarding_store.h"
 
 namespace ckpt {
@@ -159,13 +160,15 @@ class ManagerTest : public ::testing::Test {
     std::vector<std::pair<v1::FetchTensorHeader, std::string>> tensors;
   };
   // Fetches through Next (copies, one checksum per message) with checksums_ == kWhole, else
-  // through NextPiece as the service does, checking each message's checksum or parts.
+  // through NextPiece as the service does, checking each message's checksum or parts; with
+  // tiles_, bands of tiles are assembled with TileBand as the client library does.
   absl::StatusOr<Fetched> Fetch(const v1::FetchRequest& req) {
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     Fetched out;
     v1::FetchResponse msg;
     FetchPiece piece;
+    std::unique_ptr<TileBand> band;
     while (true) {
       std::string data;
       if (checksums_ == FetchChecksums::kWhole) {
@@ -177,17 +180,56 @@ class ManagerTest : public ::testing::Test {
           EXPECT_EQ(msg.data().xxh64(), ChunkChecksum(data));
         }
       } else {
-        auto more = (*stream)->NextPiece(&piece, checksums_);
+        auto more = (*stream)->NextPiece(&piece, checksums_, tiles_);
         if (!more.ok()) return more.status();
         if (!*more) break;
         msg = piece.message;
         for (const DataSegment& s : piece.segments) data += s.bytes;
         EXPECT_EQ(static_cast<int64_t>(data.size()), piece.data_bytes);
         if (!piece.segments.empty()) CheckPieceChecksums(piece, data);
+        if (!piece.tile_box.empty()) {
+          EXPECT_TRUE(tiles_);
+          ++tile_messages_;
+          // Tiles of a band: assemble it; its bytes count once it is complete.
+          const v1::FetchTensorHeader& h = out.tensors.back().first;
+          const Shape local(h.local_shape().begin(), h.local_shape().end());
+          const size_t rank = local.size();
+          if (!band) {
+            const int64_t row_bytes = static_cast<int64_t>(h.total_bytes()) / local[0];
+            auto started = TileBand::Start(*ParseDType(h.dtype()), local,
+                                           out.tensors.back().second.size() / row_bytes,
+                                           piece.band_rows, int64_t{1} << 30);
+            if (!started.ok()) return started.status();
+            band = std::move(*started);
+          }
+          EXPECT_EQ(piece.band_rows, band->box().extent(0));
+          EXPECT_EQ(piece.tile_box.size(), 2 * rank * piece.parts.size());
+          size_t offset = 0;
+          for (size_t i = 0; i < piece.parts.size(); ++i) {
+            const auto at = piece.tile_box.begin() + static_cast<std::ptrdiff_t>(2 * rank * i);
+            const Box tile{{at, at + static_cast<std::ptrdiff_t>(rank)},
+                           {at + static_cast<std::ptrdiff_t>(rank),
+                            at + static_cast<std::ptrdiff_t>(2 * rank)}};
+            const auto n = static_cast<size_t>(piece.parts[i].bytes);
+            if (auto s = band->Add(tile, {std::string_view(data).substr(offset, n)}); !s.ok()) {
+              return s;
+            }
+            offset += n;
+          }
+          data.clear();
+          if (band->complete()) {
+            out.tensors.back().second += band->bytes();
+            band.reset();
+          }
+        }
       }
       if (msg.has_summary()) out.summary = msg.summary();
-      if (msg.has_tensor()) out.tensors.push_back({msg.tensor(), ""});
+      if (msg.has_tensor()) {
+        EXPECT_EQ(band, nullptr) << "a tensor began inside a band of tiles";
+        out.tensors.push_back({msg.tensor(), ""});
+      }
       if (!data.empty()) {
+        EXPECT_EQ(band, nullptr) << "row-major data inside a band of tiles";
         EXPECT_LE(static_cast<int64_t>(data.size()), max_message_bytes_);
         out.tensors.back().second += data;
       }
@@ -206,7 +248,9 @@ class ManagerTest : public ::testing::Test {
       return;
     }
     ++part_messages_;
-    EXPECT_GE(piece.parts.size(), 2u);
+    if (piece.tile_box.empty()) {  // else one part per tile, maybe one
+      EXPECT_GE(piece.parts.size(), 2u);
+    }
     size_t offset = 0;
     for (const ChecksumPart& p : piece.parts) {
       ASSERT_GT(p.bytes, 0);
@@ -282,7 +326,9 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
   FetchChecksums checksums_ = FetchChecksums::kWhole;
+  bool tiles_ = false;          // NextPiece's `tiles`
   int64_t part_messages_ = 0;  // data messages checked that had parts
+  int64_t tile_messages_ = 0;  // data messages of tiles
   v1::UploadResponse last_response_;  // of UploadRank's last successful rank
 };
 
@@ -358,13 +404,13 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
     bool checksums_match = true;
   };
   // The data messages of `req` until the stream ends or fails (its status).
-  auto run = [&](const v1::FetchRequest& req, FetchChecksums mode,
+  auto run = [&](const v1::FetchRequest& req, FetchChecksums mode, bool tiles,
                  std::vector<Message>* out) -> absl::Status {
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     FetchPiece piece;
     while (true) {
-      auto more = (*stream)->NextPiece(&piece, mode);
+      auto more = (*stream)->NextPiece(&piece, mode, tiles);
       if (!more.ok()) return more.status();
       if (!*more) return absl::OkStatus();
       if (piece.segments.empty()) continue;
@@ -385,10 +431,12 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
   };
 
   for (int64_t max_message_bytes : {512, 100}) {
-    for (FetchChecksums mode :
-         {FetchChecksums::kParts, FetchChecksums::kWhole, FetchChecksums::kNone}) {
+    for (auto [mode, tiles] : {std::pair{FetchChecksums::kParts, false},
+                               std::pair{FetchChecksums::kParts, true},
+                               std::pair{FetchChecksums::kWhole, false},
+                               std::pair{FetchChecksums::kNone, false}}) {
       SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
-                                static_cast<int>(mode)));
+                                static_cast<int>(mode), tiles ? " tiles" : ""));
       ManagerOptions options = SmallOptions();
       options.fetch.max_message_bytes = max_message_bytes;
       options.fetch.whole_chunk_message_bytes = 32;
@@ -403,7 +451,7 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
         std::vector<Message> truth;
         corrupting_->Corrupt(std::nullopt);
         corrupting_->TakeReads();
-        ASSERT_TRUE(run(req, mode, &truth).ok());
+        ASSERT_TRUE(run(req, mode, tiles, &truth).ok());
         const std::vector<ChunkAddress> read = corrupting_->TakeReads();
         ASSERT_FALSE(read.empty());
         // Up to 12 of the chunks the stream reads, spread over it.
@@ -412,7 +460,7 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
           ++runs;
           std::vector<Message> got;
           corrupting_->Corrupt(read[k]);
-          const absl::Status status = run(req, mode, &got);
+          const absl::Status status = run(req, mode, tiles, &got);
           bool caught = false;
           ASSERT_LE(got.size(), truth.size());
           for (size_t i = 0; i < got.size(); ++i) {
@@ -442,6 +490,32 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
       } else {
         EXPECT_EQ(caught_by_client, 0);
         EXPECT_EQ(failed_streams, runs);
+      }
+    }
+  }
+}
+
+// With tiles, bands that would be assembled from several stored chunks come as the chunks'
+// regions instead: assembled as the client does, every re-split must give every byte, and every
+// part checksum must match, whether messages hold several tiles (512) or one each (100). Tiles
+// are only sent with part checksums.
+TEST_F(ManagerTest, TilesAssembleToEveryByteOfEveryReSplit) {
+  for (int64_t max_message_bytes : {512, 100}) {
+    for (FetchChecksums mode : {FetchChecksums::kParts, FetchChecksums::kNone}) {
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
+                                static_cast<int>(mode)));
+      ManagerOptions options = SmallOptions();
+      options.fetch.max_message_bytes = max_message_bytes;
+      options.fetch.min_part_bytes = 16;
+      Restart(options);
+      checksums_ = mode;
+      tiles_ = true;
+      tile_messages_ = 0;
+      UploadDemoAndExpectEveryReSplit();
+      if (mode == FetchChecksums::kParts) {
+        EXPECT_GT(tile_messages_, 0);
+      } else {
+        EXPECT_EQ(tile_messages_, 0);
       }
     }
   }

@@ -62,8 +62,9 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
       parts.push_back(Bytes(n, static_cast<char>(parts.size())));
       all += parts.back();
     }
-    for (bool with_parts : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << all.size() << " bytes, parts " << with_parts);
+    for (int mode : {0, 1, 2}) {  // one checksum, parts, parts as tiles
+      const bool with_parts = mode > 0;
+      SCOPED_TRACE(::testing::Message() << all.size() << " bytes, mode " << mode);
       std::shared_ptr<std::string> owner;
       FetchPiece piece = DataPiece(parts, &owner);
       if (with_parts) {
@@ -73,10 +74,22 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
       } else {
         piece.xxh64 = ChunkChecksum(all);
       }
+      if (mode == 2) {  // made-up boxes, with values around the varint boundaries
+        for (size_t i = 0; i < parts.size(); ++i) {
+          for (int64_t v : {int64_t{0}, int64_t{127}, int64_t{128}, int64_t{1} << 40}) {
+            piece.tile_box.push_back(v + static_cast<int64_t>(i));
+          }
+        }
+        piece.band_rows = 300;
+      }
       const std::vector<ChecksumPart> expected_parts = piece.parts;
+      const std::vector<int64_t> expected_tiles = piece.tile_box;
       {
         const v1::FetchResponse got = Parse<v1::FetchResponse>(EncodeFetchResponse(piece));
         ASSERT_TRUE(got.has_data());
+        EXPECT_EQ(std::vector<int64_t>(got.data().tile_box().begin(), got.data().tile_box().end()),
+                  expected_tiles);
+        EXPECT_EQ(got.data().band_rows(), mode == 2 ? 300 : 0);
         EXPECT_TRUE(got.data().data() == all);
         EXPECT_EQ(got.data().xxh64(), with_parts ? 0 : ChunkChecksum(all));
         ASSERT_EQ(got.data().part_bytes_size(), static_cast<int>(expected_parts.size()));
