@@ -24,6 +24,15 @@ constexpr uint32_t kTileBox = (5 << 3) | 0;  // FetchData.tile_box, one varint
 constexpr uint32_t kTileBoxPacked = (5 << 3) | 2;
 constexpr uint32_t kBandRows = (6 << 3) | 0;  // FetchData.band_rows
 
+// Appends one varint to `out`.
+template <typename T>
+bool ReadVarint(CodedInputStream& in, std::vector<T>* out) {
+  uint64_t v = 0;
+  if (!in.ReadVarint64(&v)) return false;
+  out->push_back(static_cast<T>(v));
+  return true;
+}
+
 // Appends a packed run of varints (its length, then the values) to `out`.
 template <typename T>
 bool ReadPackedVarints(CodedInputStream& in, std::vector<T>* out) {
@@ -66,12 +75,9 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
       case kDataXxh64:
         if (!in.ReadVarint64(&out->xxh64)) return false;
         break;
-      case kPartBytes: {
-        uint64_t v = 0;
-        if (!in.ReadVarint64(&v)) return false;
-        out->part_bytes.push_back(v);
+      case kPartBytes:
+        if (!ReadVarint(in, &out->part_bytes)) return false;
         break;
-      }
       case kPartBytesPacked:
         if (!ReadPackedVarints(in, &out->part_bytes)) return false;
         break;
@@ -81,12 +87,9 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
         out->part_xxh64.push_back(v);
         break;
       }
-      case kTileBox: {
-        uint64_t v = 0;
-        if (!in.ReadVarint64(&v)) return false;
-        out->tile_box.push_back(static_cast<int64_t>(v));
+      case kTileBox:
+        if (!ReadVarint(in, &out->tile_box)) return false;
         break;
-      }
       case kTileBoxPacked:
         if (!ReadPackedVarints(in, &out->tile_box)) return false;
         break;

@@ -315,7 +315,10 @@ absl::Status FetchStream::BuildBand() {
   const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
   // Tiles: the pieces as they are stored, for the client to assemble (whole chunks unhashed and
   // uncopied; parts of chunks verified and cut out). Each must fit one message.
-  bool tiles = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1;
+  // Bands of one huge row can be far larger than band_bytes: those are assembled here as before
+  // (clients accept bands of tiles of up to 256 MiB, FetchData.band_rows).
+  bool tiles = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1 &&
+               band_bytes <= 16 * options_.max_message_bytes;
   int64_t covered = 0;
   for (const Piece& p : pieces) {
     const int64_t volume = *p.region.Volume();

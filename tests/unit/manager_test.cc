@@ -360,21 +360,32 @@ TEST_F(ManagerTest, WholeChunkMessagesKeepEveryByteAndChecksum) {
 // With part checksums, messages that combine whole stored chunks carry the chunks' stored
 // checksums as parts: they must cover the message exactly and match its bytes, for every re-split
 // and for merged fetches, whether messages hold whole bands (512) or cut bands and chunks (100).
-// Without checksums nothing is hashed.
-TEST_F(ManagerTest, PartChecksumsMatchEveryByteOfEveryMessage) {
+// With tiles too, bands that would be assembled from several stored chunks come as the chunks'
+// regions instead, assembled here as the client does. Without checksums nothing is hashed, and
+// tiles are not sent.
+TEST_F(ManagerTest, PartChecksumsAndTilesMatchEveryByteOfEveryMessage) {
   for (int64_t max_message_bytes : {512, 100}) {
     for (FetchChecksums mode : {FetchChecksums::kParts, FetchChecksums::kNone}) {
-      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
-                                static_cast<int>(mode)));
-      ManagerOptions options = SmallOptions();
-      options.fetch.max_message_bytes = max_message_bytes;
-      options.fetch.min_part_bytes = 16;
-      Restart(options);
-      checksums_ = mode;
-      part_messages_ = 0;
-      UploadDemoAndExpectEveryReSplit();
-      if (mode == FetchChecksums::kParts) {
-        EXPECT_GT(part_messages_, 0);
+      for (bool tiles : {false, true}) {
+        SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
+                                  static_cast<int>(mode), tiles ? " tiles" : ""));
+        ManagerOptions options = SmallOptions();
+        options.fetch.max_message_bytes = max_message_bytes;
+        options.fetch.min_part_bytes = 16;
+        Restart(options);
+        checksums_ = mode;
+        tiles_ = tiles;
+        part_messages_ = 0;
+        tile_messages_ = 0;
+        UploadDemoAndExpectEveryReSplit();
+        if (mode == FetchChecksums::kParts) {
+          EXPECT_GT(part_messages_, 0);
+        }
+        if (mode == FetchChecksums::kParts && tiles) {
+          EXPECT_GT(tile_messages_, 0);
+        } else {
+          EXPECT_EQ(tile_messages_, 0);
+        }
       }
     }
   }
@@ -490,32 +501,6 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
       } else {
         EXPECT_EQ(caught_by_client, 0);
         EXPECT_EQ(failed_streams, runs);
-      }
-    }
-  }
-}
-
-// With tiles, bands that would be assembled from several stored chunks come as the chunks'
-// regions instead: assembled as the client does, every re-split must give every byte, and every
-// part checksum must match, whether messages hold several tiles (512) or one each (100). Tiles
-// are only sent with part checksums.
-TEST_F(ManagerTest, TilesAssembleToEveryByteOfEveryReSplit) {
-  for (int64_t max_message_bytes : {512, 100}) {
-    for (FetchChecksums mode : {FetchChecksums::kParts, FetchChecksums::kNone}) {
-      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
-                                static_cast<int>(mode)));
-      ManagerOptions options = SmallOptions();
-      options.fetch.max_message_bytes = max_message_bytes;
-      options.fetch.min_part_bytes = 16;
-      Restart(options);
-      checksums_ = mode;
-      tiles_ = true;
-      tile_messages_ = 0;
-      UploadDemoAndExpectEveryReSplit();
-      if (mode == FetchChecksums::kParts) {
-        EXPECT_GT(tile_messages_, 0);
-      } else {
-        EXPECT_EQ(tile_messages_, 0);
       }
     }
   }
