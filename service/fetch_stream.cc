@@ -235,13 +235,14 @@ absl::Status FetchStream::BuildBand() {
 
   const Shape local = t.dst_box.shape();
   Box band_box = t.dst_box;
+  int64_t row_bytes = 1;
   if (!local.empty()) {
     if (next_row_ >= local[0]) {
       tensor_done_ = true;
       return absl::OkStatus();
     }
     Shape row_shape(local.begin() + 1, local.end());
-    const int64_t row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, *NumElements(row_shape)));
+    row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, *NumElements(row_shape)));
     const int64_t rows = std::clamp<int64_t>(options_.band_bytes / row_bytes, 1, local[0] - next_row_);
     band_box.lo[0] = t.dst_box.lo[0] + next_row_;
     band_box.hi[0] = band_box.lo[0] + rows;
@@ -255,6 +256,9 @@ absl::Status FetchStream::BuildBand() {
   }
 
   std::vector<Piece> pieces;
+  // The stored chunks overlapping `band_box`, each with the region of the band it supplies.
+  auto collect = [&]() -> absl::Status {
+  pieces.clear();
   for (const CopyOp& op : t.ops) {
     Box source;
     source.lo.resize(op.extent.size());
@@ -294,6 +298,23 @@ absl::Status FetchStream::BuildBand() {
       pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
     }
   }
+  return absl::OkStatus();
+  };
+  CKPT_RETURN_IF_ERROR(collect());
+  const int64_t max_tiled_bytes = 16 * options_.max_message_bytes;
+  if (tiles_ && !local.empty() && pieces.size() > 1 &&
+      !ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
+    // Tiles: extend the band to the end of the chunks it cuts (as long as it stays within what
+    // a band of tiles may hold), so that they go whole, neither copied nor hashed here.
+    int64_t end = band_box.hi[0];
+    for (const Piece& p : pieces) end = std::max(end, p.chunk_box.hi[0]);
+    end = std::min(end, t.dst_box.hi[0]);
+    if (end > band_box.hi[0] && (end - band_box.lo[0]) * row_bytes <= max_tiled_bytes) {
+      next_row_ += end - band_box.hi[0];
+      band_box.hi[0] = end;
+      CKPT_RETURN_IF_ERROR(collect());
+    }
+  }
   if (ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
     // pieces are now in row order, one per segment. When the band ends inside a chunk, end it
     // at the last chunk boundary within it instead (the cut chunk stays cached for the next
@@ -318,7 +339,7 @@ absl::Status FetchStream::BuildBand() {
   // Bands of one huge row can be far larger than band_bytes: those are assembled here as before
   // (clients accept bands of tiles of up to 256 MiB, FetchData.band_rows).
   bool tiles = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1 &&
-               band_bytes <= 16 * options_.max_message_bytes;
+               band_bytes <= max_tiled_bytes;
   int64_t covered = 0;
   for (const Piece& p : pieces) {
     const int64_t volume = *p.region.Volume();
