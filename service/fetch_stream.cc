@@ -302,7 +302,7 @@ absl::Status FetchStream::BuildBand() {
   };
   CKPT_RETURN_IF_ERROR(collect());
   const int64_t max_tiled_bytes = 16 * options_.max_message_bytes;
-  if (tiles_ && !local.empty() && pieces.size() > 1 &&
+  if (tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1 &&
       !ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
     // Tiles: extend the band to the end of the chunks it cuts (as long as it stays within what
     // a band of tiles may hold), so that they go whole, neither copied nor hashed here.
