@@ -258,54 +258,58 @@ absl::Status FetchStream::BuildBand() {
   std::vector<Piece> pieces;
   // The stored chunks overlapping `band_box`, each with the region of the band it supplies.
   auto collect = [&]() -> absl::Status {
-  pieces.clear();
-  for (const CopyOp& op : t.ops) {
-    Box source;
-    source.lo.resize(op.extent.size());
-    source.hi.resize(op.extent.size());
-    for (size_t i = 0; i < op.extent.size(); ++i) {
-      source.lo[i] = op.src_box.lo[i] + op.src_offset[i];
-      source.hi[i] = source.lo[i] + op.extent[i];
-    }
-    const std::optional<Box> part = Intersect(source, band_box);
-    if (!part) continue;
-    const records::BlobRecord* b = BlobFor(r, op);
-    if (!b) {
-      return where(absl::InternalError(absl::StrCat("no stored slice for source box ",
-                                                    op.src_box.ToString(), " of rank ",
-                                                    op.src_rank)));
-    }
-    const Box blob_box = BoxOf(*b);
-    auto grid = ChunkGrid::FromTile(blob_box.shape(), {b->tile().begin(), b->tile().end()},
-                                    ElementBits(t.dtype));
-    if (!grid.ok()) return where(absl::DataLossError(grid.status().message()));
-    for (int64_t chunk : grid->ChunksOverlapping(Shift(*part, blob_box.lo, -1))) {
-      if (chunk >= b->chunk_xxh64_size()) {
-        return where(absl::DataLossError(absl::StrCat("manifest lists ", b->chunk_xxh64_size(),
-                                                      " chunks, chunk ", chunk, " needed")));
+    pieces.clear();
+    for (const CopyOp& op : t.ops) {
+      Box source;
+      source.lo.resize(op.extent.size());
+      source.hi.resize(op.extent.size());
+      for (size_t i = 0; i < op.extent.size(); ++i) {
+        source.lo[i] = op.src_box.lo[i] + op.src_offset[i];
+        source.hi[i] = source.lo[i] + op.extent[i];
       }
-      auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(chunk)},
-                        b->chunk_xxh64(chunk));
-      if (!data.ok()) return where(data.status());
-      const size_t size = (*data)->data->bytes().size();
-      if (static_cast<int64_t>(size) != grid->ChunkBytes(chunk)) {
-        return where(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ", size,
-                                                      " bytes, expected ",
-                                                      grid->ChunkBytes(chunk))));
+      const std::optional<Box> part = Intersect(source, band_box);
+      if (!part) continue;
+      const records::BlobRecord* b = BlobFor(r, op);
+      if (!b) {
+        return where(absl::InternalError(absl::StrCat("no stored slice for source box ",
+                                                      op.src_box.ToString(), " of rank ",
+                                                      op.src_rank)));
       }
-      Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
-      Box region = *Intersect(chunk_box, *part);
-      pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
+      const Box blob_box = BoxOf(*b);
+      auto grid = ChunkGrid::FromTile(blob_box.shape(), {b->tile().begin(), b->tile().end()},
+                                      ElementBits(t.dtype));
+      if (!grid.ok()) return where(absl::DataLossError(grid.status().message()));
+      for (int64_t chunk : grid->ChunksOverlapping(Shift(*part, blob_box.lo, -1))) {
+        if (chunk >= b->chunk_xxh64_size()) {
+          return where(absl::DataLossError(absl::StrCat("manifest lists ", b->chunk_xxh64_size(),
+                                                        " chunks, chunk ", chunk, " needed")));
+        }
+        auto data =
+            Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(chunk)},
+                  b->chunk_xxh64(chunk));
+        if (!data.ok()) return where(data.status());
+        const size_t size = (*data)->data->bytes().size();
+        if (static_cast<int64_t>(size) != grid->ChunkBytes(chunk)) {
+          return where(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ", size,
+                                                        " bytes, expected ",
+                                                        grid->ChunkBytes(chunk))));
+        }
+        Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
+        Box region = *Intersect(chunk_box, *part);
+        pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
+      }
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
   };
   CKPT_RETURN_IF_ERROR(collect());
+  // Tiles (NextPiece's `tiles`) are sent for bands of whole-byte elements that a stack of rows
+  // of chunks cannot supply; a band of them holds at most 16 messages' worth.
+  const bool may_tile = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0;
   const int64_t max_tiled_bytes = 16 * options_.max_message_bytes;
-  if (tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1 &&
-      !ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
-    // Tiles: extend the band to the end of the chunks it cuts (as long as it stays within what
-    // a band of tiles may hold), so that they go whole, neither copied nor hashed here.
+  bool referenced = ReferenceChunks(t.dtype, band_box, &pieces, &band_);
+  if (!referenced && may_tile && pieces.size() > 1) {
+    // Extend the band to the end of the chunks it cuts (within what a band of tiles may hold),
+    // so that they go whole, neither copied nor hashed here.
     int64_t end = band_box.hi[0];
     for (const Piece& p : pieces) end = std::max(end, p.chunk_box.hi[0]);
     end = std::min(end, t.dst_box.hi[0]);
@@ -313,9 +317,10 @@ absl::Status FetchStream::BuildBand() {
       next_row_ += end - band_box.hi[0];
       band_box.hi[0] = end;
       CKPT_RETURN_IF_ERROR(collect());
+      referenced = ReferenceChunks(t.dtype, band_box, &pieces, &band_);
     }
   }
-  if (ReferenceChunks(t.dtype, band_box, &pieces, &band_)) {
+  if (referenced) {
     // pieces are now in row order, one per segment. When the band ends inside a chunk, end it
     // at the last chunk boundary within it instead (the cut chunk stays cached for the next
     // band): the bands after it then start at chunk boundaries and hold whole chunks.
@@ -335,11 +340,9 @@ absl::Status FetchStream::BuildBand() {
 
   const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
   // Tiles: the pieces as they are stored, for the client to assemble (whole chunks unhashed and
-  // uncopied; parts of chunks verified and cut out). Each must fit one message.
-  // Bands of one huge row can be far larger than band_bytes: those are assembled here as before
-  // (clients accept bands of tiles of up to 256 MiB, FetchData.band_rows).
-  bool tiles = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0 && pieces.size() > 1 &&
-               band_bytes <= max_tiled_bytes;
+  // uncopied; parts of chunks verified and cut out). Each must fit one message. Bands of one
+  // huge row can be far larger than band_bytes: those are assembled here as before.
+  bool tiles = may_tile && pieces.size() > 1 && band_bytes <= max_tiled_bytes;
   int64_t covered = 0;
   for (const Piece& p : pieces) {
     const int64_t volume = *p.region.Volume();
