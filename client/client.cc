@@ -463,24 +463,14 @@ class FetchChecker {
       return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",
                                band_rows));
     }
-    size_t view = 0, offset = 0;  // position in `views`
-    std::vector<std::string_view> pieces;
+    ViewCursor cursor(views);  // the parts cover the views exactly (checked by OnData)
     for (size_t i = 0; i < part_bytes.size(); ++i) {
       Box tile;
       tile.lo.assign(tile_box.begin() + 2 * rank * i, tile_box.begin() + 2 * rank * i + rank);
       tile.hi.assign(tile_box.begin() + 2 * rank * i + rank, tile_box.begin() + 2 * rank * (i + 1));
-      pieces.clear();
-      for (uint64_t left = part_bytes[i]; left > 0;) {  // the parts cover the views exactly
-        const size_t take = std::min<size_t>(left, views[view].size() - offset);
-        pieces.push_back(views[view].substr(offset, take));
-        left -= take;
-        offset += take;
-        if (offset == views[view].size()) {
-          ++view;
-          offset = 0;
-        }
+      if (absl::Status s = c.band->Add(tile, cursor.Next(part_bytes[i])); !s.ok()) {
+        return fail(std::string(s.message()));
       }
-      if (absl::Status s = c.band->Add(tile, pieces); !s.ok()) return fail(std::string(s.message()));
     }
     if (!c.band->complete()) return absl::OkStatus();
     const std::string_view band = c.band->bytes();

@@ -156,7 +156,9 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
   return grpc::SerializationTraits<v1::FetchResponse>::Deserialize(&copy, &out->message);
 }
 
-uint64_t ViewCursor::Xxh64(uint64_t n) {
+uint64_t ViewCursor::Xxh64(uint64_t n) { return ChunkChecksum(Next(n)); }
+
+const std::vector<std::string_view>& ViewCursor::Next(uint64_t n) {
   parts_.clear();
   while (n > 0 && view_ < views_.size()) {
     const std::string_view v = views_[view_];
@@ -169,7 +171,7 @@ uint64_t ViewCursor::Xxh64(uint64_t n) {
       offset_ = 0;
     }
   }
-  return ChunkChecksum(parts_);
+  return parts_;
 }
 
 }  // namespace ckpt

@@ -45,6 +45,8 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out);
 class ViewCursor {
  public:
   explicit ViewCursor(const std::vector<std::string_view>& views) : views_(views) {}
+  // The next `n` bytes, as views (valid until the next call); n must not exceed what is left.
+  const std::vector<std::string_view>& Next(uint64_t n);
   // ChunkChecksum of the next `n` bytes; n must not exceed what is left.
   uint64_t Xxh64(uint64_t n);
 
@@ -52,7 +54,7 @@ class ViewCursor {
   const std::vector<std::string_view>& views_;
   size_t view_ = 0;
   size_t offset_ = 0;                     // in views_[view_]
-  std::vector<std::string_view> parts_;  // of the range being hashed (reused)
+  std::vector<std::string_view> parts_;  // of the range last taken (reused)
 };
 
 }  // namespace ckpt
