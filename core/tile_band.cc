@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "core/strided_copy.h"
 
 namespace ckpt {
 
@@ -16,8 +15,8 @@ absl::StatusOr<std::unique_ptr<TileBand>> TileBand::Start(DType dtype, const Sha
                                                           int64_t max_bytes) {
   if (local.empty()) return absl::InvalidArgumentError("a scalar has no bands of rows");
   if (ElementBits(dtype) % 8 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bands of ", std::string(DTypeName(dtype)), " (sub-byte elements) are not tiled"));
+    return absl::InvalidArgumentError(absl::StrCat("bands of ", std::string(DTypeName(dtype)),
+                                                   " (sub-byte elements) are not tiled"));
   }
   if (first_row < 0 || rows <= 0 || rows > local[0] - first_row) {
     return absl::InvalidArgumentError(absl::StrCat("band of ", rows, " rows from row ", first_row,
@@ -55,37 +54,32 @@ absl::Status TileBand::Add(const Box& tile, const std::vector<std::string_view>&
     return absl::InvalidArgumentError(absl::StrCat("tile ", tile.ToString(), " has ", got,
                                                    " bytes, expected ", expected));
   }
-  if (bytes.size() == 1) {
-    CKPT_RETURN_IF_ERROR(
-        CopyBoxRegion(dtype_, bytes.front().data(), tile, buffer_.get(), band_, tile));
-  } else {
-    // The tile's rows (runs along the last dim) in order, each copied straight from the pieces
-    // to its place in the band: no gathering copy.
-    const size_t rank = band_.rank();
-    const int64_t elem = ElementBits(dtype_) / 8;
-    const auto run = static_cast<size_t>(tile.extent(rank - 1) * elem);
-    std::vector<int64_t> lo(tile.lo.begin(), tile.lo.end() - 1);
-    std::vector<int64_t> hi(tile.hi.begin(), tile.hi.end() - 1);
-    std::vector<int64_t> index = lo;
-    size_t piece = 0, offset = 0;
-    do {
-      int64_t at = 0;  // element offset of the run in the band
-      for (size_t d = 0; d + 1 < rank; ++d) at = at * band_.extent(d) + (index[d] - band_.lo[d]);
-      at = at * band_.extent(rank - 1) + (tile.lo[rank - 1] - band_.lo[rank - 1]);
-      char* dst = buffer_.get() + at * elem;
-      for (size_t left = run; left > 0;) {
-        const size_t take = std::min(left, bytes[piece].size() - offset);
-        std::memcpy(dst, bytes[piece].data() + offset, take);
-        dst += take;
-        left -= take;
-        offset += take;
-        if (offset == bytes[piece].size()) {
-          ++piece;
-          offset = 0;
-        }
+  // The tile's rows (runs along the last dim) in order, each copied straight from the pieces to
+  // its place in the band: no gathering copy when the bytes come in several pieces.
+  const size_t rank = band_.rank();
+  const int64_t elem = ElementBits(dtype_) / 8;
+  const auto run = static_cast<size_t>(tile.extent(rank - 1) * elem);
+  std::vector<int64_t> lo(tile.lo.begin(), tile.lo.end() - 1);
+  std::vector<int64_t> hi(tile.hi.begin(), tile.hi.end() - 1);
+  std::vector<int64_t> index = lo;
+  size_t piece = 0, offset = 0;
+  do {
+    int64_t at = 0;  // element offset of the run in the band
+    for (size_t d = 0; d + 1 < rank; ++d) at = at * band_.extent(d) + (index[d] - band_.lo[d]);
+    at = at * band_.extent(rank - 1) + (tile.lo[rank - 1] - band_.lo[rank - 1]);
+    char* dst = buffer_.get() + at * elem;
+    for (size_t left = run; left > 0;) {
+      const size_t take = std::min(left, bytes[piece].size() - offset);
+      std::memcpy(dst, bytes[piece].data() + offset, take);
+      dst += take;
+      left -= take;
+      offset += take;
+      if (offset == bytes[piece].size()) {
+        ++piece;
+        offset = 0;
       }
-    } while (NextIndex(index, lo, hi));
-  }
+    }
+  } while (NextIndex(index, lo, hi));
   tiles_.push_back(tile);
   covered_ += volume;
   return absl::OkStatus();
