@@ -1,7 +1,9 @@
 // The RocksDB CheckpointStore (the server's store). Layout: storage/internal/
-// rocksdb_store_internal.h. Durability: records (strategies, manifests, jobs, the data-id counter)
-// are written with sync=true; chunks are not, because the synced commit batch that follows an
-// upload also syncs every earlier WAL record, and an upload that never commits is garbage anyway.
+// rocksdb_store_internal.h. Chunk bytes live in one segment file per data id
+// (storage/internal/segment_files.h), indexed by location records in RocksDB. Durability: records
+// (strategies, manifests, jobs, the data-id counter) are written with sync=true; chunk bytes and
+// locations are not: a commit first syncs the data id's segment file, and its synced batch also
+// syncs every earlier WAL record (the locations). An upload that never commits is garbage anyway.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -38,6 +41,7 @@
 #include "storage/file_stream.h"
 #include "storage/internal/rocksdb_crc32c.h"
 #include "storage/internal/rocksdb_store_internal.h"
+#include "storage/internal/segment_files.h"
 
 namespace ckpt {
 namespace rocksdb_store_internal {
@@ -61,6 +65,24 @@ std::string ChunkKey(const ChunkAddress& address) {
   return key;
 }
 
+std::string EncodeLocation(const ChunkLocation& location) {
+  std::string value;
+  value.reserve(kLocationBytes);
+  AppendBigEndian(&value, location.offset, 8);
+  AppendBigEndian(&value, location.length, 8);
+  return value;
+}
+
+std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
+  if (value.size() != kLocationBytes) return std::nullopt;
+  ChunkLocation location;
+  for (size_t i = 0; i < 8; ++i) {
+    location.offset = location.offset << 8 | static_cast<unsigned char>(value[i]);
+    location.length = location.length << 8 | static_cast<unsigned char>(value[8 + i]);
+  }
+  return location;
+}
+
 }  // namespace rocksdb_store_internal
 
 namespace {
@@ -76,10 +98,10 @@ constexpr char kCheckpointPrefix = 'c';
 constexpr char kCommittedPrefix = 'd';
 constexpr char kCounterKey[] = "n";
 
-// Chunks at least this large go to blob files: the LSM tree then only moves keys and small
-// pointers during compaction instead of rewriting tensor bytes again and again.
+// Stores written before segment files (the "chunks" family) hold chunk bytes at least this large
+// in blob files; the options stay as they were so that such stores are read as before.
 constexpr uint64_t kMinBlobBytes = 4 << 10;
-// Shared by all column families; keys, index and filter blocks (chunk values live in blob files).
+// Shared by all column families; keys, index and filter blocks (chunk bytes live in segment files).
 constexpr size_t kBlockCacheBytes = size_t{64} << 20;
 // Free space is re-measured (statvfs) after this long or this many bytes written, whichever comes
 // first; in between it is estimated as "measured minus written since".
@@ -156,8 +178,8 @@ absl::Status NotLive(uint64_t data_id) {
 
 rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
-// A chunk read straight into RocksDB's buffer: the PinnableSlice either pins a block/memtable
-// entry or owns the value read from a blob file; either way the bytes are not copied again.
+// A chunk of a store written before segment files, read straight into RocksDB's buffer: the
+// PinnableSlice either pins a block/memtable entry or owns the value read from a blob file.
 // Must be destroyed before the store (a pin references the store's block cache).
 class RocksChunkData final : public ChunkData {
  public:
@@ -232,7 +254,18 @@ class RocksDbStore final : public CheckpointStore {
   };
 
   RocksDbStore(std::string dir, StoreOptions options, std::shared_ptr<rocksdb::Cache> block_cache,
-               rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles);
+               rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
+               std::unique_ptr<segment_internal::SegmentFiles> segments);
+
+  // Deletes every chunk record of `data_id` (locations and chunks written before segment files)
+  // in `batch`.
+  absl::Status BatchDeleteChunks(rocksdb::WriteBatch* batch, uint64_t data_id,
+                                 std::string_view doing);
+  // Removes the segment file of a data id whose records are gone; a failure is logged (the file
+  // is garbage and CollectGarbage retries).
+  void RemoveSegment(uint64_t data_id);
+  // CollectGarbage's pass over one chunk family: deletes the records of garbage data ids.
+  absl::StatusOr<int64_t> CollectFamily(rocksdb::ColumnFamilyHandle* family);
 
   absl::Status LoadCounter();
 
@@ -263,10 +296,13 @@ class RocksDbStore final : public CheckpointStore {
   const StoreOptions options_;
   const std::shared_ptr<rocksdb::Cache> block_cache_;
   rocksdb::DB* const db_;  // owned; closed and deleted by the destructor
-  const std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned; default, meta, chunks, jobs
+  // owned; default, meta, chunks, jobs, chunk_locations
+  const std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* const meta_;
-  rocksdb::ColumnFamilyHandle* const chunks_;
+  rocksdb::ColumnFamilyHandle* const chunks_;  // chunk bytes of stores written before segments
   rocksdb::ColumnFamilyHandle* const jobs_;
+  rocksdb::ColumnFamilyHandle* const locations_;
+  const std::unique_ptr<segment_internal::SegmentFiles> segments_;
 
   std::mutex meta_mu_;
 
@@ -339,20 +375,30 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
 
   using rocksdb_store_internal::kChunksFamily;
   using rocksdb_store_internal::kJobsFamily;
+  using rocksdb_store_internal::kLocationsFamily;
   using rocksdb_store_internal::kMetaFamily;
   const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, record_options},
       {kMetaFamily, record_options},
       {kChunksFamily, chunk_options},
       {kJobsFamily, record_options},
+      // 16-byte values, one per chunk: small records.
+      {kLocationsFamily, record_options},
   };
+  absl::StatusOr<std::unique_ptr<segment_internal::SegmentFiles>> segments =
+      segment_internal::SegmentFiles::Open(
+          absl::StrCat(dir, "/", rocksdb_store_internal::kSegmentsDir));
+  if (!segments.ok()) {
+    return absl::Status(segments.status().code(),
+                        absl::StrCat(doing, ": ", segments.status().message()));
+  }
   rocksdb::DB* db = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   CKPT_RETURN_IF_ERROR(
       FromRocks(rocksdb::DB::Open(db_options, dir, families, &handles, &db), doing));
 
-  std::unique_ptr<RocksDbStore> store(
-      new RocksDbStore(dir, options, std::move(block_cache), db, std::move(handles)));
+  std::unique_ptr<RocksDbStore> store(new RocksDbStore(
+      dir, options, std::move(block_cache), db, std::move(handles), *std::move(segments)));
   CKPT_RETURN_IF_ERROR(store->LoadCounter());
   // Nothing is live yet, so this removes every upload that was in progress when the previous
   // process stopped.
@@ -372,7 +418,8 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
 
 RocksDbStore::RocksDbStore(std::string dir, StoreOptions options,
                            std::shared_ptr<rocksdb::Cache> block_cache, rocksdb::DB* db,
-                           std::vector<rocksdb::ColumnFamilyHandle*> handles)
+                           std::vector<rocksdb::ColumnFamilyHandle*> handles,
+                           std::unique_ptr<segment_internal::SegmentFiles> segments)
     : dir_(std::move(dir)),
       options_(std::move(options)),
       block_cache_(std::move(block_cache)),
@@ -380,7 +427,9 @@ RocksDbStore::RocksDbStore(std::string dir, StoreOptions options,
       handles_(std::move(handles)),
       meta_(handles_.at(1)),
       chunks_(handles_.at(2)),
-      jobs_(handles_.at(3)) {}
+      jobs_(handles_.at(3)),
+      locations_(handles_.at(4)),
+      segments_(std::move(segments)) {}
 
 RocksDbStore::~RocksDbStore() {
   for (rocksdb::ColumnFamilyHandle* handle : handles_) {
@@ -537,21 +586,35 @@ absl::Status RocksDbStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   };
 
   CKPT_RETURN_IF_ERROR(CheckFreeDisk(incoming));
-  rocksdb::WriteBatch batch(/*reserved_bytes=*/static_cast<size_t>(incoming) +
-                            chunks.size() * (kChunkKeyBytes + 16));
-  for (const ChunkWrite& c : chunks) {
-    CKPT_RETURN_IF_ERROR(
-        FromRocks(batch.Put(chunks_, rocksdb_store_internal::ChunkKey(c.address), ToSlice(c.bytes)),
-                  absl::StrCat("batching chunk ", c.address.ToString())));
+  // The bytes go to each data id's segment file; the batch records where (unsynced: the commit
+  // syncs the segment file, then its synced batch syncs the WAL that holds these records).
+  rocksdb::WriteBatch batch(/*reserved_bytes=*/chunks.size() *
+                            (kChunkKeyBytes + rocksdb_store_internal::kLocationBytes + 16));
+  std::vector<std::string_view> pieces;
+  for (uint64_t id : ids) {
+    pieces.clear();
+    for (const ChunkWrite& c : chunks) {
+      if (c.address.data_id == id) pieces.push_back(c.bytes);
+    }
+    const std::string doing = absl::StrCat("writing ", pieces.size(), " chunks of data id ", id);
+    absl::StatusOr<std::vector<uint64_t>> offsets = segments_->Append(id, pieces);
+    if (!offsets.ok()) {
+      return absl::Status(offsets.status().code(),
+                          absl::StrCat(doing, ": ", offsets.status().message()));
+    }
+    size_t k = 0;
+    for (const ChunkWrite& c : chunks) {
+      if (c.address.data_id != id) continue;
+      const rocksdb_store_internal::ChunkLocation location{(*offsets)[k++], c.bytes.size()};
+      CKPT_RETURN_IF_ERROR(FromRocks(batch.Put(locations_,
+                                               rocksdb_store_internal::ChunkKey(c.address),
+                                               rocksdb_store_internal::EncodeLocation(location)),
+                                     absl::StrCat("batching chunk ", c.address.ToString())));
+    }
   }
-  // Chunks skip the WAL: they are useless until CommitCheckpoint, which first flushes them to
-  // (synced) blob files. Writing them to the WAL as well would double the bytes on disk.
-  rocksdb::WriteOptions write_options;
-  write_options.disableWAL = true;
-  CKPT_RETURN_IF_ERROR(
-      FromRocks(db_->Write(write_options, &batch),
-                absl::StrCat("writing ", chunks.size(), " chunks (", incoming, " bytes) of data id ",
-                             chunks.front().address.data_id)));
+  CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false,
+                             absl::StrCat("recording ", chunks.size(), " chunks (", incoming,
+                                          " bytes) of data id ", chunks.front().address.data_id)));
   NoteWritten(incoming);
   chunks_written_.fetch_add(static_cast<int64_t>(chunks.size()), std::memory_order_relaxed);
   chunk_bytes_written_.fetch_add(incoming, std::memory_order_relaxed);
@@ -560,6 +623,27 @@ absl::Status RocksDbStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
 
 absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
     const ChunkAddress& address) {
+  const std::string key = rocksdb_store_internal::ChunkKey(address);
+  rocksdb::PinnableSlice value;
+  const rocksdb::Status found = db_->Get(rocksdb::ReadOptions(), locations_, key, &value);
+  if (found.ok()) {
+    const std::string what = absl::StrCat("reading chunk ", address.ToString());
+    const std::optional<rocksdb_store_internal::ChunkLocation> location =
+        rocksdb_store_internal::DecodeLocation(std::string_view(value.data(), value.size()));
+    if (!location) {
+      return absl::DataLossError(absl::StrCat(what, ": location record of ", value.size(),
+                                              " bytes, expected ",
+                                              rocksdb_store_internal::kLocationBytes));
+    }
+    CKPT_ASSIGN_OR_RETURN(
+        std::unique_ptr<ChunkData> data,
+        segments_->Read(address.data_id, location->offset, location->length, what));
+    chunks_read_.fetch_add(1, std::memory_order_relaxed);
+    chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
+    return data;
+  }
+  if (!found.IsNotFound()) return FromRocks(found, absl::StrCat("reading chunk ", address.ToString()));
+  // Not in a segment file: a chunk of a store written before them, or none at all.
   auto data = std::make_unique<RocksChunkData>();
   // The reader verifies every chunk end to end against its xxh64 (CheckpointStore::ReadChunk or
   // VerifyChunk), which catches media corruption too; RocksDB's own blob checksum would only
@@ -567,7 +651,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
   rocksdb::ReadOptions read_options;
   read_options.verify_checksums = false;
   const rocksdb::Status status =
-      db_->Get(read_options, chunks_, rocksdb_store_internal::ChunkKey(address), data->value());
+      db_->Get(read_options, chunks_, key, data->value());
   if (status.IsNotFound()) {
     return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
   }
@@ -602,13 +686,13 @@ absl::Status RocksDbStore::DiscardData(uint64_t data_id) {
   CKPT_RETURN_IF_ERROR(ClaimLiveData(data_id));
   // Forget first: if the delete below fails, the chunks are garbage and CollectGarbage retries.
   ReleaseClaim(data_id, /*forget=*/true);
-  const auto [begin, end] = DataIdRange(data_id);
   rocksdb::WriteBatch batch;
   const std::string doing = absl::StrCat("discarding chunks of data id ", data_id);
-  CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(chunks_, begin, end), doing));
+  CKPT_RETURN_IF_ERROR(BatchDeleteChunks(&batch, data_id, doing));
   // Unsynced: if lost in a crash, the chunks belong to an uncommitted id and are collected at open.
   CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false, doing));
   deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
+  RemoveSegment(data_id);
   return absl::OkStatus();
 }
 
@@ -625,15 +709,13 @@ absl::Status RocksDbStore::CommitCheckpoint(const std::string& id, std::string_v
   if (!absl::IsNotFound(existing.status())) return existing.status();
 
   CKPT_RETURN_IF_ERROR(ClaimLiveData(data_id));
-  // The chunks were written without the WAL (PutChunks): make them durable before the commit
-  // that references them.
-  rocksdb::FlushOptions flush_options;
-  flush_options.wait = true;
-  absl::Status flushed = FromRocks(db_->Flush(flush_options, chunks_),
-                                   absl::StrCat("flushing the chunks of ", what));
-  if (!flushed.ok()) {
+  // The chunk bytes were written unsynced (PutChunks): make them durable before the commit that
+  // references them. The synced batch below syncs the WAL, and with it their location records.
+  absl::Status synced = segments_->Sync(data_id);
+  if (!synced.ok()) {
     ReleaseClaim(data_id, /*forget=*/false);
-    return flushed;
+    return absl::Status(synced.code(),
+                        absl::StrCat("syncing the chunks of ", what, ": ", synced.message()));
   }
   std::string value = BigEndian64(data_id);
   value.append(manifest);
@@ -678,16 +760,32 @@ absl::Status RocksDbStore::DeleteCheckpoint(const std::string& id) {
         absl::StrCat(what, " has a truncated record (", value.size(), " bytes) in ", dir_));
   }
   const uint64_t data_id = DecodeBigEndian64(value.data());
-  const auto [begin, end] = DataIdRange(data_id);
   const std::string doing = "deleting " + what;
-  // One synced batch: the manifest, the marker and the chunks disappear together.
+  // One synced batch: the manifest, the marker and the chunk records disappear together; the
+  // segment file goes after it (if this process stops in between, CollectGarbage removes it).
   rocksdb::WriteBatch batch;
   CKPT_RETURN_IF_ERROR(FromRocks(batch.Delete(meta_, key), doing));
   CKPT_RETURN_IF_ERROR(FromRocks(batch.Delete(meta_, CommittedKey(data_id)), doing));
-  CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(chunks_, begin, end), doing));
+  CKPT_RETURN_IF_ERROR(BatchDeleteChunks(&batch, data_id, doing));
   CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/true, doing));
   deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
+  RemoveSegment(data_id);
   return absl::OkStatus();
+}
+
+absl::Status RocksDbStore::BatchDeleteChunks(rocksdb::WriteBatch* batch, uint64_t data_id,
+                                             std::string_view doing) {
+  const auto [begin, end] = DataIdRange(data_id);
+  CKPT_RETURN_IF_ERROR(FromRocks(batch->DeleteRange(locations_, begin, end), doing));
+  return FromRocks(batch->DeleteRange(chunks_, begin, end), doing);
+}
+
+void RocksDbStore::RemoveSegment(uint64_t data_id) {
+  const absl::Status removed = segments_->Remove(data_id);
+  if (!removed.ok()) {
+    Log()->warn("event=segment_remove data_id={} error=\"{}\"", data_id,
+                std::string(removed.message()));
+  }
 }
 
 // --- Jobs ---------------------------------------------------------------------------------------
@@ -727,9 +825,46 @@ absl::StatusOr<bool> RocksDbStore::IsGarbage(uint64_t data_id) {
 }
 
 absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
+  int64_t collected = 0;
+  for (rocksdb::ColumnFamilyHandle* family : {locations_, chunks_}) {
+    CKPT_ASSIGN_OR_RETURN(const int64_t n, CollectFamily(family));
+    collected += n;
+  }
+  // Segment files of garbage data ids: uploads that never committed, and files whose records a
+  // delete or discard removed before this process stopped or failed to remove the file.
+  int64_t files = 0;
+  CKPT_ASSIGN_OR_RETURN(const std::vector<uint64_t> segment_ids, segments_->List());
+  for (uint64_t data_id : segment_ids) {
+    CKPT_ASSIGN_OR_RETURN(const bool garbage, IsGarbage(data_id));
+    if (!garbage) continue;
+    CKPT_RETURN_IF_ERROR(segments_->Remove(data_id));
+    ++files;
+  }
+  // Compact deleted ranges away. The chunk families' tables hold only keys and locations (or, in
+  // a store written before segment files, keys and blob references), so this rewrites little;
+  // blob files holding only deleted chunks are then released. Ranges deleted while it runs are
+  // counted again and handled by the next collection.
+  const int64_t deleted = deleted_ranges_.exchange(0, std::memory_order_relaxed);
+  if (deleted > 0) {
+    rocksdb::CompactRangeOptions compact;
+    compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+    for (rocksdb::ColumnFamilyHandle* family : {locations_, chunks_}) {
+      const rocksdb::Status s = db_->CompactRange(compact, family, nullptr, nullptr);
+      if (!s.ok()) {
+        deleted_ranges_.fetch_add(deleted, std::memory_order_relaxed);
+        return FromRocks(s, absl::StrCat("compacting deleted chunks in ", dir_));
+      }
+    }
+  }
+  Log()->info("event=gc collected={} segment_files_removed={} compacted_deletes={}", collected,
+              files, deleted);
+  return collected;
+}
+
+absl::StatusOr<int64_t> RocksDbStore::CollectFamily(rocksdb::ColumnFamilyHandle* family) {
   rocksdb::ReadOptions read_options;
   read_options.fill_cache = false;  // a one-off scan: do not evict the hot blocks
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, chunks_));
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, family));
   int64_t collected = 0;
   // Visit one key per data id: after deciding on an id, seek to the start of the next one. The
   // iterator's implicit snapshot does not see our own DeleteRange, which is fine: we skip past it.
@@ -745,7 +880,7 @@ absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
     if (garbage) {
       const std::string doing = absl::StrCat("collecting chunks of data id ", data_id);
       rocksdb::WriteBatch batch;
-      CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(chunks_, begin, end), doing));
+      CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(family, begin, end), doing));
       // Unsynced: a lost delete is simply redone by the next collection.
       CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false, doing));
       deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
@@ -755,21 +890,6 @@ absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
     it->Seek(end);
   }
   CKPT_RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("scanning chunks in ", dir_)));
-  it.reset();
-  // Compact deleted ranges away so that their blob files are released. The chunks family's
-  // tables hold only keys and blob references, so this rewrites little. Ranges deleted while
-  // it runs are counted again and handled by the next collection.
-  const int64_t deleted = deleted_ranges_.exchange(0, std::memory_order_relaxed);
-  if (deleted > 0) {
-    rocksdb::CompactRangeOptions compact;
-    compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
-    const rocksdb::Status s = db_->CompactRange(compact, chunks_, nullptr, nullptr);
-    if (!s.ok()) {
-      deleted_ranges_.fetch_add(deleted, std::memory_order_relaxed);
-      return FromRocks(s, absl::StrCat("compacting deleted chunks in ", dir_));
-    }
-  }
-  Log()->info("event=gc collected={} compacted_deletes={}", collected, deleted);
   return collected;
 }
 

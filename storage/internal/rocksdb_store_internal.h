@@ -7,8 +7,14 @@
 //           'c' + checkpoint id           -> 8-byte big-endian data id + manifest
 //           'd' + 8-byte big-endian id    -> "" (the data id is committed: GC must keep it)
 //           'n'                           -> 8-byte big-endian next data id (never reused)
-//   chunks  8-byte BE data id | 4-byte BE tensor | 4-byte BE blob | 4-byte BE chunk -> raw bytes
+//   chunk_locations
+//           chunk key (below)             -> 8-byte BE offset | 8-byte BE length of the chunk's
+//                                            bytes in its data id's segment file
+//                                            (segment_files.h: <dir>/segments/<id hex>.seg)
+//   chunks  chunk key                     -> raw bytes (stores written before segment files; read,
+//                                            deleted and collected, never written any more)
 //   jobs    job id                        -> job record
+// Chunk key: 8-byte BE data id | 4-byte BE tensor | 4-byte BE blob | 4-byte BE chunk.
 // Big-endian integers make byte order equal numeric order, so one data id (and within it one
 // tensor, one blob) is a contiguous key range that DeleteRange and Seek can address.
 #ifndef CKPT_STORAGE_INTERNAL_ROCKSDB_STORE_INTERNAL_H_
@@ -16,7 +22,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "storage/checkpoint_store.h"
 
@@ -24,12 +32,24 @@ namespace ckpt::rocksdb_store_internal {
 
 inline constexpr char kMetaFamily[] = "meta";
 inline constexpr char kChunksFamily[] = "chunks";
+inline constexpr char kLocationsFamily[] = "chunk_locations";
+inline constexpr char kSegmentsDir[] = "segments";  // under the store's directory
 inline constexpr char kJobsFamily[] = "jobs";
 
 inline constexpr size_t kChunkKeyBytes = 20;
 
-// The chunks-family key of `address`.
+// The chunk key of `address` (chunk_locations and chunks families).
 std::string ChunkKey(const ChunkAddress& address);
+
+// Where a chunk's bytes are in its data id's segment file.
+struct ChunkLocation {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+inline constexpr size_t kLocationBytes = 16;
+std::string EncodeLocation(const ChunkLocation& location);
+// nullopt unless `value` has kLocationBytes bytes.
+std::optional<ChunkLocation> DecodeLocation(std::string_view value);
 
 }  // namespace ckpt::rocksdb_store_internal
 

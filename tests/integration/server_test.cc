@@ -21,6 +21,7 @@
 #include "health_check.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "storage/internal/rocksdb_store_internal.h"
+#include "storage/internal/segment_files.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
@@ -347,20 +348,33 @@ TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* db = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(options, dir_ / "data", families, &handles, &db).ok());
-    rocksdb::ColumnFamilyHandle* chunks = nullptr;
+    rocksdb::ColumnFamilyHandle* locations = nullptr;
     for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] == rocksdb_store_internal::kChunksFamily) chunks = handles[i];
+      if (names[i] == rocksdb_store_internal::kLocationsFamily) locations = handles[i];
     }
-    ASSERT_NE(chunks, nullptr);
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), chunks));
+    ASSERT_NE(locations, nullptr);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
     it->SeekToFirst();
     ASSERT_TRUE(it->Valid());
-    std::string key = it->key().ToString(), value = it->value().ToString();
+    const std::string key = it->key().ToString();
+    const auto location = rocksdb_store_internal::DecodeLocation(it->value().ToString());
     it.reset();
-    value[value.size() / 2] ^= 0x5a;
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), chunks, key, value).ok());
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
     delete db;
+    ASSERT_TRUE(location.has_value());
+    ASSERT_GT(location->length, 0u);
+    uint64_t data_id = 0;
+    for (int i = 0; i < 8; ++i) data_id = data_id << 8 | static_cast<unsigned char>(key[i]);
+    const std::filesystem::path segment = std::filesystem::path(dir_ / "data") /
+                                          rocksdb_store_internal::kSegmentsDir /
+                                          segment_internal::SegmentFileName(data_id);
+    std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(location->offset + location->length / 2);
+    file.seekg(at);
+    const char byte = static_cast<char>(file.get());
+    file.seekp(at);
+    file.put(static_cast<char>(byte ^ 0x5a));
+    ASSERT_TRUE(file.good()) << segment;
   }
   StartServer();
   v1::FetchRequest merged;

@@ -28,6 +28,7 @@
 #include "storage/checkpoint_store.h"
 #include "storage/internal/rocksdb_crc32c.h"
 #include "storage/internal/rocksdb_store_internal.h"
+#include "storage/internal/segment_files.h"
 
 namespace ckpt {
 namespace {
@@ -675,31 +676,39 @@ TEST(RocksDbCrc32cTest, AcceleratedCrc32cEqualsRocksDbsOwnCode) {
 }
 
 // RocksDB computes its checksums with the replacement: opening a store already did (MANIFEST
-// records), and every chunk flushed into a blob file goes through it. Fails if a librocksdb
-// build stops binding its calls to the executable's definition.
+// records), and every record written to the WAL goes through it. Fails if a librocksdb build
+// stops binding its calls to the executable's definition.
 TEST_F(RocksDbStoreTest, RocksDbChecksumsWithTheAcceleratedCrc32c) {
   EXPECT_GT(rocksdb_store_internal::AcceleratedCrc32cBytes(), 0u);
   const uint64_t before = rocksdb_store_internal::AcceleratedCrc32cBytes();
+  ASSERT_OK(store_->PutJob("big", RandomBytes(1 << 20, 22)));
+  EXPECT_GE(rocksdb_store_internal::AcceleratedCrc32cBytes() - before, 1u << 20);
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {
       {Addr(0, 0, 0, 0), RandomBytes(1 << 20, 23)}, {Addr(0, 0, 0, 1), RandomBytes(70000, 24)}};
   const uint64_t id = Upload(&chunks);
   ASSERT_OK(store_->CommitCheckpoint("ckpt", "manifest", id));
-  EXPECT_GE(rocksdb_store_internal::AcceleratedCrc32cBytes() - before, (1u << 20) + 70000u);
+  ASSERT_OK(store_->Flush());
   // And reads the values back as its own (RocksDB verifies table blocks when it opens them).
   ASSERT_NO_FATAL_FAILURE(Reopen());
   for (const auto& [address, bytes] : chunks) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
 }
 
-// Bytes of RocksDB's blob files in `dir`.
-int64_t BlobFileBytes(const std::string& dir) {
+// Bytes of the store's segment files (chunk bytes) under the store directory `dir`.
+int64_t SegmentFileBytes(const std::string& dir) {
   int64_t bytes = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() == ".blob") bytes += static_cast<int64_t>(entry.file_size());
+  for (const auto& entry : std::filesystem::directory_iterator(
+           dir + "/" + rocksdb_store_internal::kSegmentsDir)) {
+    if (entry.path().extension() == ".seg") bytes += static_cast<int64_t>(entry.file_size());
   }
   return bytes;
 }
 
-TEST_F(RocksDbStoreTest, DeletedCheckpointsGiveTheirBlobFilesBack) {
+std::string SegmentPath(const std::string& dir, uint64_t data_id) {
+  return dir + "/" + rocksdb_store_internal::kSegmentsDir + "/" +
+         segment_internal::SegmentFileName(data_id);
+}
+
+TEST_F(RocksDbStoreTest, DeletedCheckpointsGiveTheirSegmentFilesBack) {
   constexpr int kChunks = 6;
   constexpr int kChunkBytes = 1 << 20;
   std::vector<std::pair<ChunkAddress, std::string>> kept, dropped;
@@ -711,14 +720,16 @@ TEST_F(RocksDbStoreTest, DeletedCheckpointsGiveTheirBlobFilesBack) {
   ASSERT_OK(store_->CommitCheckpoint("kept", "m1", kept_id));
   const uint64_t dropped_id = Upload(&dropped);
   ASSERT_OK(store_->CommitCheckpoint("dropped", "m2", dropped_id));
-  const int64_t before = BlobFileBytes(db_dir_);
+  const int64_t before = SegmentFileBytes(db_dir_);
   EXPECT_GE(before, 2 * kChunks * kChunkBytes);
 
   ASSERT_OK(store_->DeleteCheckpoint("dropped"));
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(db_dir_, dropped_id)));
+  EXPECT_TRUE(std::filesystem::exists(SegmentPath(db_dir_, kept_id)));
   ASSERT_OK_AND_ASSIGN(const int64_t collected, store_->CollectGarbage());
-  EXPECT_EQ(collected, 0);  // nothing uncommitted; the deleted range is compacted away
-  const int64_t after = BlobFileBytes(db_dir_);
-  EXPECT_LE(after, before - kChunks * kChunkBytes) << "blob bytes " << before << " -> " << after;
+  EXPECT_EQ(collected, 0);  // nothing uncommitted
+  const int64_t after = SegmentFileBytes(db_dir_);
+  EXPECT_LE(after, before - kChunks * kChunkBytes) << "segment bytes " << before << " -> " << after;
   for (const auto& [address, bytes] : kept) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
   for (const auto& [address, bytes] : dropped) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
 }
@@ -742,25 +753,13 @@ TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
   ASSERT_OK(store_->CommitCheckpoint("ckpt", "m", id));
   store_.reset();
 
-  {  // Replace the stored bytes behind the store's back (same length, one bit flipped).
-    namespace internal = rocksdb_store_internal;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-        {internal::kMetaFamily, rocksdb::ColumnFamilyOptions()},
-        {internal::kChunksFamily, rocksdb::ColumnFamilyOptions()},
-        {internal::kJobsFamily, rocksdb::ColumnFamilyOptions()}};
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* raw = nullptr;
-    rocksdb::Status s = rocksdb::DB::Open(rocksdb::DBOptions(), db_dir_, families, &handles, &raw);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    std::string damaged = original;
-    damaged[4000] ^= 0x10;
-    s = raw->Put(rocksdb::WriteOptions(), handles[2], internal::ChunkKey(chunks[0].first), damaged);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    for (rocksdb::ColumnFamilyHandle* h : handles)
-      EXPECT_TRUE(raw->DestroyColumnFamilyHandle(h).ok());
-    EXPECT_TRUE(raw->Close().ok());
-    delete raw;
+  {  // Flip one bit of the stored bytes behind the store's back (the only chunk: offset 0).
+    const std::string path = SegmentPath(db_dir_, id);
+    ASSERT_EQ(std::filesystem::file_size(path), original.size());
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(4000);
+    file.put(static_cast<char>(original[4000] ^ 0x10));
+    ASSERT_TRUE(file.good());
   }
 
   ASSERT_NO_FATAL_FAILURE(Open());
@@ -777,6 +776,90 @@ TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
   EXPECT_TRUE(absl::IsDataLoss(
       VerifyChunk(chunks[0].first, (*data)->bytes(), ChunkChecksum(original))));
   EXPECT_TRUE(VerifyChunk(chunks[0].first, original, ChunkChecksum(original)).ok());
+}
+
+TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
+  const std::string bytes = RandomBytes(10000, 31);
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {{Addr(0, 0, 0, 0), bytes},
+                                                              {Addr(0, 0, 0, 1), bytes}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt", "m", id));
+  store_.reset();
+  const std::string path = SegmentPath(db_dir_, id);
+  std::filesystem::resize_file(path, 15000);  // the second chunk loses its tail
+
+  ASSERT_NO_FATAL_FAILURE(Open());
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(chunks[0].first, bytes));  // the first is intact
+  absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunkUnverified(chunks[1].first);
+  ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
+  EXPECT_THAT(Msg(data.status()), HasSubstr("chunk " + chunks[1].first.ToString()));
+  EXPECT_THAT(Msg(data.status()), HasSubstr(path));
+  EXPECT_THAT(Msg(data.status()), HasSubstr("truncated"));
+  store_.reset();
+
+  std::filesystem::remove(path);
+  ASSERT_NO_FATAL_FAILURE(Open());
+  data = store_->ReadChunk(chunks[0].first, ChunkChecksum(bytes));
+  ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
+  EXPECT_THAT(Msg(data.status()), HasSubstr(path));
+  EXPECT_THAT(Msg(data.status()), HasSubstr("missing"));
+  // The manifest is untouched: the damage is reported, nothing is deleted.
+  ASSERT_OK_AND_ASSIGN(std::string manifest, store_->GetManifest("ckpt"));
+  EXPECT_EQ(manifest, "m");
+}
+
+TEST_F(RocksDbStoreTest, SegmentFilesOfUploadsThatNeverCommittedAreCollectedAtOpen) {
+  std::vector<std::pair<ChunkAddress, std::string>> kept = {{Addr(0, 0, 0, 0), RandomBytes(5000, 41)}};
+  const uint64_t kept_id = Upload(&kept);
+  ASSERT_OK(store_->CommitCheckpoint("kept", "m", kept_id));
+  std::vector<std::pair<ChunkAddress, std::string>> crashed = {
+      {Addr(0, 0, 0, 0), RandomBytes(5000, 42)}, {Addr(0, 3, 1, 7), RandomBytes(70000, 43)}};
+  const uint64_t crashed_id = Upload(&crashed);  // never committed: the process "stops" here
+  ASSERT_TRUE(std::filesystem::exists(SegmentPath(db_dir_, crashed_id)));
+  // A stray segment file of an id that was never handed out (e.g. copied in by hand).
+  std::ofstream(SegmentPath(db_dir_, 999)) << "stray";
+
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(db_dir_, crashed_id)));
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(db_dir_, 999)));
+  EXPECT_TRUE(std::filesystem::exists(SegmentPath(db_dir_, kept_id)));
+  for (const auto& [address, bytes] : crashed) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+  for (const auto& [address, bytes] : kept) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+}
+
+// Stores written before segment files kept chunk bytes in the "chunks" family: still read,
+// deleted and collected.
+TEST_F(RocksDbStoreTest, ChunksOfStoresWrittenBeforeSegmentFilesAreStillServed) {
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+  ASSERT_OK(store_->CommitCheckpoint("old", "m", id));  // no chunks through the new path
+  store_.reset();
+  const std::string legacy = RandomBytes(20000, 51);
+  const ChunkAddress address = Addr(id, 0, 0, 0);
+  {
+    namespace internal = rocksdb_store_internal;
+    rocksdb::DBOptions options;
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, db_dir_, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(options, db_dir_, families, &handles, &raw);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] != internal::kChunksFamily) continue;
+      s = raw->Put(rocksdb::WriteOptions(), handles[i], internal::ChunkKey(address), legacy);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    for (rocksdb::ColumnFamilyHandle* h : handles)
+      EXPECT_TRUE(raw->DestroyColumnFamilyHandle(h).ok());
+    EXPECT_TRUE(raw->Close().ok());
+    delete raw;
+  }
+  ASSERT_NO_FATAL_FAILURE(Open());
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, legacy));
+  ASSERT_OK(store_->DeleteCheckpoint("old"));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
 }
 
 TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {

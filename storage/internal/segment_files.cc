@@ -1,0 +1,357 @@
+#include "storage/internal/segment_files.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/absl_compat.h"
+#include "core/status_macros.h"
+#include "storage/file_stream.h"
+
+namespace ckpt::segment_internal {
+namespace {
+
+constexpr std::string_view kSuffix = ".seg";
+constexpr size_t kHexDigits = 16;
+// Windows registered since the last sweep of expired entries from the window index.
+constexpr int64_t kSweepEvery = 1024;
+
+int64_t PageBytes() {
+  static const int64_t page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+  return page;
+}
+
+absl::Status Errno(std::string_view op, const std::string& path) {
+  return ErrnoToStatus(errno, op, path);
+}
+
+// `status` with `what: ` in front.
+absl::Status Prefixed(std::string_view what, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(Sv(what), ": ", status.message()));
+}
+
+// A view of a window (or of nothing, for an empty chunk) that keeps the window mapped.
+class MappedChunk final : public ChunkData {
+ public:
+  MappedChunk() = default;
+  MappedChunk(std::shared_ptr<const void> window, std::string_view bytes)
+      : window_(std::move(window)), bytes_(bytes) {}
+  std::string_view bytes() const override { return bytes_; }
+
+ private:
+  std::shared_ptr<const void> window_;
+  std::string_view bytes_;
+};
+
+}  // namespace
+
+std::string SegmentFileName(uint64_t data_id) {
+  return absl::StrFormat("%016x%s", data_id, kSuffix);
+}
+
+struct SegmentFiles::File {
+  std::string path;
+  int fd = -1;
+  bool writable = false;
+  std::mutex mu;               // guards end and write_behind_from
+  int64_t end = 0;             // next free offset (writable files)
+  int64_t write_behind_from = 0;
+  std::atomic<int64_t> size{0};  // bytes known to exist, so mappable without SIGBUS
+
+  ~File() {
+    if (fd >= 0) ::close(fd);
+  }
+  void NoteSize(int64_t at_least) {
+    int64_t known = size.load(std::memory_order_relaxed);
+    while (known < at_least && !size.compare_exchange_weak(known, at_least)) {
+    }
+  }
+};
+
+struct SegmentFiles::Window {
+  void* addr = nullptr;
+  size_t length = 0;
+  int64_t start = 0;  // file offset of addr
+
+  std::atomic<int64_t>* budget = nullptr;  // SegmentFiles::window_bytes_ for shared windows
+
+  ~Window() {
+    if (addr != nullptr) ::munmap(addr, length);
+    if (budget != nullptr) budget->fetch_sub(static_cast<int64_t>(length), std::memory_order_relaxed);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "create directory", dir);
+  return std::unique_ptr<SegmentFiles>(new SegmentFiles(std::move(dir)));
+}
+
+SegmentFiles::~SegmentFiles() = default;
+
+std::string SegmentFiles::PathOf(uint64_t data_id) const {
+  return absl::StrCat(dir_, "/", SegmentFileName(data_id));
+}
+
+absl::StatusOr<std::shared_ptr<SegmentFiles::File>> SegmentFiles::GetFile(uint64_t data_id,
+                                                                          bool create) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find(data_id);
+  if (it != files_.end()) {
+    if (create && !it->second->writable) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "segment file ", it->second->path, " of data id ", data_id, " is being read, not written"));
+    }
+    return it->second;
+  }
+  auto file = std::make_shared<File>();
+  file->path = PathOf(data_id);
+  file->writable = create;
+  // A new data id never had a file; O_TRUNC only guards against a stray one.
+  file->fd = create ? ::open(file->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
+                    : ::open(file->path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file->fd < 0) {
+    if (!create && errno == ENOENT) {
+      return absl::DataLossError(absl::StrCat("segment file ", file->path, " of data id ",
+                                              data_id, " is missing"));
+    }
+    return Errno(create ? "create" : "open", file->path);
+  }
+  if (!create) {
+    struct stat st;
+    if (::fstat(file->fd, &st) != 0) return Errno("stat", file->path);
+    file->size.store(st.st_size);
+  }
+  files_.emplace(data_id, file);
+  return file;
+}
+
+absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
+    uint64_t data_id, const std::vector<std::string_view>& pieces) {
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<File> file, GetFile(data_id, /*create=*/true));
+  std::vector<uint64_t> offsets;
+  offsets.reserve(pieces.size());
+  {
+    std::lock_guard<std::mutex> lock(file->mu);
+    int64_t at = file->end;
+    for (std::string_view piece : pieces) {
+      const auto n = static_cast<int64_t>(piece.size());
+      if (n > 0 && n <= kWindowBytes && at / kWindowBytes != (at + n - 1) / kWindowBytes) {
+        at = (at / kWindowBytes + 1) * kWindowBytes;  // a hole, not written: no disk space
+      }
+      offsets.push_back(static_cast<uint64_t>(at));
+      at += n;
+    }
+    file->end = at;
+  }
+  // Write runs of contiguous pieces with one pwritev each.
+  std::vector<iovec> iov;
+  size_t i = 0;
+  while (i < pieces.size()) {
+    iov.clear();
+    const int64_t run_start = static_cast<int64_t>(offsets[i]);
+    int64_t run_end = run_start;
+    while (i < pieces.size() && static_cast<int64_t>(offsets[i]) == run_end &&
+           iov.size() < IOV_MAX) {
+      if (!pieces[i].empty()) {
+        iov.push_back({const_cast<char*>(pieces[i].data()), pieces[i].size()});
+      }
+      run_end += static_cast<int64_t>(pieces[i].size());
+      ++i;
+    }
+    int64_t at = run_start;
+    size_t first = 0;
+    while (first < iov.size()) {
+      const ssize_t written =
+          ::pwritev(file->fd, iov.data() + first, static_cast<int>(iov.size() - first), at);
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        return Errno("write", file->path);
+      }
+      at += written;
+      auto left = static_cast<size_t>(written);
+      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+      if (first < iov.size()) {
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+      }
+    }
+    file->NoteSize(run_end);
+  }
+  // Start write-back of what has piled up, so that the commit's fdatasync is short.
+  int64_t from = 0, to = 0;
+  {
+    std::lock_guard<std::mutex> lock(file->mu);
+    if (file->end - file->write_behind_from >= kWriteBehindBytes) {
+      from = file->write_behind_from;
+      to = file->end;
+      file->write_behind_from = to;
+    }
+  }
+  if (to > from) ::sync_file_range(file->fd, from, to - from, SYNC_FILE_RANGE_WRITE);
+  return offsets;
+}
+
+absl::Status SegmentFiles::Sync(uint64_t data_id) {
+  std::shared_ptr<File> file;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(data_id);
+    if (it != files_.end()) file = it->second;
+  }
+  if (file == nullptr) return absl::OkStatus();  // nothing appended
+  if (::fdatasync(file->fd) != 0) return Errno("sync", file->path);
+  const int dir_fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return Errno("open directory", dir_);
+  const int synced = ::fsync(dir_fd);
+  const int sync_errno = errno;
+  ::close(dir_fd);
+  if (synced != 0) return ErrnoToStatus(sync_errno, "sync directory", dir_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
+    uint64_t data_id, File& file, int64_t start, int64_t start_page, int64_t end,
+    std::string_view what) {
+  bool shared = start % kWindowBytes == 0 && end - start <= kWindowBytes;
+  const std::pair<uint64_t, int64_t> key{data_id, start / kWindowBytes};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shared) {
+    auto it = windows_.find(key);
+    if (it != windows_.end()) {
+      std::shared_ptr<Window> window = it->second.lock();
+      // A window mapped while the file was shorter may not reach `end` (a live upload's file).
+      if (window != nullptr && window->start + static_cast<int64_t>(window->length) >= end) {
+        return window;
+      }
+    }
+  }
+  int64_t length = end - start;
+  if (shared) {
+    const int64_t window_length =
+        std::min(kWindowBytes, file.size.load(std::memory_order_relaxed) - start);
+    if (window_bytes_.load(std::memory_order_relaxed) + window_length > kWindowBudgetBytes) {
+      // Over budget: map just this chunk's pages, for as long as the chunk is held.
+      shared = false;
+      start = start_page;
+    } else {
+      length = window_length;
+    }
+  }
+  void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
+  if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
+  // No fault-around: a fault (or MADV_POPULATE_READ) maps the pages asked for, not their
+  // neighbours, which belong to other chunks and would stay mapped until the window goes.
+  ::madvise(addr, static_cast<size_t>(length), MADV_RANDOM);
+  auto window = std::make_shared<Window>();
+  window->addr = addr;
+  window->length = static_cast<size_t>(length);
+  window->start = start;
+  if (shared) {
+    window->budget = &window_bytes_;
+    window_bytes_.fetch_add(length, std::memory_order_relaxed);
+    windows_[key] = window;
+    if (++windows_since_sweep_ >= kSweepEvery) {
+      windows_since_sweep_ = 0;
+      std::erase_if(windows_, [](const auto& entry) { return entry.second.expired(); });
+    }
+  }
+  return window;
+}
+
+absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, uint64_t offset,
+                                                              uint64_t length,
+                                                              std::string_view what) {
+  if (length == 0) return std::make_unique<MappedChunk>();
+  absl::StatusOr<std::shared_ptr<File>> opened = GetFile(data_id, /*create=*/false);
+  if (!opened.ok()) return Prefixed(what, opened.status());
+  File& file = **opened;
+  constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (offset > kMax || length > kMax - offset) {
+    return absl::DataLossError(absl::StrCat(Sv(what), ": location ", offset, "+", length,
+                                            " is past any file (damaged location record)"));
+  }
+  const auto begin = static_cast<int64_t>(offset);
+  const auto end = static_cast<int64_t>(offset + length);
+  if (end > file.size.load(std::memory_order_relaxed)) {
+    struct stat st;
+    if (::fstat(file.fd, &st) != 0) return Prefixed(what, Errno("stat", file.path));
+    file.NoteSize(st.st_size);
+    if (end > st.st_size) {
+      return absl::DataLossError(absl::StrCat(Sv(what), ": segment file ", file.path, " has ",
+                                              st.st_size, " bytes, the chunk is at [", begin, ", ",
+                                              end, ") (truncated?)"));
+    }
+  }
+  const int64_t window_start = begin / kWindowBytes * kWindowBytes;
+  const int64_t start_page = begin / PageBytes() * PageBytes();
+  const bool in_one_window = (end - 1) / kWindowBytes == begin / kWindowBytes;
+  CKPT_ASSIGN_OR_RETURN(
+      std::shared_ptr<Window> window,
+      GetWindow(data_id, file, in_one_window ? window_start : start_page, start_page, end, what));
+  const char* data = static_cast<const char*>(window->addr) + (begin - window->start);
+  // Map the chunk's pages now, in one call, rather than page fault by page fault wherever its
+  // bytes are first touched (a failure here is an I/O error, where a fault would be SIGBUS).
+  const int64_t page_from = (begin - window->start) / PageBytes() * PageBytes();
+  if (::madvise(static_cast<char*>(window->addr) + page_from,
+                static_cast<size_t>(end - window->start - page_from), MADV_POPULATE_READ) != 0 &&
+      errno != EINVAL) {
+    return Prefixed(what, Errno("read (populate)", file.path));
+  }
+  return std::make_unique<MappedChunk>(std::move(window), std::string_view(data, static_cast<size_t>(length)));
+}
+
+absl::Status SegmentFiles::Remove(uint64_t data_id) {
+  const std::string path = PathOf(data_id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    files_.erase(data_id);
+    auto it = windows_.lower_bound({data_id, 0});
+    while (it != windows_.end() && it->first.first == data_id) it = windows_.erase(it);
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Errno("delete", path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> SegmentFiles::List() const {
+  std::vector<uint64_t> ids;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() != kHexDigits + kSuffix.size() || !name.ends_with(kSuffix)) continue;
+    uint64_t id = 0;
+    bool hex = true;
+    for (size_t k = 0; k < kHexDigits && hex; ++k) {
+      const char c = name[k];
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      hex = digit >= 0;
+      id = id << 4 | static_cast<uint64_t>(digit < 0 ? 0 : digit);
+    }
+    if (hex) ids.push_back(id);
+  }
+  if (ec) return ErrnoToStatus(ec.value(), "list", dir_);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+int64_t SegmentFiles::mapped_windows() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::count_if(windows_.begin(), windows_.end(),
+                       [](const auto& entry) { return !entry.second.expired(); });
+}
+
+}  // namespace ckpt::segment_internal
