@@ -254,9 +254,6 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   }
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
-  // No fault-around: a fault (or MADV_POPULATE_READ) maps the pages asked for, not their
-  // neighbours, which belong to other chunks and would stay mapped until the window goes.
-  ::madvise(addr, static_cast<size_t>(length), MADV_RANDOM);
   auto window = std::make_shared<Window>();
   window->addr = addr;
   window->length = static_cast<size_t>(length);
