@@ -358,6 +358,9 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   auto block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
   rocksdb::ColumnFamilyOptions record_options = FamilyOptions(block_cache);
   record_options.write_buffer_size = 8 << 20;  // small records: keep memory and replay small
+  // The chunks family holds the chunk bytes of stores written before segment files. Nothing new
+  // is written there (memtables are allocated as written, so these cost nothing now); its options
+  // are those it was written with.
   rocksdb::ColumnFamilyOptions chunk_options = FamilyOptions(block_cache);
   chunk_options.write_buffer_size = 64 << 20;
   // Flushing chunks (copying them into blob files in the page cache) is the largest part of an
