@@ -645,7 +645,9 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
     chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
     return data;
   }
-  if (!found.IsNotFound()) return FromRocks(found, absl::StrCat("reading chunk ", address.ToString()));
+  if (!found.IsNotFound()) {
+    return FromRocks(found, absl::StrCat("reading chunk ", address.ToString()));
+  }
   // Not in a segment file: a chunk of a store written before them, or none at all.
   auto data = std::make_unique<RocksChunkData>();
   // The reader verifies every chunk end to end against its xxh64 (CheckpointStore::ReadChunk or

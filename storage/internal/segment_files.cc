@@ -90,7 +90,9 @@ struct SegmentFiles::Window {
 
   ~Window() {
     if (addr != nullptr) ::munmap(addr, length);
-    if (budget != nullptr) budget->fetch_sub(static_cast<int64_t>(length), std::memory_order_relaxed);
+    if (budget != nullptr) {
+      budget->fetch_sub(static_cast<int64_t>(length), std::memory_order_relaxed);
+    }
   }
 };
 
@@ -113,8 +115,9 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::File>> SegmentFiles::GetFile(uint64
   auto it = files_.find(data_id);
   if (it != files_.end()) {
     if (create && !it->second->writable) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "segment file ", it->second->path, " of data id ", data_id, " is being read, not written"));
+      return absl::FailedPreconditionError(absl::StrCat("segment file ", it->second->path,
+                                                        " of data id ", data_id,
+                                                        " is being read, not written"));
     }
     return it->second;
   }
@@ -309,7 +312,8 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
       errno != EINVAL) {
     return Prefixed(what, Errno("read (populate)", file.path));
   }
-  return std::make_unique<MappedChunk>(std::move(window), std::string_view(data, static_cast<size_t>(length)));
+  return std::make_unique<MappedChunk>(std::move(window),
+                                       std::string_view(data, static_cast<size_t>(length)));
 }
 
 absl::Status SegmentFiles::Remove(uint64_t data_id) {

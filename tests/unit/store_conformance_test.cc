@@ -809,7 +809,8 @@ TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
 }
 
 TEST_F(RocksDbStoreTest, SegmentFilesOfUploadsThatNeverCommittedAreCollectedAtOpen) {
-  std::vector<std::pair<ChunkAddress, std::string>> kept = {{Addr(0, 0, 0, 0), RandomBytes(5000, 41)}};
+  std::vector<std::pair<ChunkAddress, std::string>> kept = {
+      {Addr(0, 0, 0, 0), RandomBytes(5000, 41)}};
   const uint64_t kept_id = Upload(&kept);
   ASSERT_OK(store_->CommitCheckpoint("kept", "m", kept_id));
   std::vector<std::pair<ChunkAddress, std::string>> crashed = {
