@@ -56,6 +56,19 @@ class MappedChunk final : public ChunkData {
   std::string_view bytes_;
 };
 
+// A chunk read into memory of its own (pread).
+class HeapChunk final : public ChunkData {
+ public:
+  explicit HeapChunk(size_t size) : bytes_(new char[size]), size_(size) {}
+  char* data() { return bytes_.get(); }
+  size_t size() const { return size_; }
+  std::string_view bytes() const override { return std::string_view(bytes_.get(), size_); }
+
+ private:
+  std::unique_ptr<char[]> bytes_;
+  size_t size_;
+};
+
 }  // namespace
 
 std::string SegmentFileName(uint64_t data_id) {
@@ -228,47 +241,31 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
 }
 
 absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
-    uint64_t data_id, File& file, int64_t start, int64_t start_page, int64_t end,
-    std::string_view what) {
-  bool shared = start % kWindowBytes == 0 && end - start <= kWindowBytes;
+    uint64_t data_id, File& file, int64_t start, int64_t end, std::string_view what) {
   const std::pair<uint64_t, int64_t> key{data_id, start / kWindowBytes};
   std::lock_guard<std::mutex> lock(mu_);
-  if (shared) {
-    auto it = windows_.find(key);
-    if (it != windows_.end()) {
-      std::shared_ptr<Window> window = it->second.lock();
-      // A window mapped while the file was shorter may not reach `end` (a live upload's file).
-      if (window != nullptr && window->start + static_cast<int64_t>(window->length) >= end) {
-        return window;
-      }
+  auto it = windows_.find(key);
+  if (it != windows_.end()) {
+    std::shared_ptr<Window> window = it->second.lock();
+    // A window mapped while the file was shorter may not reach `end` (a live upload's file).
+    if (window != nullptr && window->start + static_cast<int64_t>(window->length) >= end) {
+      return window;
     }
   }
-  int64_t length = end - start;
-  if (shared) {
-    const int64_t window_length =
-        std::min(kWindowBytes, file.size.load(std::memory_order_relaxed) - start);
-    if (window_bytes_.load(std::memory_order_relaxed) + window_length > kWindowBudgetBytes) {
-      // Over budget: map just this chunk's pages, for as long as the chunk is held.
-      shared = false;
-      start = start_page;
-    } else {
-      length = window_length;
-    }
-  }
+  const int64_t length = std::min(kWindowBytes, file.size.load(std::memory_order_relaxed) - start);
+  if (window_bytes_.load(std::memory_order_relaxed) + length > kWindowBudgetBytes) return nullptr;
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
   auto window = std::make_shared<Window>();
   window->addr = addr;
   window->length = static_cast<size_t>(length);
   window->start = start;
-  if (shared) {
-    window->budget = &window_bytes_;
-    window_bytes_.fetch_add(length, std::memory_order_relaxed);
-    windows_[key] = window;
-    if (++windows_since_sweep_ >= kSweepEvery) {
-      windows_since_sweep_ = 0;
-      std::erase_if(windows_, [](const auto& entry) { return entry.second.expired(); });
-    }
+  window->budget = &window_bytes_;
+  window_bytes_.fetch_add(length, std::memory_order_relaxed);
+  windows_[key] = window;
+  if (++windows_since_sweep_ >= kSweepEvery) {
+    windows_since_sweep_ = 0;
+    std::erase_if(windows_, [](const auto& entry) { return entry.second.expired(); });
   }
   return window;
 }
@@ -298,11 +295,29 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
     }
   }
   const int64_t window_start = begin / kWindowBytes * kWindowBytes;
-  const int64_t start_page = begin / PageBytes() * PageBytes();
-  const bool in_one_window = (end - 1) / kWindowBytes == begin / kWindowBytes;
-  CKPT_ASSIGN_OR_RETURN(
-      std::shared_ptr<Window> window,
-      GetWindow(data_id, file, in_one_window ? window_start : start_page, start_page, end, what));
+  std::shared_ptr<Window> window;
+  if ((end - 1) / kWindowBytes == begin / kWindowBytes) {
+    CKPT_ASSIGN_OR_RETURN(window, GetWindow(data_id, file, window_start, end, what));
+  }
+  if (window == nullptr) {
+    // Over the windows' budget (or larger than a window): read a copy, held as long as the
+    // chunk is.
+    auto copy = std::make_unique<HeapChunk>(static_cast<size_t>(length));
+    size_t done = 0;
+    while (done < copy->size()) {
+      const ssize_t n = ::pread(file.fd, copy->data() + done, copy->size() - done,
+                                begin + static_cast<int64_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Prefixed(what, Errno("read", file.path));
+      if (n == 0) {
+        return absl::DataLossError(absl::StrCat(Sv(what), ": segment file ", file.path,
+                                                " ended at ", begin + static_cast<int64_t>(done),
+                                                " inside the chunk at [", begin, ", ", end, ")"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return copy;
+  }
   const char* data = static_cast<const char*>(window->addr) + (begin - window->start);
   // Map the chunk's pages now, in one call, rather than page fault by page fault wherever its
   // bytes are first touched (a failure here is an I/O error, where a fault would be SIGBUS).

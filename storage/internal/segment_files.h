@@ -33,10 +33,10 @@
 namespace ckpt::segment_internal {
 
 inline constexpr int64_t kWindowBytes = int64_t{4} << 20;
-// At most this many bytes of shared windows are mapped at once (they count in the process's RSS
-// as far as their pages were touched). Beyond it, a chunk is mapped alone while it is held: the
-// windows' pages served to one reader stay mapped while another reader holds a chunk of the
-// same window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS without a cap.
+// At most this many bytes of windows are mapped at once (they count in the process's RSS as far
+// as their pages were touched). Beyond it, chunks are read into memory of their own (pread): a
+// window's pages served to one reader stay mapped while another reader holds a chunk of the same
+// window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS without a cap.
 inline constexpr int64_t kWindowBudgetBytes = int64_t{192} << 20;
 // Dirty bytes of one file after which Append starts their write-back (sync_file_range), so that
 // the commit's fdatasync does not meet the whole upload at once.
@@ -66,7 +66,8 @@ class SegmentFiles {
   // Makes every appended byte of `data_id` and the file's name durable (fdatasync of the file
   // and fsync of the directory). A data id with nothing appended has no file: OK.
   absl::Status Sync(uint64_t data_id);
-  // The `length` bytes at `offset` of `data_id`'s file, as a view of a shared read-only mapping.
+  // The `length` bytes at `offset` of `data_id`'s file, as a view of a shared read-only mapping
+  // (a copy when the windows' budget is spent or the chunk is larger than a window).
   // DATA_LOSS naming the file when it is missing or too short (damaged behind the store's back);
   // `what` ("chunk data 3 tensor 1 blob 0 chunk 2") prefixes errors.
   absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
@@ -87,11 +88,10 @@ class SegmentFiles {
 
   // The open file of `data_id`: created (writable) when `create`, else opened read-only.
   absl::StatusOr<std::shared_ptr<File>> GetFile(uint64_t data_id, bool create);
-  // A mapping of [start, end) of `file`: a shared window when `start` is a window's start and
-  // the budget allows, else one of just [start_page, end) for the caller alone.
+  // The shared window of `file` that starts at `start` and reaches `end`; null when mapping it
+  // would exceed the windows' budget.
   absl::StatusOr<std::shared_ptr<Window>> GetWindow(uint64_t data_id, File& file, int64_t start,
-                                                    int64_t start_page, int64_t end,
-                                                    std::string_view what);
+                                                    int64_t end, std::string_view what);
 
   const std::string dir_;
   mutable std::mutex mu_;
