@@ -98,6 +98,7 @@ struct SegmentFiles::Window {
   void* addr = nullptr;
   size_t length = 0;
   int64_t start = 0;  // file offset of addr
+  uint64_t data_id = 0;
 
   std::atomic<int64_t>* budget = nullptr;  // SegmentFiles::window_bytes_ for shared windows
 
@@ -249,6 +250,7 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
     std::shared_ptr<Window> window = it->second.lock();
     // A window mapped while the file was shorter may not reach `end` (a live upload's file).
     if (window != nullptr && window->start + static_cast<int64_t>(window->length) >= end) {
+      KeepRecent(window);
       return window;
     }
   }
@@ -260,14 +262,26 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   window->addr = addr;
   window->length = static_cast<size_t>(length);
   window->start = start;
+  window->data_id = data_id;
   window->budget = &window_bytes_;
   window_bytes_.fetch_add(length, std::memory_order_relaxed);
   windows_[key] = window;
+  KeepRecent(window);
   if (++windows_since_sweep_ >= kSweepEvery) {
     windows_since_sweep_ = 0;
     std::erase_if(windows_, [](const auto& entry) { return entry.second.expired(); });
   }
   return window;
+}
+
+void SegmentFiles::KeepRecent(const std::shared_ptr<Window>& window) {
+  auto it = std::find(recent_.begin(), recent_.end(), window);
+  if (it != recent_.end()) {
+    std::rotate(recent_.begin(), it, it + 1);  // to the front
+    return;
+  }
+  recent_.insert(recent_.begin(), window);
+  if (recent_.size() > kRecentWindows) recent_.pop_back();
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, uint64_t offset,
@@ -336,6 +350,7 @@ absl::Status SegmentFiles::Remove(uint64_t data_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     files_.erase(data_id);
+    std::erase_if(recent_, [&](const std::shared_ptr<Window>& w) { return w->data_id == data_id; });
     auto it = windows_.lower_bound({data_id, 0});
     while (it != windows_.end() && it->first.first == data_id) it = windows_.erase(it);
   }

@@ -38,6 +38,8 @@ inline constexpr int64_t kWindowBytes = int64_t{4} << 20;
 // window's pages served to one reader stay mapped while another reader holds a chunk of the same
 // window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS without a cap.
 inline constexpr int64_t kWindowBudgetBytes = int64_t{192} << 20;
+// Windows kept mapped after their last chunk is released (SegmentFiles::recent_).
+inline constexpr size_t kRecentWindows = 8;
 // Dirty bytes of one file after which Append starts their write-back (sync_file_range), so that
 // the commit's fdatasync does not meet the whole upload at once.
 inline constexpr int64_t kWriteBehindBytes = int64_t{16} << 20;
@@ -90,6 +92,7 @@ class SegmentFiles {
   absl::StatusOr<std::shared_ptr<File>> GetFile(uint64_t data_id, bool create);
   // The shared window of `file` that starts at `start` and reaches `end`; null when mapping it
   // would exceed the windows' budget.
+  void KeepRecent(const std::shared_ptr<Window>& window);  // mu_ held
   absl::StatusOr<std::shared_ptr<Window>> GetWindow(uint64_t data_id, File& file, int64_t start,
                                                     int64_t end, std::string_view what);
 
@@ -99,6 +102,9 @@ class SegmentFiles {
   // Live windows by (data id, window index); expired entries are swept now and then.
   std::map<std::pair<uint64_t, int64_t>, std::weak_ptr<Window>> windows_;  // guarded by mu_
   int64_t windows_since_sweep_ = 0;                                       // guarded by mu_
+  // The most recently used windows, kept mapped even when no chunk of theirs is held, so that a
+  // reader going through chunks one at a time does not map and unmap a window for each.
+  std::vector<std::shared_ptr<Window>> recent_;  // guarded by mu_, most recent first
   std::atomic<int64_t> window_bytes_{0};  // bytes of shared windows mapped
 };
 
