@@ -202,9 +202,30 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
   return chunk;
 }
 
+void FetchStream::DropConsumedChunks(uint32_t tensor, int64_t first_row) {
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    if (it->key.first >> 32 == tensor && it->row_end > first_row) {
+      ++it;
+      continue;
+    }
+    cache_bytes_ -= static_cast<int64_t>(it->chunk->data->bytes().size());
+    cache_index_.erase(it->key);
+    it = cache_.erase(it);
+  }
+}
+
+void FetchStream::NoteRowEnd(const ChunkKey& key, int64_t row_end) {
+  if (auto hit = cache_index_.find(key); hit != cache_index_.end()) hit->second->row_end = row_end;
+}
+
 absl::Status FetchStream::BuildBand() {
   const TensorPlan& t = plan_.tensors[tensor_];
   const records::TensorRecord& r = Record(t);
+  // Chunks nothing from here on needs are released now rather than when the LRU is full: their
+  // memory (with segment files, their mapped windows) goes back sooner.
+  DropConsumedChunks(r.tensor_index(), t.dst_box.lo.empty()
+                                           ? std::numeric_limits<int64_t>::min()
+                                           : t.dst_box.lo[0] + next_row_);
   const uint64_t data_id = checkpoint_->manifest.data_id();
   auto where = [&](const absl::Status& s) { return Annotate(s); };
   band_.clear();
@@ -295,6 +316,11 @@ absl::Status FetchStream::BuildBand() {
                                                         grid->ChunkBytes(chunk))));
         }
         Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
+        if (!chunk_box.hi.empty()) {
+          NoteRowEnd({(uint64_t{r.tensor_index()} << 32) | b->blob_index(),
+                      static_cast<uint64_t>(chunk)},
+                     chunk_box.hi[0]);
+        }
         Box region = *Intersect(chunk_box, *part);
         pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
       }

@@ -5,6 +5,7 @@
 #define CKPT_SERVICE_FETCH_STREAM_H_
 
 #include <cstdint>
+#include <limits>
 #include <list>
 #include <memory>
 #include <optional>
@@ -162,7 +163,14 @@ class FetchStream {
   struct CachedChunk {
     ChunkKey key;
     std::shared_ptr<StreamChunk> chunk;
+    // The chunk's end along dim 0 in global coordinates, once a band has placed it: no band
+    // starting at or after it needs the chunk again.
+    int64_t row_end = std::numeric_limits<int64_t>::max();
   };
+  // Drops cached chunks that no band from `first_row` (global) of record tensor `tensor` on can
+  // use: those of other tensors (each is fetched once) and those ending at or before it.
+  void DropConsumedChunks(uint32_t tensor, int64_t first_row);
+  void NoteRowEnd(const ChunkKey& key, int64_t row_end);
   std::list<CachedChunk> cache_;
   absl::flat_hash_map<ChunkKey, std::list<CachedChunk>::iterator> cache_index_;
   int64_t cache_bytes_ = 0;

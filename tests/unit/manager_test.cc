@@ -2,11 +2,17 @@
 // through FetchStream, and compare every byte with slices generated independently.
 #include "service/manager.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,8 +39,35 @@ class OwnedChunk final : public ChunkData {
   const std::string bytes_;
 };
 
+// Counts the bytes of the chunks it wraps while they live (LiveBytes below).
+struct LiveBytes {
+  std::mutex mu;
+  int64_t now = 0;
+  int64_t peak = 0;
+  void Add(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    now += n;
+    peak = std::max(peak, now);
+  }
+};
+
+class CountedChunk final : public ChunkData {
+ public:
+  CountedChunk(std::unique_ptr<ChunkData> data, LiveBytes* live)
+      : data_(std::move(data)), live_(live) {
+    live_->Add(static_cast<int64_t>(data_->bytes().size()));
+  }
+  ~CountedChunk() override { live_->Add(-static_cast<int64_t>(data_->bytes().size())); }
+  std::string_view bytes() const override { return data_->bytes(); }
+
+ private:
+  std::unique_ptr<ChunkData> data_;
+  LiveBytes* live_;
+};
+
 // Reads of one chosen chunk come back with their middle byte flipped (the stored copy is
-// untouched, so the same checkpoint can be read both ways); records the chunks read.
+// untouched, so the same checkpoint can be read both ways); records the chunks read and counts
+// the bytes of those still held by the reader.
 class CorruptingStore final : public testing::ForwardingStore {
  public:
   using ForwardingStore::ForwardingStore;
@@ -44,10 +77,16 @@ class CorruptingStore final : public testing::ForwardingStore {
     auto data = base().ReadChunkUnverified(address);
     std::lock_guard<std::mutex> lock(mu_);
     reads_.push_back(address);
-    if (!data.ok() || address != corrupt_) return data;
+    if (!data.ok()) return data;
+    if (address != corrupt_) return std::unique_ptr<ChunkData>(new CountedChunk(*std::move(data), &live_));
     std::string bytes((*data)->bytes());
     if (!bytes.empty()) bytes[bytes.size() / 2] ^= 0x20;
     return std::unique_ptr<ChunkData>(new OwnedChunk(std::move(bytes)));
+  }
+  // The most bytes of chunks held at once since the last call.
+  int64_t TakePeakLiveBytes() {
+    std::lock_guard<std::mutex> lock(live_.mu);
+    return std::exchange(live_.peak, live_.now);
   }
 
   // Corrupts reads of `address` from now on (none: an address no chunk has).
@@ -65,6 +104,7 @@ class CorruptingStore final : public testing::ForwardingStore {
   std::mutex mu_;
   ChunkAddress corrupt_{~uint64_t{0}, 0, 0, 0};
   std::vector<ChunkAddress> reads_;
+  LiveBytes live_;
 };
 
 v1::UploadHeader Header(const std::string& id, const std::string& strategy, int64_t rank) {
@@ -502,6 +542,51 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
         EXPECT_EQ(caught_by_client, 0);
         EXPECT_EQ(failed_streams, runs);
       }
+    }
+  }
+}
+
+// A fetch releases the chunks it can no longer use (those of earlier tensors, and those ending
+// before the band it builds) instead of keeping them until its chunk cache is full: with a cache
+// that could hold the whole checkpoint, a stream still holds at most one tensor's chunks at a
+// time, and never reads a chunk twice (which a chunk released too early would cause).
+TEST_F(ManagerTest, FetchReleasesChunksItHasNoFurtherUseFor) {
+  ManagerOptions options = SmallOptions();
+  options.fetch.chunk_cache_bytes = int64_t{1} << 30;
+  Restart(options);
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  auto manifest = store_->GetManifest("ck");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  for (const auto& [name, layout] : {std::pair<std::string, const Strategy*>{"dst", &dst},
+                                     {"src", &src}}) {
+    for (int64_t r = 0; r < layout->world_size(); ++r) {
+      corrupting_->TakeReads();
+      corrupting_->TakePeakLiveBytes();
+      ExpectRankMatches("ck", name, *layout, r, DemoTensors());
+      const std::vector<ChunkAddress> reads = corrupting_->TakeReads();
+      const int64_t peak = corrupting_->TakePeakLiveBytes();
+      // Bytes read per tensor, and no chunk twice.
+      std::map<uint32_t, int64_t> tensor_bytes;
+      std::set<std::tuple<uint32_t, uint32_t, uint32_t>> seen;
+      for (const ChunkAddress& a : reads) {
+        EXPECT_TRUE(seen.insert({a.tensor, a.blob, a.chunk}).second)
+            << name << " rank " << r << " read " << a.ToString() << " twice";
+        auto chunk = store_->ReadChunkUnverified(a);
+        ASSERT_TRUE(chunk.ok()) << chunk.status();
+        tensor_bytes[a.tensor] += static_cast<int64_t>((*chunk)->bytes().size());
+      }
+      corrupting_->TakeReads();
+      corrupting_->TakePeakLiveBytes();
+      int64_t largest = 0, total = 0;
+      for (const auto& [tensor, bytes] : tensor_bytes) {
+        largest = std::max(largest, bytes);
+        total += bytes;
+      }
+      EXPECT_LE(peak, largest) << name << " rank " << r << " held " << peak << " of " << total
+                               << " bytes read at once";
     }
   }
 }
