@@ -110,11 +110,18 @@ struct SegmentFiles::Window {
   }
 };
 
-absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir) {
+absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir,
+                                                                  SegmentOptions options) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (options.window_bytes <= 0 || (page > 0 && options.window_bytes % page != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("segment window of ", options.window_bytes,
+                                                   " bytes is not a multiple of the page size (",
+                                                   page, ")"));
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return ErrnoToStatus(ec.value(), "create directory", dir);
-  return std::unique_ptr<SegmentFiles>(new SegmentFiles(std::move(dir)));
+  return std::unique_ptr<SegmentFiles>(new SegmentFiles(std::move(dir), options));
 }
 
 SegmentFiles::~SegmentFiles() = default;
@@ -167,8 +174,9 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
     int64_t at = file->end;
     for (std::string_view piece : pieces) {
       const auto n = static_cast<int64_t>(piece.size());
-      if (n > 0 && n <= kWindowBytes && at / kWindowBytes != (at + n - 1) / kWindowBytes) {
-        at = (at / kWindowBytes + 1) * kWindowBytes;  // a hole, not written: no disk space
+      const int64_t w = options_.window_bytes;
+      if (n > 0 && n <= w && at / w != (at + n - 1) / w) {
+        at = (at / w + 1) * w;  // a hole, not written: no disk space
       }
       offsets.push_back(static_cast<uint64_t>(at));
       at += n;
@@ -213,7 +221,7 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
   int64_t from = 0, to = 0;
   {
     std::lock_guard<std::mutex> lock(file->mu);
-    if (file->end - file->write_behind_from >= kWriteBehindBytes) {
+    if (file->end - file->write_behind_from >= options_.write_behind_bytes) {
       from = file->write_behind_from;
       to = file->end;
       file->write_behind_from = to;
@@ -243,7 +251,7 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
 
 absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
     uint64_t data_id, File& file, int64_t start, int64_t end, std::string_view what) {
-  const std::pair<uint64_t, int64_t> key{data_id, start / kWindowBytes};
+  const std::pair<uint64_t, int64_t> key{data_id, start / options_.window_bytes};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = windows_.find(key);
   if (it != windows_.end()) {
@@ -254,8 +262,11 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
       return window;
     }
   }
-  const int64_t length = std::min(kWindowBytes, file.size.load(std::memory_order_relaxed) - start);
-  if (window_bytes_.load(std::memory_order_relaxed) + length > kWindowBudgetBytes) return nullptr;
+  const int64_t length =
+      std::min(options_.window_bytes, file.size.load(std::memory_order_relaxed) - start);
+  if (window_bytes_.load(std::memory_order_relaxed) + length > options_.window_budget_bytes) {
+    return nullptr;
+  }
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
   auto window = std::make_shared<Window>();
@@ -281,7 +292,7 @@ void SegmentFiles::KeepRecent(const std::shared_ptr<Window>& window) {
     return;
   }
   recent_.insert(recent_.begin(), window);
-  if (recent_.size() > kRecentWindows) recent_.pop_back();
+  if (recent_.size() > options_.recent_windows) recent_.pop_back();
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, uint64_t offset,
@@ -308,9 +319,10 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
                                               end, ") (truncated?)"));
     }
   }
-  const int64_t window_start = begin / kWindowBytes * kWindowBytes;
+  const int64_t w = options_.window_bytes;
+  const int64_t window_start = begin / w * w;
   std::shared_ptr<Window> window;
-  if ((end - 1) / kWindowBytes == begin / kWindowBytes) {
+  if ((end - 1) / w == begin / w) {
     CKPT_ASSIGN_OR_RETURN(window, GetWindow(data_id, file, window_start, end, what));
   }
   if (window == nullptr) {

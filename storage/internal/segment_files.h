@@ -7,9 +7,9 @@
 // fetch profile. A chunk read from a segment file is a view of a read-only mapping of the file
 // (page cache, no copy) that gRPC sends as it is.
 //
-// Mappings are *windows* of kWindowBytes, shared by the chunks that lie in them and unmapped when
+// Mappings are *windows* (SegmentOptions::window_bytes), shared by the chunks that lie in them and unmapped when
 // the last chunk read from them is released, so a process maps (and counts in its RSS) only what
-// its readers hold. Append never lets a chunk of at most kWindowBytes straddle a window boundary
+// its readers hold. Append never lets a chunk of at most a window straddle a window boundary
 // (it skips to the boundary, leaving a hole that takes no disk space), so every such chunk is a
 // view of one window.
 #ifndef CKPT_STORAGE_INTERNAL_SEGMENT_FILES_H_
@@ -32,17 +32,20 @@
 
 namespace ckpt::segment_internal {
 
-inline constexpr int64_t kWindowBytes = int64_t{4} << 20;
-// At most this many bytes of windows are mapped at once (they count in the process's RSS as far
-// as their pages were touched). Beyond it, chunks are read into memory of their own (pread): a
-// window's pages served to one reader stay mapped while another reader holds a chunk of the same
-// window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS without a cap.
-inline constexpr int64_t kWindowBudgetBytes = int64_t{192} << 20;
-// Windows kept mapped after their last chunk is released (SegmentFiles::recent_).
-inline constexpr size_t kRecentWindows = 8;
-// Dirty bytes of one file after which Append starts their write-back (sync_file_range), so that
-// the commit's fdatasync does not meet the whole upload at once.
-inline constexpr int64_t kWriteBehindBytes = int64_t{16} << 20;
+struct SegmentOptions {
+  // Bytes of one window (a multiple of the page size).
+  int64_t window_bytes = int64_t{4} << 20;
+  // At most this many bytes of windows are mapped at once (they count in the process's RSS as far
+  // as their pages were touched). Beyond it, chunks are read into memory of their own (pread): a
+  // window's pages served to one reader stay mapped while another reader holds a chunk of the
+  // same window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS uncapped.
+  int64_t window_budget_bytes = int64_t{192} << 20;
+  // Windows kept mapped after their last chunk is released (SegmentFiles::recent_).
+  size_t recent_windows = 8;
+  // Dirty bytes of one file after which Append starts their write-back (sync_file_range), so
+  // that the commit's fdatasync does not meet the whole upload at once.
+  int64_t write_behind_bytes = int64_t{16} << 20;
+};
 
 // "<16 lower-case hex digits>.seg": the name of data id `data_id`'s segment file.
 std::string SegmentFileName(uint64_t data_id);
@@ -50,8 +53,10 @@ std::string SegmentFileName(uint64_t data_id);
 // Thread-safe.
 class SegmentFiles {
  public:
-  // Creates `dir` if needed.
-  static absl::StatusOr<std::unique_ptr<SegmentFiles>> Open(std::string dir);
+  // Creates `dir` if needed. INVALID_ARGUMENT for a window size that is not a positive multiple
+  // of the page size.
+  static absl::StatusOr<std::unique_ptr<SegmentFiles>> Open(std::string dir,
+                                                            SegmentOptions options = {});
   ~SegmentFiles();
   SegmentFiles(const SegmentFiles&) = delete;
   SegmentFiles& operator=(const SegmentFiles&) = delete;
@@ -86,7 +91,8 @@ class SegmentFiles {
  private:
   struct File;
   struct Window;
-  explicit SegmentFiles(std::string dir) : dir_(std::move(dir)) {}
+  SegmentFiles(std::string dir, SegmentOptions options)
+      : dir_(std::move(dir)), options_(options) {}
 
   // The open file of `data_id`: created (writable) when `create`, else opened read-only.
   absl::StatusOr<std::shared_ptr<File>> GetFile(uint64_t data_id, bool create);
@@ -97,6 +103,7 @@ class SegmentFiles {
                                                     int64_t end, std::string_view what);
 
   const std::string dir_;
+  const SegmentOptions options_;
   mutable std::mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<File>> files_;  // guarded by mu_
   // Live windows by (data id, window index); expired entries are swept now and then.
