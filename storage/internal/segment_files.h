@@ -34,7 +34,7 @@ namespace ckpt::segment_internal {
 
 struct SegmentOptions {
   // Bytes of one window (a multiple of the page size).
-  int64_t window_bytes = int64_t{4} << 20;
+  int64_t window_bytes = int64_t{16} << 20;
   // At most this many bytes of windows are mapped at once (they count in the process's RSS as far
   // as their pages were touched). Beyond it, chunks are read into memory of their own (pread): a
   // window's pages served to one reader stay mapped while another reader holds a chunk of the
