@@ -638,12 +638,21 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
                                               " bytes, expected ",
                                               rocksdb_store_internal::kLocationBytes));
     }
-    CKPT_ASSIGN_OR_RETURN(
-        std::unique_ptr<ChunkData> data,
-        segments_->Read(address.data_id, location->offset, location->length, what));
+    absl::StatusOr<std::unique_ptr<ChunkData>> data =
+        segments_->Read(address.data_id, location->offset, location->length, what);
+    if (absl::IsDataLoss(data.status())) {
+      // The checkpoint may have been deleted between the lookup and the read (its segment file
+      // goes right after its records): that is NOT_FOUND, not damage.
+      rocksdb::PinnableSlice again;
+      if (db_->Get(rocksdb::ReadOptions(), locations_, key, &again).IsNotFound()) {
+        return absl::NotFoundError(
+            absl::StrCat("chunk ", address.ToString(), " not found (deleted while being read)"));
+      }
+    }
+    if (!data.ok()) return data.status();
     chunks_read_.fetch_add(1, std::memory_order_relaxed);
     chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
-    return data;
+    return *std::move(data);
   }
   if (!found.IsNotFound()) {
     return FromRocks(found, absl::StrCat("reading chunk ", address.ToString()));
