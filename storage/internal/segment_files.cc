@@ -100,7 +100,8 @@ struct SegmentFiles::Window {
   int64_t start = 0;  // file offset of addr
   uint64_t data_id = 0;
 
-  std::atomic<int64_t>* budget = nullptr;  // SegmentFiles::window_bytes_ for shared windows
+  // SegmentFiles::window_bytes_, shared: a chunk read may outlive the SegmentFiles it came from.
+  std::shared_ptr<std::atomic<int64_t>> budget;
 
   ~Window() {
     if (addr != nullptr) ::munmap(addr, length);
@@ -264,7 +265,7 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   }
   const int64_t length =
       std::min(options_.window_bytes, file.size.load(std::memory_order_relaxed) - start);
-  if (window_bytes_.load(std::memory_order_relaxed) + length > options_.window_budget_bytes) {
+  if (window_bytes_->load(std::memory_order_relaxed) + length > options_.window_budget_bytes) {
     return nullptr;
   }
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
@@ -274,8 +275,8 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   window->length = static_cast<size_t>(length);
   window->start = start;
   window->data_id = data_id;
-  window->budget = &window_bytes_;
-  window_bytes_.fetch_add(length, std::memory_order_relaxed);
+  window->budget = window_bytes_;
+  window_bytes_->fetch_add(length, std::memory_order_relaxed);
   windows_[key] = window;
   KeepRecent(window);
   if (++windows_since_sweep_ >= kSweepEvery) {

@@ -112,7 +112,9 @@ class SegmentFiles {
   // The most recently used windows, kept mapped even when no chunk of theirs is held, so that a
   // reader going through chunks one at a time does not map and unmap a window for each.
   std::vector<std::shared_ptr<Window>> recent_;  // guarded by mu_, most recent first
-  std::atomic<int64_t> window_bytes_{0};  // bytes of shared windows mapped
+  // Bytes of windows mapped (shared with the windows, which may outlive this object).
+  const std::shared_ptr<std::atomic<int64_t>> window_bytes_ =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace ckpt::segment_internal

@@ -194,6 +194,19 @@ TEST_F(SegmentFilesTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
   EXPECT_TRUE(files_->Remove(42).ok());  // again: nothing to remove
 }
 
+TEST_F(SegmentFilesTest, ViewsOutliveTheSegmentFiles) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));
+  std::mt19937_64 rng(9);
+  const std::string bytes = RandomBytes(3000, rng);
+  auto offsets = files_->Append(5, {bytes});
+  ASSERT_TRUE(offsets.ok()) << offsets.status();
+  std::unique_ptr<ChunkData> view = Read(5, (*offsets)[0], bytes.size());
+  ASSERT_NE(view, nullptr);
+  files_.reset();
+  EXPECT_EQ(view->bytes(), bytes);
+  view.reset();  // unmaps and gives its bytes back to the (shared) window budget
+}
+
 TEST_F(SegmentFilesTest, LocationsPastTheFileAreDataLoss) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   auto offsets = files_->Append(3, {std::string(100, 'a')});
