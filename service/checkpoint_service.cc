@@ -258,6 +258,8 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStats(grpc::CallbackServerCo
     resp->set_store_chunks_read(store.chunks_read);
     resp->set_store_bytes_written(store.chunk_bytes_written);
     resp->set_store_chunks_written(store.chunks_written);
+    resp->set_store_bytes_copied(store.chunk_bytes_copied);
+    resp->set_store_mapped_bytes(store.mapped_bytes);
     resp->set_fetch_bytes_sent(fetch_bytes_sent_.load(std::memory_order_relaxed));
     resp->set_fetch_bytes_in_flight(budget_.in_use());
     const ProcessMemory memory = ReadProcessMemory();

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string log_level = "info";
   int64_t min_free_mib = options.store.min_free_disk_bytes >> 20;
+  int64_t map_budget_mib = options.store.mapped_bytes_budget >> 20;
   int64_t stream_mib = options.service.stream_bytes_in_flight >> 20;
   int64_t server_mib = options.service.server_bytes_in_flight >> 20;
   int64_t idle_minutes = absl::ToInt64Minutes(options.manager.upload_idle_timeout);
@@ -42,6 +43,12 @@ int main(int argc, char** argv) {
                  "Refuse writes while free disk is below this (MiB)")
       ->envname("CKPTD_MIN_FREE_DISK_MIB")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--map-budget-mib", map_budget_mib,
+                 "Segment-file bytes mapped at once to serve chunks without copying (MiB); "
+                 "chunks beyond it are read as copies")
+      ->envname("CKPTD_MAP_BUDGET_MIB")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--stream-inflight-mib", stream_mib, "Fetch bytes queued per stream (MiB)")
       ->envname("CKPTD_STREAM_INFLIGHT_MIB")
@@ -80,6 +87,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   options.store.min_free_disk_bytes = min_free_mib << 20;
+  options.store.mapped_bytes_budget = map_budget_mib << 20;
   options.service.stream_bytes_in_flight = stream_mib << 20;
   options.service.server_bytes_in_flight = server_mib << 20;
   options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);

@@ -388,9 +388,15 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
       // 16-byte values, one per chunk: small records.
       {kLocationsFamily, record_options},
   };
+  if (options.mapped_bytes_budget < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        doing, ": mapped bytes budget ", options.mapped_bytes_budget, " is negative"));
+  }
+  segment_internal::SegmentOptions segment_options;
+  segment_options.window_budget_bytes = options.mapped_bytes_budget;
   absl::StatusOr<std::unique_ptr<segment_internal::SegmentFiles>> segments =
       segment_internal::SegmentFiles::Open(
-          absl::StrCat(dir, "/", rocksdb_store_internal::kSegmentsDir));
+          absl::StrCat(dir, "/", rocksdb_store_internal::kSegmentsDir), segment_options);
   if (!segments.ok()) {
     return absl::Status(segments.status().code(),
                         absl::StrCat(doing, ": ", segments.status().message()));
@@ -921,6 +927,8 @@ StoreStats RocksDbStore::stats() const {
   stats.chunks_read = chunks_read_.load(std::memory_order_relaxed);
   stats.chunk_bytes_written = chunk_bytes_written_.load(std::memory_order_relaxed);
   stats.chunks_written = chunks_written_.load(std::memory_order_relaxed);
+  stats.chunk_bytes_copied = segments_->bytes_copied();
+  stats.mapped_bytes = segments_->mapped_bytes();
   return stats;
 }
 

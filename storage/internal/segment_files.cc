@@ -343,6 +343,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
       }
       done += static_cast<size_t>(n);
     }
+    bytes_copied_.fetch_add(static_cast<int64_t>(length), std::memory_order_relaxed);
     return copy;
   }
   const char* data = static_cast<const char*>(window->addr) + (begin - window->start);

@@ -87,6 +87,10 @@ class SegmentFiles {
 
   // Windows currently mapped (tests).
   int64_t mapped_windows() const;
+  // Bytes of windows mapped now.
+  int64_t mapped_bytes() const { return window_bytes_->load(std::memory_order_relaxed); }
+  // Bytes of chunks Read returned as copies (over the budget, or larger than a window).
+  int64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
 
  private:
   struct File;
@@ -112,6 +116,7 @@ class SegmentFiles {
   // The most recently used windows, kept mapped even when no chunk of theirs is held, so that a
   // reader going through chunks one at a time does not map and unmap a window for each.
   std::vector<std::shared_ptr<Window>> recent_;  // guarded by mu_, most recent first
+  std::atomic<int64_t> bytes_copied_{0};
   // Bytes of windows mapped (shared with the windows, which may outlive this object).
   const std::shared_ptr<std::atomic<int64_t>> window_bytes_ =
       std::make_shared<std::atomic<int64_t>>(0);

@@ -863,6 +863,39 @@ TEST_F(RocksDbStoreTest, ChunksOfStoresWrittenBeforeSegmentFilesAreStillServed) 
   ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
 }
 
+// Chunks are views of mapped segment files while the map budget allows, copies beyond it: the
+// bytes are the same either way, and the stats say which.
+TEST_F(RocksDbStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
+      {Addr(0, 0, 0, 0), RandomBytes(70000, 61)}, {Addr(0, 0, 0, 1), RandomBytes(5000, 62)}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("ckpt", "m", id));
+  int64_t total = 0;
+  for (const auto& [address, bytes] : chunks) total += static_cast<int64_t>(bytes.size());
+  {
+    std::vector<std::unique_ptr<ChunkData>> held;
+    for (const auto& [address, bytes] : chunks) {
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
+                           store_->ReadChunk(address, ChunkChecksum(bytes)));
+      EXPECT_EQ(data->bytes(), bytes);
+      held.push_back(std::move(data));
+    }
+    EXPECT_EQ(store_->stats().chunk_bytes_copied, 0);
+    EXPECT_GE(store_->stats().mapped_bytes, total);
+  }
+
+  options_.mapped_bytes_budget = 0;
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  for (const auto& [address, bytes] : chunks) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
+  EXPECT_GE(store_->stats().chunk_bytes_copied, total);
+  EXPECT_EQ(store_->stats().chunk_bytes_copied, store_->stats().chunk_bytes_read);
+  EXPECT_EQ(store_->stats().mapped_bytes, 0);
+
+  options_.mapped_bytes_budget = -1;
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> bad = OpenRocksDbStore(db_dir_ + "2", options_);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
 TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {
   absl::StatusOr<std::unique_ptr<CheckpointStore>> second = OpenRocksDbStore(db_dir_, options_);
   ASSERT_FALSE(second.ok());
