@@ -1192,7 +1192,7 @@ std::vector<Row> Harness::Table() const {
                     "", ""});
     rows.push_back({kCpuRow, CpuText(ceiling_cpu_), "", ""});
   }
-  rows.push_back({"storage limit (1 thread, RocksDB chunks)", Fmt(storage_gibps_, " GiB/s"), "", ""});
+  rows.push_back({"storage limit (1 thread, store chunks)", Fmt(storage_gibps_, " GiB/s"), "", ""});
   const std::optional<double> limit = Limit(transport_gibps_, storage_gibps_);
   for (const FetchResult& f : fetch_) {
     std::optional<double> ratio;
