@@ -53,6 +53,12 @@ void AppendBigEndian(std::string* out, uint64_t value, int bytes) {
   }
 }
 
+uint64_t DecodeBigEndian64(const char* p) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value = (value << 8) | static_cast<unsigned char>(p[i]);
+  return value;
+}
+
 }  // namespace
 
 std::string ChunkKey(const ChunkAddress& address) {
@@ -75,12 +81,7 @@ std::string EncodeLocation(const ChunkLocation& location) {
 
 std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
   if (value.size() != kLocationBytes) return std::nullopt;
-  ChunkLocation location;
-  for (size_t i = 0; i < 8; ++i) {
-    location.offset = location.offset << 8 | static_cast<unsigned char>(value[i]);
-    location.length = location.length << 8 | static_cast<unsigned char>(value[8 + i]);
-  }
-  return location;
+  return ChunkLocation{DecodeBigEndian64(value.data()), DecodeBigEndian64(value.data() + 8)};
 }
 
 }  // namespace rocksdb_store_internal
@@ -88,6 +89,7 @@ std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
 namespace {
 
 using rocksdb_store_internal::AppendBigEndian;
+using rocksdb_store_internal::DecodeBigEndian64;
 using rocksdb_store_internal::kChunkKeyBytes;
 
 constexpr char kLoggerName[] = "storage";
@@ -144,12 +146,6 @@ std::string BigEndian64(uint64_t value) {
   out.reserve(8);
   AppendBigEndian(&out, value, 8);
   return out;
-}
-
-uint64_t DecodeBigEndian64(const char* p) {
-  uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value = (value << 8) | static_cast<unsigned char>(p[i]);
-  return value;
 }
 
 std::string MetaKey(char prefix, std::string_view name) {

@@ -113,11 +113,10 @@ struct SegmentFiles::Window {
 
 absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir,
                                                                   SegmentOptions options) {
-  const long page = ::sysconf(_SC_PAGESIZE);
-  if (options.window_bytes <= 0 || (page > 0 && options.window_bytes % page != 0)) {
+  if (options.window_bytes <= 0 || options.window_bytes % PageBytes() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("segment window of ", options.window_bytes,
                                                    " bytes is not a multiple of the page size (",
-                                                   page, ")"));
+                                                   PageBytes(), ")"));
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
