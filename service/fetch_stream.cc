@@ -180,7 +180,7 @@ const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddress& address,
                                                                 uint64_t checksum) {
-  const ChunkKey key{(uint64_t{address.tensor} << 32) | address.blob, address.chunk};
+  const ChunkKey key = KeyOf(address);
   if (auto hit = cache_index_.find(key); hit != cache_index_.end()) {
     cache_.splice(cache_.begin(), cache_, hit->second);
     return cache_.front().chunk;
@@ -214,8 +214,10 @@ void FetchStream::DropConsumedChunks(uint32_t tensor, int64_t first_row) {
   }
 }
 
-void FetchStream::NoteRowEnd(const ChunkKey& key, int64_t row_end) {
-  if (auto hit = cache_index_.find(key); hit != cache_index_.end()) hit->second->row_end = row_end;
+void FetchStream::NoteRowEnd(const ChunkAddress& address, int64_t row_end) {
+  if (auto hit = cache_index_.find(KeyOf(address)); hit != cache_index_.end()) {
+    hit->second->row_end = row_end;
+  }
 }
 
 absl::Status FetchStream::BuildBand() {
@@ -316,11 +318,7 @@ absl::Status FetchStream::BuildBand() {
                                                         grid->ChunkBytes(chunk))));
         }
         Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
-        if (!chunk_box.hi.empty()) {
-          NoteRowEnd({(uint64_t{r.tensor_index()} << 32) | b->blob_index(),
-                      static_cast<uint64_t>(chunk)},
-                     chunk_box.hi[0]);
-        }
+        if (!chunk_box.hi.empty()) NoteRowEnd((*data)->address, chunk_box.hi[0]);
         Box region = *Intersect(chunk_box, *part);
         pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
       }

@@ -160,6 +160,9 @@ class FetchStream {
 
   // LRU of recently read chunks (most recent first), indexed by (tensor << 32 | blob, chunk).
   using ChunkKey = std::pair<uint64_t, uint64_t>;
+  static ChunkKey KeyOf(const ChunkAddress& address) {
+    return {(uint64_t{address.tensor} << 32) | address.blob, address.chunk};
+  }
   struct CachedChunk {
     ChunkKey key;
     std::shared_ptr<StreamChunk> chunk;
@@ -170,7 +173,8 @@ class FetchStream {
   // Drops cached chunks that no band from `first_row` (global) of record tensor `tensor` on can
   // use: those of other tensors (each is fetched once) and those ending at or before it.
   void DropConsumedChunks(uint32_t tensor, int64_t first_row);
-  void NoteRowEnd(const ChunkKey& key, int64_t row_end);
+  // Sets the cached chunk's row_end (if it is cached).
+  void NoteRowEnd(const ChunkAddress& address, int64_t row_end);
   std::list<CachedChunk> cache_;
   absl::flat_hash_map<ChunkKey, std::list<CachedChunk>::iterator> cache_index_;
   int64_t cache_bytes_ = 0;
