@@ -61,6 +61,12 @@ class SegmentFilesTest : public ::testing::Test {
     o.write_behind_bytes = 8 * kPage;
     return o;
   }
+  // Appends `bytes` as the only piece of a call to `id`'s file; its offset.
+  uint64_t AppendOne(uint64_t id, const std::string& bytes) {
+    auto offsets = files_->Append(id, {bytes});
+    EXPECT_TRUE(offsets.ok()) << offsets.status();
+    return offsets.ok() && offsets->size() == 1 ? (*offsets)[0] : ~uint64_t{0};
+  }
   std::unique_ptr<ChunkData> Read(uint64_t id, uint64_t offset, uint64_t length) {
     auto data = files_->Read(id, offset, length, "test chunk");
     EXPECT_TRUE(data.ok()) << data.status();
@@ -171,9 +177,8 @@ TEST_F(SegmentFilesTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   std::mt19937_64 rng(5);
   const std::string bytes = RandomBytes(5000, rng);
-  auto offsets = files_->Append(42, {bytes});
-  ASSERT_TRUE(offsets.ok()) << offsets.status();
-  std::unique_ptr<ChunkData> view = Read(42, (*offsets)[0], bytes.size());
+  const uint64_t offset = AppendOne(42, bytes);
+  std::unique_ptr<ChunkData> view = Read(42, offset, bytes.size());
   ASSERT_NE(view, nullptr);
   std::ofstream(dir_ + "/segments/notes.txt") << "not a segment";
   std::ofstream(dir_ + "/segments/00000000000000zz.seg") << "not hex";
@@ -187,7 +192,7 @@ TEST_F(SegmentFilesTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
   ids = files_->List();
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_TRUE(ids->empty());
-  auto gone = files_->Read(42, (*offsets)[0], bytes.size(), "chunk x");
+  auto gone = files_->Read(42, offset, bytes.size(), "chunk x");
   ASSERT_EQ(gone.status().code(), absl::StatusCode::kDataLoss) << gone.status();
   EXPECT_THAT(std::string(gone.status().message()), HasSubstr("chunk x: segment file "));
   EXPECT_THAT(std::string(gone.status().message()), HasSubstr("missing"));
@@ -198,9 +203,8 @@ TEST_F(SegmentFilesTest, ViewsOutliveTheSegmentFiles) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   std::mt19937_64 rng(9);
   const std::string bytes = RandomBytes(3000, rng);
-  auto offsets = files_->Append(5, {bytes});
-  ASSERT_TRUE(offsets.ok()) << offsets.status();
-  std::unique_ptr<ChunkData> view = Read(5, (*offsets)[0], bytes.size());
+  const uint64_t offset = AppendOne(5, bytes);
+  std::unique_ptr<ChunkData> view = Read(5, offset, bytes.size());
   ASSERT_NE(view, nullptr);
   files_.reset();
   EXPECT_EQ(view->bytes(), bytes);
@@ -209,8 +213,7 @@ TEST_F(SegmentFilesTest, ViewsOutliveTheSegmentFiles) {
 
 TEST_F(SegmentFilesTest, LocationsPastTheFileAreDataLoss) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
-  auto offsets = files_->Append(3, {std::string(100, 'a')});
-  ASSERT_TRUE(offsets.ok()) << offsets.status();
+  ASSERT_EQ(AppendOne(3, std::string(100, 'a')), 0u);
   for (const auto& [offset, length] : std::vector<std::pair<uint64_t, uint64_t>>{
            {0, 101}, {100, 1}, {~uint64_t{0} - 5, 10}, {5, ~uint64_t{0}}}) {
     auto data = files_->Read(3, offset, length, "chunk y");
