@@ -632,16 +632,17 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
   rocksdb::PinnableSlice value;
   const rocksdb::Status found = db_->Get(rocksdb::ReadOptions(), locations_, key, &value);
   if (found.ok()) {
-    const std::string what = absl::StrCat("reading chunk ", address.ToString());
+    // The chunk is named only when something went wrong: no string is built per read.
+    auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
     const std::optional<rocksdb_store_internal::ChunkLocation> location =
         rocksdb_store_internal::DecodeLocation(std::string_view(value.data(), value.size()));
     if (!location) {
-      return absl::DataLossError(absl::StrCat(what, ": location record of ", value.size(),
+      return absl::DataLossError(absl::StrCat(what(), ": location record of ", value.size(),
                                               " bytes, expected ",
                                               rocksdb_store_internal::kLocationBytes));
     }
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        segments_->Read(address.data_id, location->offset, location->length, what);
+        segments_->Read(address.data_id, location->offset, location->length, "");
     if (absl::IsDataLoss(data.status())) {
       // The checkpoint may have been deleted between the lookup and the read (its segment file
       // goes right after its records): that is NOT_FOUND, not damage.
@@ -651,7 +652,10 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
             absl::StrCat("chunk ", address.ToString(), " not found (deleted while being read)"));
       }
     }
-    if (!data.ok()) return data.status();
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat(what(), ": ", data.status().message()));
+    }
     chunks_read_.fetch_add(1, std::memory_order_relaxed);
     chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
     return *std::move(data);

@@ -38,8 +38,9 @@ absl::Status Errno(std::string_view op, const std::string& path) {
   return ErrnoToStatus(errno, op, path);
 }
 
-// `status` with `what: ` in front.
+// `status` with `what: ` in front (unchanged when `what` is empty).
 absl::Status Prefixed(std::string_view what, const absl::Status& status) {
+  if (what.empty()) return status;
   return absl::Status(status.code(), absl::StrCat(Sv(what), ": ", status.message()));
 }
 
@@ -304,8 +305,9 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
   File& file = **opened;
   constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   if (offset > kMax || length > kMax - offset) {
-    return absl::DataLossError(absl::StrCat(Sv(what), ": location ", offset, "+", length,
-                                            " is past any file (damaged location record)"));
+    return Prefixed(what, absl::DataLossError(absl::StrCat(
+                              "location ", offset, "+", length,
+                              " is past any file (damaged location record)")));
   }
   const auto begin = static_cast<int64_t>(offset);
   const auto end = static_cast<int64_t>(offset + length);
@@ -314,9 +316,9 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
     if (::fstat(file.fd, &st) != 0) return Prefixed(what, Errno("stat", file.path));
     file.NoteSize(st.st_size);
     if (end > st.st_size) {
-      return absl::DataLossError(absl::StrCat(Sv(what), ": segment file ", file.path, " has ",
+      return Prefixed(what, absl::DataLossError(absl::StrCat("segment file ", file.path, " has ",
                                               st.st_size, " bytes, the chunk is at [", begin, ", ",
-                                              end, ") (truncated?)"));
+                                              end, ") (truncated?)")));
     }
   }
   const int64_t w = options_.window_bytes;
@@ -336,9 +338,9 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return Prefixed(what, Errno("read", file.path));
       if (n == 0) {
-        return absl::DataLossError(absl::StrCat(Sv(what), ": segment file ", file.path,
+        return Prefixed(what, absl::DataLossError(absl::StrCat("segment file ", file.path,
                                                 " ended at ", begin + static_cast<int64_t>(done),
-                                                " inside the chunk at [", begin, ", ", end, ")"));
+                                                " inside the chunk at [", begin, ", ", end, ")")));
       }
       done += static_cast<size_t>(n);
     }

@@ -76,7 +76,8 @@ class SegmentFiles {
   // The `length` bytes at `offset` of `data_id`'s file, as a view of a shared read-only mapping
   // (a copy when the windows' budget is spent or the chunk is larger than a window).
   // DATA_LOSS naming the file when it is missing or too short (damaged behind the store's back);
-  // `what` ("chunk data 3 tensor 1 blob 0 chunk 2") prefixes errors.
+  // `what` ("chunk data 3 tensor 1 blob 0 chunk 2") prefixes errors; empty: no prefix (a caller
+  // that names the chunk itself, and only on error).
   absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
                                                   uint64_t length, std::string_view what);
   // Deletes `data_id`'s file if it exists. Views read before stay valid (the mapping outlives the
