@@ -72,6 +72,10 @@ int64_t ByteBudget::in_use() const {
   return used_;
 }
 
+int64_t FetchQueueShare(int64_t stream_bytes_in_flight, int64_t active_streams) {
+  return stream_bytes_in_flight / std::max<int64_t>(1, active_streams);
+}
+
 // ------------------------------------------------------------------------------- unary
 
 CheckpointServiceImpl::CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs,
@@ -262,6 +266,7 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStats(grpc::CallbackServerCo
     resp->set_store_mapped_bytes(store.mapped_bytes);
     resp->set_fetch_bytes_sent(fetch_bytes_sent_.load(std::memory_order_relaxed));
     resp->set_fetch_bytes_in_flight(budget_.in_use());
+    resp->set_fetch_streams(active_fetches_.load(std::memory_order_relaxed));
     const ProcessMemory memory = ReadProcessMemory();
     resp->set_rss_bytes(memory.rss_bytes);
     resp->set_peak_rss_bytes(memory.peak_rss_bytes);
@@ -415,7 +420,9 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         peer_(ctx->peer()),
         request_ok_(ParseRequest(request, &request_)),
         reactor_(reactor),
-        start_(absl::Now()) {}
+        start_(absl::Now()) {
+    service_->FetchStarted();
+  }
 
   void Start() {
     if (service_->shutting_down() || !request_ok_) {
@@ -458,7 +465,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         reactor_->StartWrite(&queue_.front());
       }
       if (!running_ && !producer_done_ && !cancelled_ &&
-          queued_bytes_ < service_->options().stream_bytes_in_flight) {
+          queued_bytes_ < service_->FetchQueueLimit()) {
         running_ = true;
         resume = true;
       }
@@ -478,6 +485,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   }
 
   void OnDone() {
+    service_->FetchEnded();
     int64_t released = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -510,7 +518,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
           MaybeFinishLocked();
           return;
         }
-        if (queued_bytes_ >= service_->options().stream_bytes_in_flight) {
+        if (queued_bytes_ >= service_->FetchQueueLimit()) {
           running_ = false;  // OnWriteDone resumes us
           return;
         }

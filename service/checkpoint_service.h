@@ -37,8 +37,17 @@ class ByteBudget {
   std::vector<std::function<void()>> waiters_;
 };
 
+// The bytes one Fetch stream may queue for sending while `active_streams` Fetch streams are open:
+// an equal share of `stream_bytes_in_flight`, the most a lone stream queues. A stream always
+// queues at least one message, however small its share.
+int64_t FetchQueueShare(int64_t stream_bytes_in_flight, int64_t active_streams);
+
 struct ServiceOptions {
-  // Fetch bytes queued per stream before the producer pauses. Default 8 MiB.
+  // Fetch bytes queued for sending by one stream alone, before its producer pauses; concurrent
+  // streams share it (FetchQueueShare). Default 8 MiB. Each queued message pins the chunks it
+  // references, so read-ahead across the server stays this size however many streams are open:
+  // streams keep close enough together to share the store's mapped windows (StoreOptions::
+  // mapped_bytes_budget) instead of each reading its own.
   int64_t stream_bytes_in_flight = int64_t{8} << 20;
   // Fetch bytes queued across the server. Default 256 MiB.
   int64_t server_bytes_in_flight = int64_t{256} << 20;
@@ -117,6 +126,13 @@ class CheckpointServiceImpl final
   ByteBudget* budget() { return &budget_; }
   const ServiceOptions& options() const { return options_; }
   bool shutting_down() const { return shutting_down_; }
+  // Fetch streams open now (FetchStarted .. FetchEnded), and each one's queue limit.
+  void FetchStarted() { active_fetches_.fetch_add(1, std::memory_order_relaxed); }
+  void FetchEnded() { active_fetches_.fetch_sub(1, std::memory_order_relaxed); }
+  int64_t FetchQueueLimit() const {
+    return FetchQueueShare(options_.stream_bytes_in_flight,
+                           active_fetches_.load(std::memory_order_relaxed));
+  }
 
  private:
   template <typename Fn>
@@ -129,6 +145,7 @@ class CheckpointServiceImpl final
   ByteBudget budget_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> fetch_bytes_sent_{0};
+  std::atomic<int64_t> active_fetches_{0};
 };
 
 // Resident set size of this process now and at its peak (VmRSS / VmHWM of /proc/self/status),

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       ->envname("CKPTD_MAP_BUDGET_MIB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--stream-inflight-mib", stream_mib, "Fetch bytes queued per stream (MiB)")
+  app.add_option("--stream-inflight-mib", stream_mib, "Fetch bytes a lone stream queues (MiB); open streams share it equally")
       ->envname("CKPTD_STREAM_INFLIGHT_MIB")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();

@@ -4,8 +4,10 @@
 #include <grpcpp/grpcpp.h>
 #include <rocksdb/db.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -646,6 +648,105 @@ TEST_F(ServerTest, FetchPastItsDeadlineIsCancelledAndTheServerCarriesOn) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   // The server is fine, and its byte budget was returned: many fetches still succeed.
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->FetchAll(merged).ok());
+}
+
+// GetStats.fetch_streams, by which streams share --stream-inflight-mib: a held reader keeps its
+// stream open (its checkpoint is larger than what gRPC's flow control lets the server send ahead
+// of the reader); finished, cancelled and refused streams are counted out.
+TEST_F(ServerTest, OpenFetchStreamsAreCountedUntilTheyEndOrAreCancelled) {
+  UploadLargeDemo(*client_, dir_.path());
+  ASSERT_FALSE(HasFailure());
+  auto stub = v1::CheckpointService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  auto stats = [&] {
+    grpc::ClientContext context;
+    v1::ServerStats s;
+    const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &s);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return s;
+  };
+  // Polls GetStats for up to 10 s until `holds(stats)`.
+  auto eventually = [&](auto holds) {
+    for (int i = 0; i < 1000; ++i) {
+      if (holds(stats())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  auto none_open = [](const v1::ServerStats& s) {
+    return s.fetch_streams() == 0 && s.fetch_bytes_in_flight() == 0;
+  };
+  EXPECT_TRUE(none_open(stats()));
+
+  // Two readers held inside their first tensor: both streams stay open until released.
+  struct Held : TensorVisitor {
+    std::mutex* mu;
+    std::condition_variable* cv;
+    bool* released;
+    absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+    absl::Status OnTensor(const v1::FetchTensorHeader&) override {
+      std::unique_lock<std::mutex> lock(*mu);
+      cv->wait(lock, [&] { return *released; });
+      return absl::OkStatus();
+    }
+    absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
+    absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  v1::FetchRequest merged;
+  merged.set_checkpoint_id("big");
+  merged.set_merged(true);
+  absl::Status done[2];
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 2; ++i) {
+    readers.emplace_back([&, i] {
+      Held held;
+      held.mu = &mu;
+      held.cv = &cv;
+      held.released = &released;
+      done[i] = client_->Fetch(merged, held);
+    });
+  }
+  EXPECT_TRUE(eventually([](const v1::ServerStats& s) { return s.fetch_streams() == 2; }))
+      << "two open fetches, stats say " << stats().fetch_streams();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  for (std::thread& t : readers) t.join();
+  EXPECT_TRUE(done[0].ok()) << done[0];
+  EXPECT_TRUE(done[1].ok()) << done[1];
+  EXPECT_TRUE(eventually(none_open)) << "after two finished fetches: " << stats().DebugString();
+
+  // A stream cancelled by its deadline is counted out too, and so is a refused one.
+  ClientOptions slow;
+  slow.stream_timeout = absl::Milliseconds(200);
+  auto impatient = CkptClient::Connect(server_->address(), slow);
+  ASSERT_TRUE(impatient.ok());
+  released = false;
+  Held held;
+  held.mu = &mu;
+  held.cv = &cv;
+  held.released = &released;
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      released = true;
+    }
+    cv.notify_all();
+  });
+  EXPECT_EQ((*impatient)->Fetch(merged, held).code(), absl::StatusCode::kDeadlineExceeded);
+  releaser.join();
+  v1::FetchRequest unknown;
+  unknown.set_checkpoint_id("no-such-checkpoint");
+  unknown.set_merged(true);
+  EXPECT_EQ(client_->FetchAll(unknown).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(eventually(none_open)) << "after a cancelled and a refused fetch: "
+                                     << stats().DebugString();
 }
 
 TEST(ServerDiskTest, WritesBelowTheDiskReserveAreResourceExhausted) {
