@@ -295,9 +295,10 @@ class RankFileSender {
 // handing it to the visitor. Not thread-safe (one stream).
 class FetchChecker {
  public:
-  // `checkpoint` names the fetched checkpoint in checksum errors.
-  FetchChecker(TensorVisitor* visitor, std::string checkpoint)
-      : visitor_(visitor), checkpoint_(std::move(checkpoint)) {}
+  // `checkpoint` names the fetched checkpoint in checksum errors; `algorithm` is the one the
+  // request named (FetchRequest.checksum).
+  FetchChecker(TensorVisitor* visitor, std::string checkpoint, ChecksumAlgorithm algorithm)
+      : visitor_(visitor), checkpoint_(std::move(checkpoint)), algorithm_(algorithm) {}
 
   absl::Status Consume(const FetchWire& message) {
     if (!message.is_data) return Consume(message.message);
@@ -401,7 +402,7 @@ class FetchChecker {
     }
     ViewCursor cursor(views);
     if (part_bytes.empty()) {
-      CKPT_RETURN_IF_ERROR(Verify(cursor.Xxh64(size), 0, size, xxh64));
+      CKPT_RETURN_IF_ERROR(Verify(cursor.Checksum(algorithm_, size), 0, size, xxh64));
     } else {
       // Parts end to end, each with its own checksum (FetchRequest.part_checksums).
       if (part_bytes.size() != part_xxh64.size()) {
@@ -417,7 +418,8 @@ class FetchChecker {
                                                   size, " bytes lists part ", i, " of ", part,
                                                   " bytes at offset ", offset));
         }
-        CKPT_RETURN_IF_ERROR(Verify(cursor.Xxh64(part), offset, part, part_xxh64[i]));
+        CKPT_RETURN_IF_ERROR(
+            Verify(cursor.Checksum(algorithm_, part), offset, part, part_xxh64[i]));
         offset += part;
       }
       if (offset != size) {
@@ -481,7 +483,7 @@ class FetchChecker {
     return absl::OkStatus();
   }
 
-  // Checks `actual`, the xxh64 of the `size` bytes at `offset` in the current data message.
+  // Checks `actual`, the checksum of the `size` bytes at `offset` in the current data message.
   absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const {
     if (actual == expected) return absl::OkStatus();
     const int64_t begin = current_->received + static_cast<int64_t>(offset);
@@ -489,7 +491,8 @@ class FetchChecker {
     // hashing them), so a mismatch may be corruption in the store as well as in transit.
     return absl::DataLossError(absl::StrCat(
         "checkpoint ", checkpoint_, " tensor ", current_->name, ": bytes [", begin, ", ",
-        begin + static_cast<int64_t>(size), ") failed their xxh64 checksum (received ",
+        begin + static_cast<int64_t>(size), ") failed their ", ChecksumAlgorithmName(algorithm_),
+        " checksum (received ",
         absl::Hex(actual), ", expected ", absl::Hex(expected),
         "): corrupted in the server's store or in transit"));
   }
@@ -513,6 +516,7 @@ class FetchChecker {
 
   TensorVisitor* visitor_;
   const std::string checkpoint_;
+  const ChecksumAlgorithm algorithm_;
   std::optional<v1::FetchPlanSummary> summary_;
   std::optional<Current> current_;
   int64_t tensors_ = 0;
@@ -930,13 +934,14 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
   v1::FetchRequest sent = request;
   sent.set_part_checksums(true);  // FetchChecker verifies them
   sent.set_tiles(true);           // and assembles tiles
+  sent.set_checksum(v1::CHECKSUM_XXH3_64);
   // As the generated stub's Fetch, but data messages are read in place (client/fetch_wire.h).
   static const grpc::internal::RpcMethod kFetch("/ckpt.v1.CheckpointService/Fetch",
                                                 grpc::internal::RpcMethod::SERVER_STREAMING);
   std::unique_ptr<grpc::ClientReader<FetchWire>> stream(
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
                                                              sent));
-  FetchChecker checker(&visitor, request.checkpoint_id());
+  FetchChecker checker(&visitor, request.checkpoint_id(), ChecksumAlgorithm::kXxh3);
   FetchWire message;
   absl::Status local;
   while (stream->Read(&message)) {

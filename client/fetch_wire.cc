@@ -156,7 +156,9 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
   return grpc::SerializationTraits<v1::FetchResponse>::Deserialize(&copy, &out->message);
 }
 
-uint64_t ViewCursor::Xxh64(uint64_t n) { return ChunkChecksum(Next(n)); }
+uint64_t ViewCursor::Checksum(ChecksumAlgorithm algorithm, uint64_t n) {
+  return ckpt::Checksum(algorithm, Next(n));
+}
 
 const std::vector<std::string_view>& ViewCursor::Next(uint64_t n) {
   parts_.clear();

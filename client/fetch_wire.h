@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt.pb.h"
+#include "core/checksum.h"
 
 namespace ckpt {
 
@@ -47,8 +48,8 @@ class ViewCursor {
   explicit ViewCursor(const std::vector<std::string_view>& views) : views_(views) {}
   // The next `n` bytes, as views (valid until the next call); n must not exceed what is left.
   const std::vector<std::string_view>& Next(uint64_t n);
-  // ChunkChecksum of the next `n` bytes; n must not exceed what is left.
-  uint64_t Xxh64(uint64_t n);
+  // Checksum of the next `n` bytes; n must not exceed what is left.
+  uint64_t Checksum(ChecksumAlgorithm algorithm, uint64_t n);
 
  private:
   const std::vector<std::string_view>& views_;

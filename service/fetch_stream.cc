@@ -36,7 +36,7 @@ DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offse
                          size_t length) {
   const std::string_view bytes = chunk->data->bytes();
   DataSegment s{chunk, bytes.substr(offset, length), std::nullopt, chunk};
-  if (offset == 0 && length == bytes.size()) s.chunk_xxh64 = chunk->xxh64;
+  if (offset == 0 && length == bytes.size() && chunk->sendable) s.chunk_xxh64 = chunk->checksum;
   return s;
 }
 
@@ -96,7 +96,9 @@ absl::Status FetchStream::Annotate(const absl::Status& s) const {
 
 absl::Status FetchStream::Verify(StreamChunk& chunk) {
   if (chunk.verified) return absl::OkStatus();
-  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.xxh64); !s.ok()) {
+  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.checksum,
+                                   checkpoint_->chunk_checksum);
+      !s.ok()) {
     return Annotate(s);
   }
   chunk.verified = true;
@@ -120,7 +122,7 @@ absl::Status FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* 
   int64_t run_bytes = 0;
   auto end_run = [&] {
     if (run.empty()) return;
-    out->parts.push_back({run_bytes, ChunkChecksum(run)});
+    out->parts.push_back({run_bytes, Checksum(options_.message_checksum, run)});
     run.clear();
     run_bytes = 0;
   };
@@ -190,7 +192,8 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
   auto chunk = std::make_shared<StreamChunk>();
   chunk->address = address;
   chunk->data = std::move(*read);
-  chunk->xxh64 = checksum;
+  chunk->checksum = checksum;
+  chunk->sendable = checkpoint_->chunk_checksum == options_.message_checksum;
   cache_.push_front({key, chunk});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
@@ -480,8 +483,11 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
         const DataSegment& s = band_[band_segment_];
         const auto size = static_cast<int64_t>(s.bytes.size());
         if (!out->segments.empty() && out->data_bytes + size > options_.max_message_bytes) break;
+        // A whole chunk without a sendable checksum is verified before it is hashed here.
+        if (!s.chunk_xxh64 && s.chunk) CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
         out->segments.push_back(s);
-        out->parts.push_back({size, s.chunk_xxh64 ? *s.chunk_xxh64 : ChunkChecksum(s.bytes)});
+        out->parts.push_back(
+            {size, s.chunk_xxh64 ? *s.chunk_xxh64 : Checksum(options_.message_checksum, s.bytes)});
         const Box& tile = band_tiles_[band_segment_];
         out->tile_box.insert(out->tile_box.end(), tile.lo.begin(), tile.lo.end());
         out->tile_box.insert(out->tile_box.end(), tile.hi.begin(), tile.hi.end());

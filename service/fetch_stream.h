@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
+#include "core/checksum.h"
 #include "core/reshard.h"
 #include "service/loaded_checkpoint.h"
 #include "storage/checkpoint_store.h"
@@ -39,6 +40,9 @@ struct FetchOptions {
   // With FetchChecksums::kParts, a whole stored chunk at least this large in a combined message
   // is a part of its own with its stored checksum; smaller ones are hashed with their neighbours.
   int64_t min_part_bytes = int64_t{4} << 10;
+  // The algorithm of the checksums NextPiece gives data messages (FetchRequest.checksum). Whole
+  // stored chunks keep their stored checksum only when the checkpoint's chunks use the same one.
+  ChecksumAlgorithm message_checksum = ChecksumAlgorithm::kXxh64;
 };
 
 // How NextPiece checksums data messages.
@@ -46,7 +50,7 @@ struct FetchOptions {
 // whole stored chunks with kParts, by the client.
 enum class FetchChecksums {
   kNone,   // no checksums (in-process readers that do not send the bytes on)
-  kWhole,  // one xxh64 of each message's bytes
+  kWhole,  // one checksum of each message's bytes
   // Whole stored chunks (alone, or in a combined message as parts of their own) carry their
   // manifest checksum (FetchRequest.part_checksums) and are not hashed on the server at all: the
   // client, which verifies every part, is the one to check them.
@@ -60,7 +64,10 @@ enum class FetchChecksums {
 struct StreamChunk {
   ChunkAddress address;
   std::unique_ptr<ChunkData> data;
-  uint64_t xxh64 = 0;  // from the manifest
+  uint64_t checksum = 0;  // from the manifest, in its chunk_checksum algorithm
+  // The checksum is in the data messages' algorithm (FetchOptions::message_checksum), so the
+  // whole chunk can go with it.
+  bool sendable = false;
   bool verified = false;
 };
 
@@ -69,14 +76,15 @@ struct StreamChunk {
 struct DataSegment {
   std::shared_ptr<const void> owner;
   std::string_view bytes;
-  // Set when `bytes` is a whole stored chunk: its manifest checksum, so that a message or part of
-  // just this chunk needs no pass over its bytes on the server.
+  // Set when `bytes` is a whole stored chunk whose manifest checksum is in the messages'
+  // algorithm: that checksum, so that a message or part of just this chunk needs no pass over its
+  // bytes on the server.
   std::optional<uint64_t> chunk_xxh64;
   // The stored chunk `bytes` come from; null for an assembled band (verified bytes).
   std::shared_ptr<StreamChunk> chunk;
 };
 
-// A run of a data message's bytes and their xxh64 (FetchData.part_bytes / part_xxh64).
+// A run of a data message's bytes and their checksum (FetchData.part_bytes / part_xxh64).
 struct ChecksumPart {
   int64_t bytes = 0;
   uint64_t xxh64 = 0;
@@ -87,7 +95,7 @@ struct ChecksumPart {
 struct FetchPiece {
   v1::FetchResponse message;
   std::vector<DataSegment> segments;
-  uint64_t xxh64 = 0;  // of the concatenated segments (ChunkChecksum), when `parts` is empty
+  uint64_t xxh64 = 0;  // of the concatenated segments (Checksum), when `parts` is empty
   // With FetchChecksums::kParts, for a message of more than one part: the parts in order (they
   // cover the segments exactly) instead of `xxh64`.
   std::vector<ChecksumPart> parts;

@@ -14,6 +14,14 @@ absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadedCheckpoint::Decode
     return absl::DataLossError("a stored checkpoint manifest does not parse");
   }
   const records::CheckpointManifest& m = out->manifest;
+  const std::optional<ChecksumAlgorithm> algorithm =
+      ChecksumAlgorithmFromNumber(m.chunk_checksum());
+  if (!algorithm) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", m.id(), " was stored with chunk checksum algorithm ", m.chunk_checksum(),
+        ", which this version of ckptd does not know (written by a newer one?)"));
+  }
+  out->chunk_checksum = *algorithm;
   if (!m.strategy_json().empty()) {
     CKPT_ASSIGN_OR_RETURN(Strategy s, ParseStrategy(m.strategy_json(), StrategyFormat::kJson));
     out->strategy = std::make_shared<const Strategy>(std::move(s));

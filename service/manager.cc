@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt_records.pb.h"
+#include "core/checksum.h"
 #include "core/status_macros.h"
 
 namespace ckpt {
@@ -349,10 +350,18 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
 
 absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
     const v1::FetchRequest& request) {
+  FetchOptions options = options_.fetch;
+  const std::optional<ChecksumAlgorithm> checksum = ChecksumAlgorithmFromNumber(request.checksum());
+  if (!checksum) {
+    return absl::InvalidArgumentError(absl::StrCat("FetchRequest.checksum ",
+                                                   static_cast<int>(request.checksum()),
+                                                   " is not a checksum algorithm ckptd knows"));
+  }
+  options.message_checksum = *checksum;
   CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
   CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
   CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
-  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_, options_.fetch);
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_, options);
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(

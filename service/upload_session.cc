@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/absl_compat.h"
+#include "core/checksum.h"
 #include "core/reshard.h"
 #include "core/status_macros.h"
 
@@ -114,6 +115,7 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
   m.set_strategy_json(strategy_json_);
   m.set_world_size(world_size());
   m.set_data_id(data_id_);
+  m.set_chunk_checksum(static_cast<int32_t>(kStoredChecksum));
   m.set_created_unix(absl::ToUnixSeconds(absl::Now()));
   std::vector<const Tensor*> order;
   for (const auto& [name, t] : tensors_) order.push_back(t.get());
@@ -396,7 +398,7 @@ absl::Status RankUpload::FlushBand() {
   std::vector<ChunkWrite> writes;
   for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
     const std::string_view bytes = chunker.chunk(k);
-    c.checksums.push_back(ChunkChecksum(bytes));
+    c.checksums.push_back(Checksum(kStoredChecksum, bytes));
     if (c.mode == Mode::kWrite || c.mode == Mode::kBuffer) {
       writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
                          static_cast<uint32_t>(chunker.ChunkIndex(k))},
@@ -423,7 +425,7 @@ absl::Status RankUpload::StoreVerbatim() {
       chunker.Start(band);
       rest.remove_prefix(chunker.Add(rest));
       for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
-        checksums.push_back(ChunkChecksum(chunker.chunk(k)));
+        checksums.push_back(Checksum(kStoredChecksum, chunker.chunk(k)));
       }
     }
     chunker.Start(0);

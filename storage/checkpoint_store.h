@@ -54,12 +54,13 @@ class ChunkData {
   virtual std::string_view bytes() const = 0;
 };
 
-// A chunk's ChunkChecksum (core/checksum.h) is recorded in its manifest at upload and verified
-// on every read: by ReadChunk, or by whoever reads with ReadChunkUnverified (VerifyChunk).
+// A chunk's Checksum (core/checksum.h) is recorded in its manifest at upload, with the
+// algorithm, and verified on every read: by ReadChunk, or by whoever reads with
+// ReadChunkUnverified (VerifyChunk).
 
-// DATA_LOSS naming `address` when `bytes` do not hash to `expected_checksum`.
+// DATA_LOSS naming `address` when `bytes` do not hash to `expected_checksum` with `algorithm`.
 absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
-                         uint64_t expected_checksum);
+                         uint64_t expected_checksum, ChecksumAlgorithm algorithm);
 
 // Counters for tests and the benchmark (monotonic since open).
 struct StoreStats {
@@ -101,10 +102,11 @@ class CheckpointStore {
   // Writes chunks (unsynced: the commit syncs). FAILED_PRECONDITION when the data id is not live;
   // RESOURCE_EXHAUSTED when free disk would fall below the reserve (nothing is written then).
   virtual absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) = 0;
-  // Reads one chunk and verifies it against `expected_checksum`: DATA_LOSS naming the address on
-  // mismatch (never wrong bytes), NOT_FOUND when absent.
+  // Reads one chunk and verifies it against `expected_checksum` (of `algorithm`): DATA_LOSS naming
+  // the address on mismatch (never wrong bytes), NOT_FOUND when absent.
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
-                                                       uint64_t expected_checksum);
+                                                       uint64_t expected_checksum,
+                                                       ChecksumAlgorithm algorithm);
   // Reads one chunk as stored, not verified; NOT_FOUND when absent. Only for a reader that
   // verifies the bytes (VerifyChunk) before it uses them, or hands them on together with their
   // manifest checksum to a reader that verifies them (a Fetch client asking for part checksums):

@@ -665,9 +665,9 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
   }
   // Not in a segment file: a chunk of a store written before them, or none at all.
   auto data = std::make_unique<RocksChunkData>();
-  // The reader verifies every chunk end to end against its xxh64 (CheckpointStore::ReadChunk or
-  // VerifyChunk), which catches media corruption too; RocksDB's own blob checksum would only
-  // repeat it.
+  // The reader verifies every chunk end to end against its manifest checksum
+  // (CheckpointStore::ReadChunk or VerifyChunk), which catches media corruption too; RocksDB's
+  // own blob checksum would only repeat it.
   rocksdb::ReadOptions read_options;
   read_options.verify_checksums = false;
   const rocksdb::Status status =

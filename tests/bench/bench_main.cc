@@ -826,6 +826,11 @@ void Harness::MeasureStorageLimit() {
     if (!manifest.ParseFromString(*manifest_bytes)) {
       return Error("manifest", absl::DataLossError("cannot parse the manifest"));
     }
+    const std::optional<ChecksumAlgorithm> algorithm =
+        ChecksumAlgorithmFromNumber(manifest.chunk_checksum());
+    if (!algorithm) {
+      return Error("manifest", absl::DataLossError("unknown chunk checksum algorithm"));
+    }
     // One thread, in key order, every chunk checksum-verified: what one Fetch stream's producer
     // could read at best.
     int64_t bytes = 0;
@@ -835,7 +840,7 @@ void Harness::MeasureStorageLimit() {
         for (int c = 0; c < b.chunk_xxh64_size(); ++c) {
           const ChunkAddress address{manifest.data_id(), t.tensor_index(), b.blob_index(),
                                      static_cast<uint32_t>(c)};
-          auto chunk = (*store)->ReadChunk(address, b.chunk_xxh64(c));
+          auto chunk = (*store)->ReadChunk(address, b.chunk_xxh64(c), *algorithm);
           if (!chunk.ok()) return Error("read chunk", chunk.status());
           bytes += static_cast<int64_t>((*chunk)->bytes().size());
         }
@@ -1186,7 +1191,7 @@ std::vector<Row> Harness::Table() const {
   constexpr char kCpuRow[] = "  CPU per GiB (server + client)";
   if (Selected("transport")) {
     rows.push_back({kCpuRow, CpuText(transport_cpu_), "", ""});
-    rows.push_back({"verified-read ceiling (read + xxh64 x2)",
+    rows.push_back({"verified-read ceiling (read + xxh3 x2)",
                     absl::StrCat(Fmt(ceiling_gibps_, " GiB/s"), "  ratio ",
                                  Fmt(CeilingRatio(), "")),
                     "", ""});

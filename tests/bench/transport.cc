@@ -81,7 +81,7 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   // Reads the next message_bytes_ of the files into a fresh slice, continuing where the previous
-  // message ended, and frames it as a StreamChunk with its xxh64.
+  // message ended, and frames it as a StreamChunk with its checksum (ckptd's stored algorithm).
   bool ReadMessage() {
     grpc_slice raw = grpc_slice_malloc(message_bytes_);
     grpc::Slice data(raw, grpc::Slice::STEAL_REF);
@@ -109,7 +109,7 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       filled += static_cast<size_t>(n);
       offset_ += n;
     }
-    const uint64_t xxh64 = ChunkChecksum(std::string_view(out, message_bytes_));
+    const uint64_t xxh64 = Checksum(kStoredChecksum, std::string_view(out, message_bytes_));
     // StreamChunk.data = 1 (length-delimited), StreamChunk.xxh64 = 2 (varint).
     using google::protobuf::io::CodedOutputStream;
     uint8_t head[1 + 10];
@@ -215,7 +215,8 @@ absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int
     TransportResult result;
     absl::Status verified;
     while (reader->Read(&chunk)) {
-      if (!source_files.empty() && verified.ok() && ChunkChecksum(chunk.data()) != chunk.xxh64()) {
+      if (!source_files.empty() && verified.ok() &&
+          Checksum(kStoredChecksum, chunk.data()) != chunk.xxh64()) {
         verified = absl::DataLossError(absl::StrFormat(
             "transport message at byte %d failed its checksum", result.bytes));
         context.TryCancel();

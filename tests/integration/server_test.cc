@@ -16,6 +16,7 @@
 #include "client/client.h"
 #include "client/sample.h"
 #include "client/strategy_files.h"
+#include "core/checksum.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "gmock/gmock.h"
@@ -27,7 +28,6 @@
 #include "tests/testing/fixtures.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
-#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -274,17 +274,24 @@ TEST_F(ServerTest, SlicesLargerThanOneMessageArriveIntact) {
   ExpectServes("whole", "dst", dst, tensors);
 }
 
-// A client that does not ask for part checksums (as before they existed) gets one xxh64 per
+// A client that does not ask for part checksums (as before they existed) gets one checksum per
 // data message; one that does gets messages of several stored chunks with a checksum per part.
-// Both get the same bytes, and every checksum matches them.
+// A client that names no algorithm (as before FetchRequest.checksum) gets xxh64 although the
+// checkpoint is stored with xxh3; one that asks for xxh3 gets whole chunks' stored checksums.
+// All get the same bytes, every checksum matches them, and an unknown algorithm is refused.
 TEST_F(ServerTest, PartChecksumsOnlyWhenAskedAndBothFormsMatchTheBytes) {
   const std::vector<SampleTensor> tensors = UploadLargeDemo(*client_, dir_.path());
   ASSERT_FALSE(HasFailure());
   auto stub = v1::CheckpointService::NewStub(
       grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   // Every data message of one fetch, concatenated; the number of messages with parts.
-  auto fetch = [&](v1::FetchRequest request, bool parts, std::string* bytes) {
+  auto fetch = [&](v1::FetchRequest request, bool parts, ChecksumAlgorithm algorithm,
+                   std::string* bytes) {
+    SCOPED_TRACE(absl::StrCat(parts ? "parts " : "whole ", ChecksumAlgorithmName(algorithm)));
     request.set_part_checksums(parts);
+    if (algorithm != ChecksumAlgorithm::kXxh64) {  // else unset, as an older client sends it
+      request.set_checksum(static_cast<v1::ChecksumAlgorithm>(algorithm));
+    }
     grpc::ClientContext context;
     auto reader = stub->Fetch(&context, request);
     v1::FetchResponse m;
@@ -293,7 +300,7 @@ TEST_F(ServerTest, PartChecksumsOnlyWhenAskedAndBothFormsMatchTheBytes) {
       if (!m.has_data()) continue;
       const std::string& data = m.data().data();
       if (m.data().part_bytes_size() == 0) {
-        EXPECT_EQ(m.data().xxh64(), XXH64(data.data(), data.size(), 0));
+        EXPECT_EQ(m.data().xxh64(), Checksum(algorithm, data));
       } else {
         EXPECT_TRUE(parts) << "parts sent to a client that did not ask for them";
         ++part_messages;
@@ -303,7 +310,7 @@ TEST_F(ServerTest, PartChecksumsOnlyWhenAskedAndBothFormsMatchTheBytes) {
         for (int i = 0; i < m.data().part_bytes_size(); ++i) {
           const std::string part = data.substr(offset, m.data().part_bytes(i));
           EXPECT_EQ(part.size(), m.data().part_bytes(i));
-          EXPECT_EQ(m.data().part_xxh64(i), XXH64(part.data(), part.size(), 0)) << "part " << i;
+          EXPECT_EQ(m.data().part_xxh64(i), Checksum(algorithm, part)) << "part " << i;
           offset += part.size();
         }
         EXPECT_EQ(offset, data.size());
@@ -325,13 +332,30 @@ TEST_F(ServerTest, PartChecksumsOnlyWhenAskedAndBothFormsMatchTheBytes) {
       request.set_strategy("dst");
       request.set_rank(r);
     }
-    std::string whole, in_parts;
-    EXPECT_EQ(fetch(request, false, &whole), 0);
-    part_messages += fetch(request, true, &in_parts);
-    EXPECT_EQ(whole.size(), in_parts.size());
-    EXPECT_TRUE(whole == in_parts);
+    std::string whole;
+    EXPECT_EQ(fetch(request, false, ChecksumAlgorithm::kXxh64, &whole), 0);
+    for (ChecksumAlgorithm algorithm : {ChecksumAlgorithm::kXxh64, ChecksumAlgorithm::kXxh3}) {
+      std::string again, in_parts;
+      EXPECT_EQ(fetch(request, false, algorithm, &again), 0);
+      const int parts = fetch(request, true, algorithm, &in_parts);
+      if (algorithm == kStoredChecksum) part_messages += parts;
+      EXPECT_TRUE(whole == again);
+      EXPECT_TRUE(whole == in_parts);
+    }
   }
   EXPECT_GT(part_messages, 0) << "no fetch of the large demo combined stored chunks";
+
+  v1::FetchRequest unknown;
+  unknown.set_checkpoint_id("big");
+  unknown.set_merged(true);
+  unknown.set_checksum(static_cast<v1::ChecksumAlgorithm>(7));
+  grpc::ClientContext context;
+  auto reader = stub->Fetch(&context, unknown);
+  v1::FetchResponse m;
+  EXPECT_FALSE(reader->Read(&m));
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("FetchRequest.checksum 7"));
 }
 
 TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {

@@ -18,11 +18,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "core/checksum.h"
 #include "client/progress.h"
 #include "client/server_commands.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -401,6 +401,11 @@ class ScriptedFetchService final : public v1::CheckpointService::Service {
                      grpc::ServerWriter<v1::FetchResponse>* writer) override {
     part_checksums_requested_ = request->part_checksums();
     tiles_requested_ = request->tiles();
+    // The scripted messages are checksummed with xxh3: a client asking for another algorithm
+    // would (rightly) reject them all.
+    if (request->checksum() != v1::CHECKSUM_XXH3_64) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the client did not ask for xxh3");
+    }
     int64_t total = 0;
     for (const v1::FetchData& d : data_) total += static_cast<int64_t>(d.data().size());
     if (!local_.empty()) total = *NumElements(local_);
@@ -464,7 +469,7 @@ absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data,
 v1::FetchData WholeChecksummed(const std::string& bytes) {
   v1::FetchData d;
   d.set_data(bytes);
-  d.set_xxh64(XXH64(bytes.data(), bytes.size(), 0));
+  d.set_xxh64(Checksum(ChecksumAlgorithm::kXxh3, bytes));
   return d;
 }
 
@@ -476,7 +481,7 @@ v1::FetchData InParts(const std::string& bytes, const std::vector<uint64_t>& siz
   for (uint64_t n : sizes) {
     d.add_part_bytes(n);
     const std::string part = bytes.substr(std::min(offset, bytes.size()), n);
-    d.add_part_xxh64(XXH64(part.data(), part.size(), 0));
+    d.add_part_xxh64(Checksum(ChecksumAlgorithm::kXxh3, part));
     offset += n;
   }
   return d;
@@ -506,7 +511,7 @@ v1::FetchData Tiles(const std::string& array, const Shape& local, const std::vec
     } while (NextIndex(index, box.lo, box.hi));
     *d.mutable_data() += tile;
     d.add_part_bytes(tile.size());
-    d.add_part_xxh64(XXH64(tile.data(), tile.size(), 0));
+    d.add_part_xxh64(Checksum(ChecksumAlgorithm::kXxh3, tile));
     for (int64_t v : box.lo) d.add_tile_box(v);
     for (int64_t v : box.hi) d.add_tile_box(v);
   }
@@ -575,7 +580,7 @@ TEST(CkptClientTest, BadBandsOfTilesAreDataLoss) {
   {
     v1::FetchData d = Tiles(array, local, {left, right}, 2);
     (*d.mutable_data())[9] = 'y';
-    cases.push_back({"a corrupted tile", {d}, "bytes [14, 18) failed their xxh64 checksum"});
+    cases.push_back({"a corrupted tile", {d}, "bytes [14, 18) failed their xxh3 checksum"});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -598,12 +603,12 @@ TEST(CkptClientTest, CorruptOrMalformedDataMessagesAreDataLoss) {
   {
     v1::FetchData d = WholeChecksummed("abcdef");
     d.set_data("abcdeF");
-    cases.push_back({"flipped byte", d, "bytes [4, 10) failed their xxh64 checksum"});
+    cases.push_back({"flipped byte", d, "bytes [4, 10) failed their xxh3 checksum"});
   }
   {
     v1::FetchData d = InParts("abcdefghij", {4, 6});
     d.set_data("abcdefghiJ");
-    cases.push_back({"flipped byte in the second part", d, "bytes [8, 14) failed their xxh64"});
+    cases.push_back({"flipped byte in the second part", d, "bytes [8, 14) failed their xxh3"});
   }
   {
     v1::FetchData d = InParts("abcdefghij", {4, 6});

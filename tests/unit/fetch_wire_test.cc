@@ -9,7 +9,6 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "tests/testing/byte_buffers.h"
-#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -167,11 +166,15 @@ TEST(FetchWireTest, CursorHashesRangesAcrossViews) {
       views.push_back(std::string_view(all).substr(at, n));
       at += n;
     }
-    ViewCursor cursor(views);
-    for (size_t at = 0; at < all.size();) {
-      const size_t n = std::min<size_t>(all.size() - at, rng() % 4000);
-      ASSERT_EQ(cursor.Xxh64(n), XXH64(all.data() + at, n, 0)) << "round " << round << " at " << at;
-      at += n;
+    for (ChecksumAlgorithm algorithm : {ChecksumAlgorithm::kXxh64, ChecksumAlgorithm::kXxh3}) {
+      ViewCursor cursor(views);
+      for (size_t at = 0; at < all.size();) {
+        const size_t n = std::min<size_t>(all.size() - at, rng() % 4000);
+        ASSERT_EQ(cursor.Checksum(algorithm, n),
+                  Checksum(algorithm, std::string_view(all).substr(at, n)))
+            << "round " << round << " at " << at << " " << ChecksumAlgorithmName(algorithm);
+        at += n;
+      }
     }
   }
 }

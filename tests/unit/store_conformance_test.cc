@@ -131,7 +131,7 @@ class StoreFixture : public ::testing::Test {
   // Reads a chunk, verified and unverified, and checks its bytes.
   void ExpectChunk(const ChunkAddress& address, const std::string& bytes) {
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, ChunkChecksum(bytes));
+        store_->ReadChunk(address, Checksum(kStoredChecksum, bytes), kStoredChecksum);
     ASSERT_TRUE(data.ok()) << address.ToString() << ": " << data.status();
     EXPECT_TRUE((*data)->bytes() == bytes) << address.ToString() << ": " << (*data)->bytes().size()
                                            << " bytes read, " << bytes.size() << " expected";
@@ -141,7 +141,8 @@ class StoreFixture : public ::testing::Test {
   }
 
   void ExpectNoChunk(const ChunkAddress& address) {
-    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, 0);
+    absl::StatusOr<std::unique_ptr<ChunkData>> data =
+        store_->ReadChunk(address, 0, kStoredChecksum);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound)
         << address.ToString() << ": " << data.status();
     data = store_->ReadChunkUnverified(address);
@@ -247,8 +248,10 @@ TEST_P(StoreConformanceTest, ChunkDataStaysValidAfterLaterWrites) {
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {
       {Addr(0, 0, 0, 0), RandomBytes(100000, 4)}};
   const uint64_t id = Upload(&chunks);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
-                       store_->ReadChunk(chunks[0].first, ChunkChecksum(chunks[0].second)));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<ChunkData> data,
+      store_->ReadChunk(chunks[0].first, Checksum(kStoredChecksum, chunks[0].second),
+                        kStoredChecksum));
   for (uint32_t i = 1; i < 50; ++i) {
     ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, i), RandomBytes(20000, i)}}));
   }
@@ -260,14 +263,15 @@ TEST_P(StoreConformanceTest, ReadChunkVerifiesChecksum) {
       {Addr(0, 3, 1, 12), RandomBytes(5000, 5)}, {Addr(0, 3, 1, 13), "tiny"}};
   const uint64_t id = Upload(&chunks);
   for (const auto& [address, bytes] : chunks) {
-    const uint64_t wrong = ChunkChecksum(bytes + "x");
-    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, wrong);
+    const uint64_t wrong = Checksum(kStoredChecksum, bytes + "x");
+    absl::StatusOr<std::unique_ptr<ChunkData>> data =
+        store_->ReadChunk(address, wrong, kStoredChecksum);
     ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
     EXPECT_THAT(Msg(data.status()),
-                HasSubstr("chunk " + address.ToString() + " failed its checksum"));
+                HasSubstr("chunk " + address.ToString() + " failed its xxh3 checksum"));
   }
   absl::StatusOr<std::unique_ptr<ChunkData>> absent =
-      store_->ReadChunk(Addr(id, 3, 1, 14), ChunkChecksum(""));
+      store_->ReadChunk(Addr(id, 3, 1, 14), Checksum(kStoredChecksum, ""), kStoredChecksum);
   EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound) << absent.status();
   EXPECT_THAT(Msg(absent.status()), HasSubstr(Addr(id, 3, 1, 14).ToString()));
   ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id + 1, 3, 1, 12)));
@@ -547,8 +551,8 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
         absl::Status put = store_->PutChunks(batch);
         if (!put.ok()) return fail("PutChunks", put);
         // Read back what this thread wrote so far while the others keep writing.
-        absl::StatusOr<std::unique_ptr<ChunkData>> data =
-            store_->ReadChunk(Addr(*id, 0, c % 2, c), ChunkChecksum(payloads[c]));
+        absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(
+            Addr(*id, 0, c % 2, c), Checksum(kStoredChecksum, payloads[c]), kStoredChecksum);
         if (!data.ok()) return fail("ReadChunk", data.status());
       }
       // Every other thread throws its upload away; the rest commit.
@@ -560,8 +564,8 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
       absl::Status commit = store_->CommitCheckpoint("ckpt-" + std::to_string(t), "m", *id);
       if (!commit.ok()) return fail("CommitCheckpoint", commit);
       for (uint32_t k = 0; k < kChunks; ++k) {
-        absl::StatusOr<std::unique_ptr<ChunkData>> data =
-            store_->ReadChunk(Addr(*id, 0, k % 2, k), ChunkChecksum(payloads[k]));
+        absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(
+            Addr(*id, 0, k % 2, k), Checksum(kStoredChecksum, payloads[k]), kStoredChecksum);
         if (!data.ok()) return fail("ReadChunk after commit", data.status());
       }
     });
@@ -764,18 +768,26 @@ TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
 
   ASSERT_NO_FATAL_FAILURE(Open());
   absl::StatusOr<std::unique_ptr<ChunkData>> data =
-      store_->ReadChunk(chunks[0].first, ChunkChecksum(original));
+      store_->ReadChunk(chunks[0].first, Checksum(kStoredChecksum, original), kStoredChecksum);
   ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
   EXPECT_THAT(Msg(data.status()),
-              HasSubstr("chunk " + chunks[0].first.ToString() + " failed its checksum"));
+              HasSubstr("chunk " + chunks[0].first.ToString() + " failed its xxh3 checksum"));
   // Unverified, the stored bytes come back as they are: their reader must verify them.
   data = store_->ReadChunkUnverified(chunks[0].first);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ((*data)->bytes().size(), original.size());
   EXPECT_NE((*data)->bytes(), original);
-  EXPECT_TRUE(absl::IsDataLoss(
-      VerifyChunk(chunks[0].first, (*data)->bytes(), ChunkChecksum(original))));
-  EXPECT_TRUE(VerifyChunk(chunks[0].first, original, ChunkChecksum(original)).ok());
+  EXPECT_TRUE(absl::IsDataLoss(VerifyChunk(chunks[0].first, (*data)->bytes(),
+                                           Checksum(kStoredChecksum, original), kStoredChecksum)));
+  EXPECT_TRUE(
+      VerifyChunk(chunks[0].first, original, Checksum(kStoredChecksum, original), kStoredChecksum)
+          .ok());
+  // The algorithm is the manifest's: chunks stored before xxh3 verify against xxh64, and a
+  // checksum checked with the wrong algorithm fails, naming the one it was checked with.
+  const uint64_t xxh64 = Checksum(ChecksumAlgorithm::kXxh64, original);
+  EXPECT_TRUE(VerifyChunk(chunks[0].first, original, xxh64, ChecksumAlgorithm::kXxh64).ok());
+  EXPECT_THAT(Msg(VerifyChunk(chunks[0].first, original, xxh64, ChecksumAlgorithm::kXxh3)),
+              HasSubstr("failed its xxh3 checksum"));
 }
 
 TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
@@ -799,7 +811,7 @@ TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
 
   std::filesystem::remove(path);
   ASSERT_NO_FATAL_FAILURE(Open());
-  data = store_->ReadChunk(chunks[0].first, ChunkChecksum(bytes));
+  data = store_->ReadChunk(chunks[0].first, Checksum(kStoredChecksum, bytes), kStoredChecksum);
   ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
   EXPECT_THAT(Msg(data.status()), HasSubstr(path));
   EXPECT_THAT(Msg(data.status()), HasSubstr("missing"));
@@ -875,8 +887,9 @@ TEST_F(RocksDbStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
   {
     std::vector<std::unique_ptr<ChunkData>> held;
     for (const auto& [address, bytes] : chunks) {
-      ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
-                           store_->ReadChunk(address, ChunkChecksum(bytes)));
+      ASSERT_OK_AND_ASSIGN(
+          std::unique_ptr<ChunkData> data,
+          store_->ReadChunk(address, Checksum(kStoredChecksum, bytes), kStoredChecksum));
       EXPECT_EQ(data->bytes(), bytes);
       held.push_back(std::move(data));
     }

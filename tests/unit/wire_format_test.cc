@@ -37,7 +37,8 @@ FetchPiece DataPiece(const std::vector<std::string>& parts, std::shared_ptr<std:
   FetchPiece piece;
   size_t offset = 0;
   for (const std::string& p : parts) {
-    piece.segments.push_back({*owner, std::string_view(**owner).substr(offset, p.size()), {}, nullptr});
+    piece.segments.push_back(
+        {*owner, std::string_view(**owner).substr(offset, p.size()), {}, nullptr});
     offset += p.size();
   }
   piece.data_bytes = static_cast<int64_t>(all.size());
@@ -69,10 +70,11 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
       FetchPiece piece = DataPiece(parts, &owner);
       if (with_parts) {
         for (const std::string& p : parts) {
-          piece.parts.push_back({static_cast<int64_t>(p.size()), ChunkChecksum(p)});
+          piece.parts.push_back(
+              {static_cast<int64_t>(p.size()), Checksum(ChecksumAlgorithm::kXxh3, p)});
         }
       } else {
-        piece.xxh64 = ChunkChecksum(all);
+        piece.xxh64 = Checksum(ChecksumAlgorithm::kXxh3, all);
       }
       if (mode == 2) {  // made-up boxes, with values around the varint boundaries
         for (size_t i = 0; i < parts.size(); ++i) {
@@ -91,7 +93,7 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
                   expected_tiles);
         EXPECT_EQ(got.data().band_rows(), mode == 2 ? 300 : 0);
         EXPECT_TRUE(got.data().data() == all);
-        EXPECT_EQ(got.data().xxh64(), with_parts ? 0 : ChunkChecksum(all));
+        EXPECT_EQ(got.data().xxh64(), with_parts ? 0 : Checksum(ChecksumAlgorithm::kXxh3, all));
         ASSERT_EQ(got.data().part_bytes_size(), static_cast<int>(expected_parts.size()));
         ASSERT_EQ(got.data().part_xxh64_size(), static_cast<int>(expected_parts.size()));
         for (size_t i = 0; i < expected_parts.size(); ++i) {
