@@ -40,6 +40,7 @@
 #include "storage/checkpoint_store.h"
 #include "storage/file_stream.h"
 #include "storage/internal/rocksdb_crc32c.h"
+#include "storage/internal/location_cache.h"
 #include "storage/internal/rocksdb_store_internal.h"
 #include "storage/internal/segment_files.h"
 
@@ -260,6 +261,13 @@ class RocksDbStore final : public CheckpointStore {
   // Removes the segment file of a data id whose records are gone; a failure is logged (the file
   // is garbage and CollectGarbage retries).
   void RemoveSegment(uint64_t data_id);
+  // Whether `data_id` is begun and not yet committed or discarded (its chunks may still change).
+  bool IsLive(uint64_t data_id);
+  // Reads the locations of every chunk of the blob of `address` with one scan and keeps them in
+  // location_cache_; returns the one of `address` (nullopt when absent, or when the scan failed:
+  // the chunk is then looked up alone).
+  std::optional<rocksdb_store_internal::ChunkLocation> ScanBlobLocations(
+      const ChunkAddress& address);
   // CollectGarbage's pass over one chunk family: deletes the records of garbage data ids.
   absl::StatusOr<int64_t> CollectFamily(rocksdb::ColumnFamilyHandle* family);
 
@@ -299,6 +307,9 @@ class RocksDbStore final : public CheckpointStore {
   rocksdb::ColumnFamilyHandle* const jobs_;
   rocksdb::ColumnFamilyHandle* const locations_;
   const std::unique_ptr<segment_internal::SegmentFiles> segments_;
+  // At most 1 Mi chunk locations (16 MiB) kept in memory.
+  static constexpr size_t kMaxCachedLocations = size_t{1} << 20;
+  rocksdb_store_internal::LocationCache location_cache_{kMaxCachedLocations};
 
   std::mutex meta_mu_;
 
@@ -626,26 +637,77 @@ absl::Status RocksDbStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   return absl::OkStatus();
 }
 
+bool RocksDbStore::IsLive(uint64_t data_id) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  return data_.contains(data_id);
+}
+
+std::optional<rocksdb_store_internal::ChunkLocation> RocksDbStore::ScanBlobLocations(
+    const ChunkAddress& address) {
+  using rocksdb_store_internal::LocationCache;
+  ChunkAddress first = address;
+  first.chunk = 0;
+  const std::string from = rocksdb_store_internal::ChunkKey(first);
+  const rocksdb::Slice blob(from.data(), rocksdb_store_internal::kChunkKeyBytes - 4);
+  LocationCache::Locations locations;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
+  for (it->Seek(from); it->Valid() && it->key().starts_with(blob); it->Next()) {
+    if (it->key().size() != rocksdb_store_internal::kChunkKeyBytes) return std::nullopt;
+    const auto* c = reinterpret_cast<const unsigned char*>(it->key().data()) +
+                    rocksdb_store_internal::kChunkKeyBytes - 4;  // the chunk index, big-endian
+    const uint32_t chunk = (uint32_t{c[0]} << 24) | (uint32_t{c[1]} << 16) |
+                           (uint32_t{c[2]} << 8) | uint32_t{c[3]};
+    // A damaged record stays out: its chunk is then looked up alone, which reports it.
+    const std::optional<rocksdb_store_internal::ChunkLocation> location =
+        rocksdb_store_internal::DecodeLocation(std::string_view(it->value().data(),
+                                                                it->value().size()));
+    if (chunk >= kMaxCachedLocations) return std::nullopt;  // too large to keep
+    if (chunk >= locations.size()) locations.resize(size_t{chunk} + 1, LocationCache::kNoChunk);
+    locations[chunk] = location.value_or(LocationCache::kNoChunk);
+  }
+  if (!it->status().ok()) return std::nullopt;  // the lookup alone reports the error
+  std::optional<rocksdb_store_internal::ChunkLocation> found;
+  if (address.chunk < locations.size() &&
+      locations[address.chunk].offset != LocationCache::kNoChunk.offset) {
+    found = locations[address.chunk];
+  }
+  location_cache_.Insert(address, std::move(locations));
+  return found;
+}
+
 absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
     const ChunkAddress& address) {
-  const std::string key = rocksdb_store_internal::ChunkKey(address);
-  rocksdb::PinnableSlice value;
-  const rocksdb::Status found = db_->Get(rocksdb::ReadOptions(), locations_, key, &value);
-  if (found.ok()) {
-    // The chunk is named only when something went wrong: no string is built per read.
-    auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
-    const std::optional<rocksdb_store_internal::ChunkLocation> location =
-        rocksdb_store_internal::DecodeLocation(std::string_view(value.data(), value.size()));
-    if (!location) {
-      return absl::DataLossError(absl::StrCat(what(), ": location record of ", value.size(),
-                                              " bytes, expected ",
-                                              rocksdb_store_internal::kLocationBytes));
+  // The chunk is named only when something went wrong: no string is built per read.
+  auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
+  // Chunks of committed data: their blob's locations, read with one scan for the whole blob.
+  // Chunks of data being uploaded may still be added: those are looked up one by one, and so is
+  // a chunk its cached blob lacks (a chunk stored before segment files, or none at all).
+  const rocksdb_store_internal::LocationCache::Lookup cached = location_cache_.Find(address);
+  std::optional<rocksdb_store_internal::ChunkLocation> location = cached.location;
+  if (!cached.blob_cached && !IsLive(address.data_id)) location = ScanBlobLocations(address);
+  std::string key;  // built only when needed
+  rocksdb::Status found = rocksdb::Status::OK();
+  if (!location) {
+    key = rocksdb_store_internal::ChunkKey(address);
+    rocksdb::PinnableSlice value;
+    found = db_->Get(rocksdb::ReadOptions(), locations_, key, &value);
+    if (found.ok()) {
+      location =
+          rocksdb_store_internal::DecodeLocation(std::string_view(value.data(), value.size()));
+      if (!location) {
+        return absl::DataLossError(absl::StrCat(what(), ": location record of ", value.size(),
+                                                " bytes, expected ",
+                                                rocksdb_store_internal::kLocationBytes));
+      }
     }
+  }
+  if (location) {
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
         segments_->Read(address.data_id, location->offset, location->length, "");
     if (absl::IsDataLoss(data.status())) {
       // The checkpoint may have been deleted between the lookup and the read (its segment file
       // goes right after its records): that is NOT_FOUND, not damage.
+      if (key.empty()) key = rocksdb_store_internal::ChunkKey(address);
       rocksdb::PinnableSlice again;
       if (db_->Get(rocksdb::ReadOptions(), locations_, key, &again).IsNotFound()) {
         return absl::NotFoundError(
@@ -660,9 +722,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
     chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
     return *std::move(data);
   }
-  if (!found.IsNotFound()) {
-    return FromRocks(found, absl::StrCat("reading chunk ", address.ToString()));
-  }
+  if (!found.IsNotFound()) return FromRocks(found, what());
   // Not in a segment file: a chunk of a store written before them, or none at all.
   auto data = std::make_unique<RocksChunkData>();
   // The reader verifies every chunk end to end against its manifest checksum
@@ -788,6 +848,7 @@ absl::Status RocksDbStore::DeleteCheckpoint(const std::string& id) {
   CKPT_RETURN_IF_ERROR(FromRocks(batch.Delete(meta_, CommittedKey(data_id)), doing));
   CKPT_RETURN_IF_ERROR(BatchDeleteChunks(&batch, data_id, doing));
   CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/true, doing));
+  location_cache_.EraseData(data_id);
   deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
   RemoveSegment(data_id);
   return absl::OkStatus();

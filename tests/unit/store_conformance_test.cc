@@ -411,6 +411,8 @@ TEST_P(StoreConformanceTest, DeleteCheckpointRemovesManifestAndChunks) {
   ASSERT_OK(store_->CommitCheckpoint("one", "m1", id1));
   const uint64_t id2 = Upload(&second);
   ASSERT_OK(store_->CommitCheckpoint("two", "m2", id2));
+  // Read once before the delete (so that any location the store keeps in memory is kept).
+  for (const auto& [address, bytes] : first) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
 
   ASSERT_OK(store_->DeleteCheckpoint("one"));
   EXPECT_EQ(store_->GetManifest("one").status().code(), absl::StatusCode::kNotFound);
@@ -425,6 +427,34 @@ TEST_P(StoreConformanceTest, DeleteCheckpointRemovesManifestAndChunks) {
   // The id is free again.
   ASSERT_OK_AND_ASSIGN(uint64_t id3, store_->BeginData());
   EXPECT_OK(store_->CommitCheckpoint("one", "m3", id3));
+}
+
+// Reads of data ids not begun yet, and of blobs still being uploaded, find nothing or what is
+// there so far; they must not hide the chunks written later (the RocksDB store keeps the chunk
+// locations of committed blobs in memory).
+TEST_P(StoreConformanceTest, ReadsBeforeAndDuringAnUploadDoNotHideItsChunks) {
+  ASSERT_OK_AND_ASSIGN(const uint64_t before, store_->BeginData());
+  ASSERT_OK(store_->DiscardData(before));
+  const uint64_t next = before + 1;  // ids are handed out in order (BeginDataReturnsFreshIds)
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(next, 0, 0, 0)));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(next, 0, 0, 1)));
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+  ASSERT_EQ(id, next);
+  const std::string a = RandomBytes(3000, 61), b = RandomBytes(5000, 62), c = "c";
+  ASSERT_OK(store_->PutChunks({{Addr(id, 0, 0, 0), a}}));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 0), a));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 1)));
+  ASSERT_OK(store_->PutChunks({{Addr(id, 0, 0, 1), b}, {Addr(id, 0, 0, 3), c}}));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 1), b));
+  ASSERT_OK(store_->CommitCheckpoint("late", "m", id));
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 0), a));
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 1), b));
+    ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 2)));  // a gap in the blob
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 3), c));
+    ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 4)));
+    ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 1, 0)));  // another blob
+  }
 }
 
 // --- Garbage collection -------------------------------------------------------------------------
@@ -871,6 +901,7 @@ TEST_F(RocksDbStoreTest, ChunksOfStoresWrittenBeforeSegmentFilesAreStillServed) 
   }
   ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, legacy));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, legacy));  // its blob has no locations to keep
   ASSERT_OK(store_->DeleteCheckpoint("old"));
   ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
 }
