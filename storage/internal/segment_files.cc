@@ -253,6 +253,9 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
 absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
     uint64_t data_id, File& file, int64_t start, int64_t end, std::string_view what) {
   const std::pair<uint64_t, int64_t> key{data_id, start / options_.window_bytes};
+  // Recent windows no chunk holds, given up to make room: unmapped once the lock is released
+  // (declared first, so destroyed last).
+  std::vector<std::shared_ptr<Window>> evicted;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = windows_.find(key);
   if (it != windows_.end()) {
@@ -265,8 +268,25 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   }
   const int64_t length =
       std::min(options_.window_bytes, file.size.load(std::memory_order_relaxed) - start);
-  if (window_bytes_->load(std::memory_order_relaxed) + length > options_.window_budget_bytes) {
-    return nullptr;
+  // Over the budget, the least recently used of the windows kept only for reuse make room first
+  // (their bytes still count until they are unmapped, right after): a chunk is copied only when
+  // the windows that chunks hold fill the budget.
+  // (A window's count only grows under mu_: a count of 1, recent_'s own, cannot change here.)
+  const int64_t over =
+      window_bytes_->load(std::memory_order_relaxed) + length - options_.window_budget_bytes;
+  if (over > 0) {
+    int64_t idle_bytes = 0;
+    for (const std::shared_ptr<Window>& w : recent_) {
+      if (w.use_count() == 1) idle_bytes += static_cast<int64_t>(w->length);
+    }
+    if (idle_bytes < over) return nullptr;
+    for (int64_t freed = 0; freed < over;) {
+      auto idle = std::find_if(recent_.rbegin(), recent_.rend(),
+                               [](const std::shared_ptr<Window>& w) { return w.use_count() == 1; });
+      freed += static_cast<int64_t>((*idle)->length);
+      evicted.push_back(std::move(*idle));
+      recent_.erase(std::next(idle).base());
+    }
   }
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));

@@ -40,7 +40,8 @@ struct SegmentOptions {
   // window's pages served to one reader stay mapped while another reader holds a chunk of the
   // same window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS uncapped.
   int64_t window_budget_bytes = int64_t{192} << 20;
-  // Windows kept mapped after their last chunk is released (SegmentFiles::recent_).
+  // Windows kept mapped after their last chunk is released (SegmentFiles::recent_), until the
+  // budget needs their room for a window that a read needs.
   size_t recent_windows = 8;
   // Dirty bytes of one file after which Append starts their write-back (sync_file_range), so
   // that the commit's fdatasync does not meet the whole upload at once.

@@ -171,6 +171,26 @@ TEST_F(SegmentFilesTest, WindowsAreSharedWithinTheBudgetAndCopiedBeyondIt) {
   std::unique_ptr<ChunkData> shared = Read(1, (*offsets)[6], pieces[6].size());
   ASSERT_NE(shared, nullptr);
   EXPECT_EQ(shared->bytes().data(), later->bytes().data());
+
+  // With the budget full of windows that chunks hold, a read is a copy; a recent window no chunk
+  // holds any more gives way to a new one instead.
+  const int64_t copied = files_->bytes_copied();
+  std::unique_ptr<ChunkData> a = Read(1, (*offsets)[0], pieces[0].size());
+  std::unique_ptr<ChunkData> b = Read(1, (*offsets)[1], pieces[1].size());
+  EXPECT_EQ(files_->mapped_windows(), 3);  // 6 (held), 0 and 1
+  std::unique_ptr<ChunkData> c = Read(1, (*offsets)[2], pieces[2].size());
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->bytes(), pieces[2]);
+  EXPECT_EQ(files_->bytes_copied(), copied + static_cast<int64_t>(pieces[2].size()));
+  a.reset();  // window 0 stays mapped as a recent one
+  EXPECT_EQ(files_->mapped_windows(), 3);
+  std::unique_ptr<ChunkData> d = Read(1, (*offsets)[3], pieces[3].size());
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->bytes(), pieces[3]);
+  EXPECT_EQ(files_->bytes_copied(), copied + static_cast<int64_t>(pieces[2].size()))
+      << "window 0, idle, should have made room for window 3";
+  EXPECT_EQ(files_->mapped_windows(), 3);  // 6, 1 and 3
+  EXPECT_EQ(b->bytes(), pieces[1]);
 }
 
 TEST_F(SegmentFilesTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
