@@ -674,9 +674,8 @@ TEST_F(ServerTest, FetchPastItsDeadlineIsCancelledAndTheServerCarriesOn) {
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->FetchAll(merged).ok());
 }
 
-// GetStats.fetch_streams, by which streams share --stream-inflight-mib: a held reader keeps its
-// stream open (its checkpoint is larger than what gRPC's flow control lets the server send ahead
-// of the reader); finished, cancelled and refused streams are counted out.
+// GetStats.fetch_streams, by which streams share --stream-inflight-mib: a stream is counted while
+// it is open on the server, and counted out when it ends, is cancelled or is refused.
 TEST_F(ServerTest, OpenFetchStreamsAreCountedUntilTheyEndOrAreCancelled) {
   UploadLargeDemo(*client_, dir_.path());
   ASSERT_FALSE(HasFailure());
@@ -702,74 +701,58 @@ TEST_F(ServerTest, OpenFetchStreamsAreCountedUntilTheyEndOrAreCancelled) {
   };
   EXPECT_TRUE(none_open(stats()));
 
-  // Two readers held inside their first tensor: both streams stay open until released.
-  struct Held : TensorVisitor {
-    std::mutex* mu;
-    std::condition_variable* cv;
-    bool* released;
-    absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
-    absl::Status OnTensor(const v1::FetchTensorHeader&) override {
-      std::unique_lock<std::mutex> lock(*mu);
-      cv->wait(lock, [&] { return *released; });
-      return absl::OkStatus();
-    }
-    absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
-    absl::Status OnTensorEnd() override { return absl::OkStatus(); }
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  bool released = false;
+  // Two readers that stop after the first message: without BDP probing their flow-control
+  // windows stay at 64 KiB, far less than the checkpoint, so both streams stay open.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto held_stub = v1::CheckpointService::NewStub(
+      grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
   v1::FetchRequest merged;
   merged.set_checkpoint_id("big");
   merged.set_merged(true);
-  absl::Status done[2];
-  std::vector<std::thread> readers;
+  grpc::ClientContext contexts[2];
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> readers[2];
+  v1::FetchResponse m;
   for (int i = 0; i < 2; ++i) {
-    readers.emplace_back([&, i] {
-      Held held;
-      held.mu = &mu;
-      held.cv = &cv;
-      held.released = &released;
-      done[i] = client_->Fetch(merged, held);
-    });
+    readers[i] = held_stub->Fetch(&contexts[i], merged);
+    ASSERT_TRUE(readers[i]->Read(&m));
+    EXPECT_TRUE(m.has_summary());
   }
   EXPECT_TRUE(eventually([](const v1::ServerStats& s) { return s.fetch_streams() == 2; }))
       << "two open fetches, stats say " << stats().fetch_streams();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    released = true;
+  // One read to its end, the other cancelled.
+  int64_t messages = 1;
+  while (readers[0]->Read(&m)) ++messages;
+  EXPECT_TRUE(readers[0]->Finish().ok());
+  EXPECT_GT(messages, 3);
+  EXPECT_TRUE(eventually([](const v1::ServerStats& s) { return s.fetch_streams() == 1; }))
+      << "after one finished fetch: " << stats().DebugString();
+  contexts[1].TryCancel();
+  while (readers[1]->Read(&m)) {
   }
-  cv.notify_all();
-  for (std::thread& t : readers) t.join();
-  EXPECT_TRUE(done[0].ok()) << done[0];
-  EXPECT_TRUE(done[1].ok()) << done[1];
-  EXPECT_TRUE(eventually(none_open)) << "after two finished fetches: " << stats().DebugString();
+  EXPECT_EQ(readers[1]->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(eventually(none_open)) << "after a cancelled fetch: " << stats().DebugString();
 
-  // A stream cancelled by its deadline is counted out too, and so is a refused one.
+  // A stream past its deadline, and a refused one, are counted out too.
   ClientOptions slow;
   slow.stream_timeout = absl::Milliseconds(200);
   auto impatient = CkptClient::Connect(server_->address(), slow);
   ASSERT_TRUE(impatient.ok());
-  released = false;
-  Held held;
-  held.mu = &mu;
-  held.cv = &cv;
-  held.released = &released;
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      released = true;
+  struct Sleepy : TensorVisitor {
+    absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+    absl::Status OnTensor(const v1::FetchTensorHeader&) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return absl::OkStatus();
     }
-    cv.notify_all();
-  });
-  EXPECT_EQ((*impatient)->Fetch(merged, held).code(), absl::StatusCode::kDeadlineExceeded);
-  releaser.join();
+    absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
+    absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+  } sleepy;
+  EXPECT_EQ((*impatient)->Fetch(merged, sleepy).code(), absl::StatusCode::kDeadlineExceeded);
   v1::FetchRequest unknown;
   unknown.set_checkpoint_id("no-such-checkpoint");
   unknown.set_merged(true);
   EXPECT_EQ(client_->FetchAll(unknown).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(eventually(none_open)) << "after a cancelled and a refused fetch: "
+  EXPECT_TRUE(eventually(none_open)) << "after a late and a refused fetch: "
                                      << stats().DebugString();
 }
 
