@@ -43,8 +43,8 @@ struct SegmentOptions {
   // Windows kept mapped after their last chunk is released (SegmentFiles::recent_), until the
   // budget needs their room for a window that a read needs. By default as many as the budget
   // holds: a fetch's reads jump between the windows its source ranks were uploaded into (several
-  // ranks upload into one file at once), and keeping only 8 remapped each window ~20 times per
-  // pass in a row_to_col fetch (server CPU 0.52-0.55 -> 0.45-0.46 s/GiB with the budget's 12).
+  // ranks upload into one file at once), and keeping only 8 mapped each window about 2.3 times
+  // per destination rank in a row_to_col fetch (README, Performance).
   size_t recent_windows = 1024;
   // Dirty bytes of one file after which Append starts their write-back (sync_file_range), so
   // that the commit's fdatasync does not meet the whole upload at once.
