@@ -45,9 +45,9 @@ int64_t FetchQueueShare(int64_t stream_bytes_in_flight, int64_t active_streams);
 struct ServiceOptions {
   // Fetch bytes queued for sending by one stream alone, before its producer pauses; concurrent
   // streams share it (FetchQueueShare). Default 8 MiB. Each queued message pins the chunks it
-  // references, so read-ahead across the server stays this size however many streams are open:
-  // streams keep close enough together to share the store's mapped windows (StoreOptions::
-  // mapped_bytes_budget) instead of each reading its own.
+  // references, so read-ahead across the server stays about this size however many streams are
+  // open (one message per stream at least): streams keep close enough together to share the
+  // store's mapped windows (StoreOptions::mapped_bytes_budget) instead of each reading its own.
   int64_t stream_bytes_in_flight = int64_t{8} << 20;
   // Fetch bytes queued across the server. Default 256 MiB.
   int64_t server_bytes_in_flight = int64_t{256} << 20;

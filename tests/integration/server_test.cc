@@ -69,6 +69,18 @@ Strategy Destination(const Strategy& like, int64_t devices, size_t dim, int64_t 
   return *Strategy::Create(std::move(params), 1);
 }
 
+// A reader that takes 100 ms over each tensor header and drops the bytes: too slow for a short
+// stream deadline.
+struct SleepyVisitor : TensorVisitor {
+  absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+  absl::Status OnTensor(const v1::FetchTensorHeader&) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return absl::OkStatus();
+  }
+  absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
+  absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+};
+
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -656,15 +668,7 @@ TEST_F(ServerTest, FetchPastItsDeadlineIsCancelledAndTheServerCarriesOn) {
   slow.stream_timeout = absl::Milliseconds(200);
   auto c = CkptClient::Connect(server_->address(), slow);
   ASSERT_TRUE(c.ok());
-  struct Sleepy : TensorVisitor {
-    absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
-    absl::Status OnTensor(const v1::FetchTensorHeader&) override {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      return absl::OkStatus();
-    }
-    absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
-    absl::Status OnTensorEnd() override { return absl::OkStatus(); }
-  } sleepy;
+  SleepyVisitor sleepy;
   v1::FetchRequest merged;
   merged.set_checkpoint_id("demo");
   merged.set_merged(true);
@@ -738,15 +742,7 @@ TEST_F(ServerTest, OpenFetchStreamsAreCountedUntilTheyEndOrAreCancelled) {
   slow.stream_timeout = absl::Milliseconds(200);
   auto impatient = CkptClient::Connect(server_->address(), slow);
   ASSERT_TRUE(impatient.ok());
-  struct Sleepy : TensorVisitor {
-    absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
-    absl::Status OnTensor(const v1::FetchTensorHeader&) override {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      return absl::OkStatus();
-    }
-    absl::Status OnData(std::string_view) override { return absl::OkStatus(); }
-    absl::Status OnTensorEnd() override { return absl::OkStatus(); }
-  } sleepy;
+  SleepyVisitor sleepy;
   EXPECT_EQ((*impatient)->Fetch(merged, sleepy).code(), absl::StatusCode::kDeadlineExceeded);
   v1::FetchRequest unknown;
   unknown.set_checkpoint_id("no-such-checkpoint");
