@@ -464,8 +464,12 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         writing_ = true;
         reactor_->StartWrite(&queue_.front());
       }
+      // The paused producer resumes once the queue is down to half its limit (it then fills it
+      // again): with 8 concurrent streams, resuming below the limit instead made 1.90-2.15
+      // GiB/s against 2.00-2.26 in four alternating pairs (server CPU 0.50-0.56 against
+      // 0.47-0.53 s/GiB); single streams were unchanged.
       if (!running_ && !producer_done_ && !cancelled_ &&
-          queued_bytes_ < service_->FetchQueueLimit()) {
+          queued_bytes_ <= service_->FetchQueueLimit() / 2) {
         running_ = true;
         resume = true;
       }
