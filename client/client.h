@@ -186,8 +186,9 @@ class CkptClient {
   // ------------------------------------------------------------------------------- fetch
 
   // Streams `request` into `visitor`, verifying the protocol (summary first, data inside a
-  // tensor, byte totals equal to the headers and summary) and every piece's xxh64. DATA_LOSS
-  // naming the tensor on a checksum or size mismatch; the visitor's error if it aborts.
+  // tensor, byte totals equal to the headers and summary) and every piece's checksum (it asks
+  // for XXH3, whatever `request.checksum` says). DATA_LOSS naming the tensor on a checksum or
+  // size mismatch; the visitor's error if it aborts.
   absl::Status Fetch(const v1::FetchRequest& request, TensorVisitor& visitor);
   // Everything in memory (tests, small checkpoints). `summary` receives the plan when non-null.
   absl::StatusOr<std::vector<FetchedTensor>> FetchAll(const v1::FetchRequest& request,
