@@ -724,8 +724,9 @@ void Harness::MeasureUpload() {
 
 void Harness::MeasureStoreWrite() {
   // The same bytes as the upload, as 1 MiB chunks in writes of 4, into a fresh store opened as
-  // ckptd opens its own, then committed (which flushes the chunks to synced blob files). One
-  // thread puts; RocksDB's flush threads run beside it, as in ckptd.
+  // ckptd opens its own (chunk bytes appended to a segment file, their locations through
+  // RocksDB's WAL), then committed (which syncs the segment file and the batch). One thread puts;
+  // RocksDB's background threads run beside it, as in ckptd.
   const std::string dir = work_ + "/store-write";
   {
     StoreOptions options;
@@ -1272,7 +1273,7 @@ std::vector<Row> Harness::Table() const {
     rows.push_back({"  first pass (fresh ckptd and store)", Fmt(upload_first_gibps_, " GiB/s"),
                     "", ""});
     rows.push_back({"    CPU per GiB (server + client)", CpuText(upload_first_cpu_), "", ""});
-    rows.push_back({"  store write limit (RocksDB, 1 thread)", Fmt(store_write_gibps_, " GiB/s"),
+    rows.push_back({"  store write limit (store, 1 thread)", Fmt(store_write_gibps_, " GiB/s"),
                     "", ""});
     rows.push_back(
         {"    CPU per GiB (RocksDB's threads incl.)", Fmt(store_write_cpu_, " s"), "", ""});
