@@ -54,9 +54,10 @@ void AppendBigEndian(std::string* out, uint64_t value, int bytes) {
   }
 }
 
-uint64_t DecodeBigEndian64(const char* p) {
+// The `bytes`-byte big-endian integer at `p` (AppendBigEndian's inverse).
+uint64_t DecodeBigEndian(const char* p, int bytes) {
   uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value = (value << 8) | static_cast<unsigned char>(p[i]);
+  for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<unsigned char>(p[i]);
   return value;
 }
 
@@ -82,7 +83,7 @@ std::string EncodeLocation(const ChunkLocation& location) {
 
 std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
   if (value.size() != kLocationBytes) return std::nullopt;
-  return ChunkLocation{DecodeBigEndian64(value.data()), DecodeBigEndian64(value.data() + 8)};
+  return ChunkLocation{DecodeBigEndian(value.data(), 8), DecodeBigEndian(value.data() + 8, 8)};
 }
 
 }  // namespace rocksdb_store_internal
@@ -90,7 +91,7 @@ std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
 namespace {
 
 using rocksdb_store_internal::AppendBigEndian;
-using rocksdb_store_internal::DecodeBigEndian64;
+using rocksdb_store_internal::DecodeBigEndian;
 using rocksdb_store_internal::kChunkKeyBytes;
 
 constexpr char kLoggerName[] = "storage";
@@ -471,7 +472,7 @@ absl::Status RocksDbStore::LoadCounter() {
         absl::StrCat("data id counter in ", dir_, " has ", value->size(), " bytes, expected 8"));
   }
   std::lock_guard<std::mutex> lock(id_mu_);
-  next_data_id_ = DecodeBigEndian64(value->data());
+  next_data_id_ = DecodeBigEndian(value->data(), 8);
   return absl::OkStatus();
 }
 
@@ -653,10 +654,8 @@ std::optional<rocksdb_store_internal::ChunkLocation> RocksDbStore::ScanBlobLocat
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
   for (it->Seek(from); it->Valid() && it->key().starts_with(blob); it->Next()) {
     if (it->key().size() != rocksdb_store_internal::kChunkKeyBytes) return std::nullopt;
-    const auto* c = reinterpret_cast<const unsigned char*>(it->key().data()) +
-                    rocksdb_store_internal::kChunkKeyBytes - 4;  // the chunk index, big-endian
-    const uint32_t chunk = (uint32_t{c[0]} << 24) | (uint32_t{c[1]} << 16) |
-                           (uint32_t{c[2]} << 8) | uint32_t{c[3]};
+    const uint64_t chunk =  // the key's last 4 bytes (ChunkKey)
+        DecodeBigEndian(it->key().data() + rocksdb_store_internal::kChunkKeyBytes - 4, 4);
     // A damaged record stays out: its chunk is then looked up alone, which reports it.
     const std::optional<rocksdb_store_internal::ChunkLocation> location =
         rocksdb_store_internal::DecodeLocation(std::string_view(it->value().data(),
@@ -839,7 +838,7 @@ absl::Status RocksDbStore::DeleteCheckpoint(const std::string& id) {
     return absl::DataLossError(
         absl::StrCat(what, " has a truncated record (", value.size(), " bytes) in ", dir_));
   }
-  const uint64_t data_id = DecodeBigEndian64(value.data());
+  const uint64_t data_id = DecodeBigEndian(value.data(), 8);
   const std::string doing = "deleting " + what;
   // One synced batch: the manifest, the marker and the chunk records disappear together; the
   // segment file goes after it (if this process stops in between, CollectGarbage removes it).
@@ -955,7 +954,7 @@ absl::StatusOr<int64_t> RocksDbStore::CollectFamily(rocksdb::ColumnFamilyHandle*
       return absl::DataLossError(absl::StrCat("chunk key of ", key.size(), " bytes (expected ",
                                               kChunkKeyBytes, ") in RocksDB store in ", dir_));
     }
-    const uint64_t data_id = DecodeBigEndian64(key.data());
+    const uint64_t data_id = DecodeBigEndian(key.data(), 8);
     CKPT_ASSIGN_OR_RETURN(const bool garbage, IsGarbage(data_id));
     const auto [begin, end] = DataIdRange(data_id);
     if (garbage) {
