@@ -275,17 +275,17 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   const int64_t over =
       window_bytes_->load(std::memory_order_relaxed) + length - options_.window_budget_bytes;
   if (over > 0) {
-    int64_t idle_bytes = 0;
-    for (const std::shared_ptr<Window>& w : recent_) {
-      if (w.use_count() == 1) idle_bytes += static_cast<int64_t>(w->length);
+    std::vector<size_t> idle;  // indexes into recent_, least recently used first
+    int64_t freed = 0;
+    for (size_t k = recent_.size(); k-- > 0 && freed < over;) {
+      if (recent_[k].use_count() != 1) continue;
+      idle.push_back(k);
+      freed += static_cast<int64_t>(recent_[k]->length);
     }
-    if (idle_bytes < over) return nullptr;
-    for (int64_t freed = 0; freed < over;) {
-      auto idle = std::find_if(recent_.rbegin(), recent_.rend(),
-                               [](const std::shared_ptr<Window>& w) { return w.use_count() == 1; });
-      freed += static_cast<int64_t>((*idle)->length);
-      evicted.push_back(std::move(*idle));
-      recent_.erase(std::next(idle).base());
+    if (freed < over) return nullptr;
+    for (size_t k : idle) {  // descending: erasing one leaves the others' indexes valid
+      evicted.push_back(std::move(recent_[k]));
+      recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(k));
     }
   }
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
