@@ -10,7 +10,11 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <filesystem>
 #include <limits>
 #include <system_error>
@@ -28,6 +32,8 @@ constexpr std::string_view kSuffix = ".seg";
 constexpr size_t kHexDigits = 16;
 // Windows registered since the last sweep of expired entries from the window index.
 constexpr int64_t kSweepEvery = 1024;
+// Alignment of the write blocks' buffers: direct I/O needs the device's logical block size.
+constexpr size_t kDirectAlignment = 4096;
 
 int64_t PageBytes() {
   static const int64_t page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
@@ -76,17 +82,46 @@ std::string SegmentFileName(uint64_t data_id) {
   return absl::StrFormat("%016x%s", data_id, kSuffix);
 }
 
+// A write block (SegmentOptions::write_block_bytes) whose bytes are gathered in memory.
+struct SegmentFiles::Block {
+  int64_t start = 0;        // file offset of bytes[0], a multiple of the block size
+  int64_t lo = 0, hi = 0;   // the appended bytes in it: [lo, hi) (holes inside are zeroed)
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char[], Free> bytes;  // aligned for direct I/O
+  int copying = 0;          // appends copying pieces into it now
+  bool closed = false;      // nothing more can be appended to it (or Sync wants it written)
+  bool writing = false;     // an append or Sync is writing it (it stays readable until written)
+};
+
 struct SegmentFiles::File {
   std::string path;
   int fd = -1;
+  // Whole blocks are written through this descriptor (O_DIRECT) where the file system allows.
+  int direct_fd = -1;
+  std::atomic<bool> use_direct{true};
   bool writable = false;
-  std::mutex mu;               // guards end and write_behind_from
+  std::mutex mu;               // guards end, write_behind_from, blocks and write_error
   int64_t end = 0;             // next free offset (writable files)
   int64_t write_behind_from = 0;
   std::atomic<int64_t> size{0};  // bytes known to exist, so mappable without SIGBUS
+  // Blocks whose bytes are not all written yet, by start offset; how many (read without mu:
+  // none means no read needs them, since a block only ever holds bytes appended after it).
+  std::map<int64_t, std::shared_ptr<Block>> blocks;
+  std::atomic<int64_t> block_count{0};
+  absl::Status write_error;  // the first failed write: every later append, sync and read fails
+  std::atomic<bool> failed{false};  // write_error is set (read without mu)
+  std::condition_variable written;  // a block was written (or failed to be)
+  void Fail(const absl::Status& s) {  // mu held
+    if (!write_error.ok()) return;
+    write_error = s;
+    failed.store(true);
+  }
 
   ~File() {
     if (fd >= 0) ::close(fd);
+    if (direct_fd >= 0) ::close(direct_fd);
   }
   void NoteSize(int64_t at_least) {
     int64_t known = size.load(std::memory_order_relaxed);
@@ -116,6 +151,12 @@ absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir
                                                                   SegmentOptions options) {
   if (options.window_bytes <= 0 || options.window_bytes % PageBytes() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("segment window of ", options.window_bytes,
+                                                   " bytes is not a multiple of the page size (",
+                                                   PageBytes(), ")"));
+  }
+  if (options.write_block_bytes <= 0 || options.write_block_bytes % PageBytes() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("segment write block of ",
+                                                   options.write_block_bytes,
                                                    " bytes is not a multiple of the page size (",
                                                    PageBytes(), ")"));
   }
@@ -156,6 +197,10 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::File>> SegmentFiles::GetFile(uint64
     }
     return Errno(create ? "create" : "open", file->path);
   }
+  if (create && options_.direct_writes) {
+    // -1 where the file system refuses direct I/O: every block then goes through the page cache.
+    file->direct_fd = ::open(file->path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  }
   if (!create) {
     struct stat st;
     if (::fstat(file->fd, &st) != 0) return Errno("stat", file->path);
@@ -165,71 +210,152 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::File>> SegmentFiles::GetFile(uint64
   return file;
 }
 
+namespace {
+
+// Writes all `n` bytes at `at` (pwrite until done).
+absl::Status WriteAll(int fd, const std::string& path, const char* bytes, int64_t n, int64_t at) {
+  while (n > 0) {
+    const ssize_t written = ::pwrite(fd, bytes, static_cast<size_t>(n), at);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return Errno("write", path);
+    }
+    bytes += written;
+    n -= written;
+    at += written;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
     uint64_t data_id, const std::vector<std::string_view>& pieces) {
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<File> file, GetFile(data_id, /*create=*/true));
+  const int64_t w = options_.window_bytes;
+  const int64_t b = options_.write_block_bytes;
   std::vector<uint64_t> offsets;
   offsets.reserve(pieces.size());
+  // Bytes of pieces to copy into blocks.
+  struct Copy {
+    Block* block;
+    int64_t at;  // file offset
+    std::string_view bytes;
+  };
+  std::vector<Copy> copies;
+  std::vector<std::shared_ptr<Block>> touched;  // the blocks copies go to, ascending
+  std::vector<std::shared_ptr<Block>> ready;    // blocks to write
   {
     std::lock_guard<std::mutex> lock(file->mu);
+    if (!file->write_error.ok()) return file->write_error;
     int64_t at = file->end;
     for (std::string_view piece : pieces) {
       const auto n = static_cast<int64_t>(piece.size());
-      const int64_t w = options_.window_bytes;
       if (n > 0 && n <= w && at / w != (at + n - 1) / w) {
-        at = (at / w + 1) * w;  // a hole, not written: no disk space
+        at = (at / w + 1) * w;  // a hole: no disk space (zeros where a written block spans it)
       }
       offsets.push_back(static_cast<uint64_t>(at));
-      at += n;
+      for (int64_t done = 0; done < n;) {
+        const int64_t block_start = at / b * b;
+        std::shared_ptr<Block>& block = file->blocks[block_start];
+        if (block == nullptr) {
+          block = std::make_shared<Block>();
+          block->start = block_start;
+          block->lo = block->hi = at;
+          block->bytes.reset(static_cast<char*>(std::aligned_alloc(kDirectAlignment, static_cast<size_t>(b))));
+          if (block->bytes == nullptr) throw std::bad_alloc();
+          file->block_count.fetch_add(1, std::memory_order_relaxed);
+        } else if (at > block->hi) {  // a hole inside the block: zeros on disk, as a real hole reads
+          std::memset(block->bytes.get() + (block->hi - block_start), 0,
+                      static_cast<size_t>(at - block->hi));
+        }
+        const int64_t take = std::min(n - done, block_start + b - at);
+        block->hi = at + take;
+        if (touched.empty() || touched.back() != block) {
+          ++block->copying;
+          touched.push_back(block);
+        }
+        copies.push_back({block.get(), at,
+                          piece.substr(static_cast<size_t>(done), static_cast<size_t>(take))});
+        at += take;
+        done += take;
+      }
     }
     file->end = at;
-  }
-  // Write runs of contiguous pieces with one pwritev each.
-  std::vector<iovec> iov;
-  size_t i = 0;
-  while (i < pieces.size()) {
-    iov.clear();
-    const int64_t run_start = static_cast<int64_t>(offsets[i]);
-    int64_t run_end = run_start;
-    while (i < pieces.size() && static_cast<int64_t>(offsets[i]) == run_end &&
-           iov.size() < IOV_MAX) {
-      if (!pieces[i].empty()) {
-        iov.push_back({const_cast<char*>(pieces[i].data()), pieces[i].size()});
-      }
-      run_end += static_cast<int64_t>(pieces[i].size());
-      ++i;
-    }
-    int64_t at = run_start;
-    size_t first = 0;
-    while (first < iov.size()) {
-      const ssize_t written =
-          ::pwritev(file->fd, iov.data() + first, static_cast<int>(iov.size() - first), at);
-      if (written < 0) {
-        if (errno == EINTR) continue;
-        return Errno("write", file->path);
-      }
-      at += written;
-      auto left = static_cast<size_t>(written);
-      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-      if (first < iov.size()) {
-        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-        iov[first].iov_len -= left;
+    // Blocks that end at or before the new end take no more bytes; those no append is still
+    // copying into are written by this one.
+    for (auto it = file->blocks.begin(); it != file->blocks.end() && it->first + b <= at; ++it) {
+      Block& block = *it->second;
+      if (block.closed) continue;
+      block.closed = true;
+      if (block.copying == 0) {
+        block.writing = true;
+        ready.push_back(it->second);
       }
     }
-    file->NoteSize(run_end);
   }
-  // Start write-back of what has piled up, so that the commit's fdatasync is short.
+  for (const Copy& c : copies) {
+    std::memcpy(c.block->bytes.get() + (c.at - c.block->start), c.bytes.data(), c.bytes.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(file->mu);
+    for (const std::shared_ptr<Block>& block : touched) {
+      if (--block->copying == 0 && block->closed && !block->writing) {
+        block->writing = true;
+        ready.push_back(block);
+      }
+    }
+  }
+  CKPT_RETURN_IF_ERROR(WriteBlocks(*file, ready));
+  // Start write-back of what has piled up, so that the commit's fdatasync is short: the bytes
+  // before the first block not yet written.
   int64_t from = 0, to = 0;
   {
     std::lock_guard<std::mutex> lock(file->mu);
-    if (file->end - file->write_behind_from >= options_.write_behind_bytes) {
+    const int64_t written =
+        file->blocks.empty() ? file->end : std::min(file->end, file->blocks.begin()->first);
+    if (written - file->write_behind_from >= options_.write_behind_bytes) {
       from = file->write_behind_from;
-      to = file->end;
+      to = written;
       file->write_behind_from = to;
     }
   }
   if (to > from) ::sync_file_range(file->fd, from, to - from, SYNC_FILE_RANGE_WRITE);
   return offsets;
+}
+
+absl::Status SegmentFiles::WriteBlocks(File& file,
+                                       const std::vector<std::shared_ptr<Block>>& blocks) {
+  absl::Status first;
+  for (const std::shared_ptr<Block>& block : blocks) {
+    absl::Status s;
+    const bool whole = block->lo == block->start &&
+                       block->hi - block->lo == options_.write_block_bytes;
+    bool direct = whole && file.direct_fd >= 0 && file.use_direct.load(std::memory_order_relaxed);
+    if (direct) {
+      s = WriteAll(file.direct_fd, file.path, block->bytes.get(), block->hi - block->lo,
+                   block->lo);
+      if (absl::IsInvalidArgument(s)) {  // direct I/O refused after all: buffered from now on
+        file.use_direct.store(false, std::memory_order_relaxed);
+        direct = false;
+      }
+    }
+    if (!direct) {
+      s = WriteAll(file.fd, file.path, block->bytes.get() + (block->lo - block->start),
+                   block->hi - block->lo, block->lo);
+    }
+    if (s.ok()) file.NoteSize(block->hi);
+    {
+      std::lock_guard<std::mutex> lock(file.mu);
+      // A block that failed to write stays out of reads too: the file's write_error answers them.
+      file.blocks.erase(block->start);
+      file.block_count.fetch_sub(1, std::memory_order_relaxed);
+      if (!s.ok()) file.Fail(s);
+    }
+    file.written.notify_all();
+    if (first.ok()) first = s;
+  }
+  return first;
 }
 
 absl::Status SegmentFiles::Sync(uint64_t data_id) {
@@ -240,6 +366,35 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
     if (it != files_.end()) file = it->second;
   }
   if (file == nullptr) return absl::OkStatus();  // nothing appended
+  {
+    std::unique_lock<std::mutex> lock(file->mu);
+    // Blocks that appends are writing may hold bytes of other appends that have returned.
+    file->written.wait(lock, [&] {
+      return std::none_of(file->blocks.begin(), file->blocks.end(),
+                          [](const auto& entry) { return entry.second->writing; });
+    });
+    if (!file->write_error.ok()) return file->write_error;
+    // The blocks still open, written as far as they are filled, under the lock (a few at most,
+    // and no append may reserve bytes in one meanwhile). One that an append is still copying
+    // into stays, to be written again when it is closed.
+    for (auto it = file->blocks.begin(); it != file->blocks.end();) {
+      Block& block = *it->second;
+      const absl::Status s = WriteAll(file->fd, file->path,
+                                      block.bytes.get() + (block.lo - block.start),
+                                      block.hi - block.lo, block.lo);
+      if (!s.ok()) {
+        file->Fail(s);
+        return s;
+      }
+      file->NoteSize(block.hi);
+      if (block.copying > 0) {
+        ++it;
+        continue;
+      }
+      it = file->blocks.erase(it);
+      file->block_count.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
   if (::fdatasync(file->fd) != 0) return Errno("sync", file->path);
   const int dir_fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return Errno("open directory", dir_);
@@ -290,6 +445,8 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   }
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
+  // Pages not in the page cache come in as 2 MiB folios, mapped whole (advice: errors ignored).
+  ::madvise(addr, static_cast<size_t>(length), MADV_HUGEPAGE);
   auto window = std::make_shared<Window>();
   window->addr = addr;
   window->length = static_cast<size_t>(length);
@@ -331,6 +488,16 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
   }
   const auto begin = static_cast<int64_t>(offset);
   const auto end = static_cast<int64_t>(offset + length);
+  if (file.block_count.load(std::memory_order_relaxed) > 0 || file.failed.load()) {
+    std::lock_guard<std::mutex> lock(file.mu);
+    if (!file.write_error.ok()) return Prefixed(what, file.write_error);
+    if (!file.blocks.empty()) {
+      absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> copy =
+          ReadFromBlocksLocked(file, begin, end);
+      if (!copy.ok()) return Prefixed(what, copy.status());
+      if (copy->has_value()) return std::move(**copy);
+    }
+  }
   if (end > file.size.load(std::memory_order_relaxed)) {
     struct stat st;
     if (::fstat(file.fd, &st) != 0) return Prefixed(what, Errno("stat", file.path));
@@ -378,6 +545,48 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
   }
   return std::make_unique<MappedChunk>(std::move(window),
                                        std::string_view(data, static_cast<size_t>(length)));
+}
+
+absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> SegmentFiles::ReadFromBlocksLocked(
+    File& file, int64_t begin, int64_t end) {
+  const int64_t b = options_.write_block_bytes;
+  auto first = file.blocks.lower_bound(begin / b * b);
+  if (first == file.blocks.end() || first->first >= end) return std::nullopt;
+  if (end > file.end) {
+    return absl::DataLossError(absl::StrCat("segment file ", file.path, " has ", file.end,
+                                            " bytes appended, the chunk is at [", begin, ", ",
+                                            end, ")"));
+  }
+  auto copy = std::make_unique<HeapChunk>(static_cast<size_t>(end - begin));
+  for (int64_t at = begin; at < end;) {
+    const int64_t block_start = at / b * b;
+    const int64_t to = std::min(end, block_start + b);
+    char* out = copy->data() + (at - begin);
+    // Bytes before the block's first (a Sync wrote them, with an earlier block of the same
+    // place) and of blocks already written come from the file.
+    auto it = file.blocks.find(block_start);
+    const int64_t buffered_from = it == file.blocks.end() ? to : std::clamp(it->second->lo, at, to);
+    for (int64_t done = 0; done < buffered_from - at;) {
+      const ssize_t n = ::pread(file.fd, out + done, static_cast<size_t>(buffered_from - at - done),
+                                at + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Errno("read", file.path);
+      if (n == 0) {
+        return absl::DataLossError(absl::StrCat("segment file ", file.path, " ended at ",
+                                                at + done, " inside the chunk at [", begin, ", ",
+                                                end, ") (truncated?)"));
+      }
+      done += n;
+    }
+    if (buffered_from < to) {
+      std::memcpy(out + (buffered_from - at),
+                  it->second->bytes.get() + (buffered_from - block_start),
+                  static_cast<size_t>(to - buffered_from));
+    }
+    at = to;
+  }
+  bytes_copied_.fetch_add(end - begin, std::memory_order_relaxed);
+  return std::optional<std::unique_ptr<ChunkData>>(std::move(copy));
 }
 
 absl::Status SegmentFiles::Remove(uint64_t data_id) {

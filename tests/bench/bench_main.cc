@@ -475,6 +475,7 @@ class Harness {
   absl::Status Generate();
   void MeasureUpload();
   void MeasureStoreWrite();
+  void MeasureFirstFetch();
   void MeasureTransportLimit();
   void MeasureStorageLimit();
   void MeasureFetch(const FetchCase& c);
@@ -558,6 +559,9 @@ class Harness {
   std::optional<CpuPerGib> upload_cpu_;  // of the median pass
   std::optional<double> upload_first_gibps_;  // the first pass, into a fresh ckptd and store
   std::optional<CpuPerGib> upload_first_cpu_;
+  // One merged fetch right after the upload: ckptd writes whole blocks past the page cache, so
+  // this first read comes from the disk (and warms the page cache for the cases after it).
+  std::optional<double> first_fetch_gibps_;
   // 1 MiB chunks put into a fresh RocksDB store and committed, in this process: what RocksDB
   // alone costs to ingest the bytes (the floor of the upload's server side).
   std::optional<double> store_write_gibps_;
@@ -720,6 +724,21 @@ void Harness::MeasureUpload() {
   upload_cpu_ = pass_cpu[median - pass_seconds.begin()];
   upload_first_gibps_ = file_bytes / kGiB / pass_seconds.front();
   upload_first_cpu_ = pass_cpu.front();
+}
+
+void Harness::MeasureFirstFetch() {
+  v1::FetchRequest request;
+  request.set_checkpoint_id(kCheckpointId);
+  request.set_merged(true);
+  CheckingVisitor visitor(&spec_, nullptr, 0, "");
+  const auto start = Clock::now();
+  absl::Status s = client_->Fetch(request, visitor);
+  if (s.ok()) s = visitor.Complete();
+  if (!s.ok()) return Error("first fetch after the upload", s);
+  const double seconds = Seconds(start);
+  first_fetch_gibps_ = visitor.bytes() / kGiB / seconds;
+  Progress(absl::StrFormat("first fetch after the upload (merged): %.3f GiB in %.2f s = %.2f GiB/s",
+                           visitor.bytes() / kGiB, seconds, *first_fetch_gibps_));
 }
 
 void Harness::MeasureStoreWrite() {
@@ -1145,6 +1164,7 @@ json Harness::Results() const {
                  {"cpu", CpuJson(upload_cpu_)},
                  {"first_pass_gibps", Opt(upload_first_gibps_)},
                  {"first_pass_cpu", CpuJson(upload_first_cpu_)},
+                 {"first_fetch_gibps", Opt(first_fetch_gibps_)},
                  {"store_write_gibps", Opt(store_write_gibps_)},
                  {"store_write_cpu_s_per_gib", Opt(store_write_cpu_)}};
   json targets = json::array();
@@ -1273,6 +1293,8 @@ std::vector<Row> Harness::Table() const {
     rows.push_back({"  first pass (fresh ckptd and store)", Fmt(upload_first_gibps_, " GiB/s"),
                     "", ""});
     rows.push_back({"    CPU per GiB (server + client)", CpuText(upload_first_cpu_), "", ""});
+    rows.push_back({"  first fetch after it (merged, from disk)", Fmt(first_fetch_gibps_, " GiB/s"),
+                    "", ""});
     rows.push_back({"  store write limit (store, 1 thread)", Fmt(store_write_gibps_, " GiB/s"),
                     "", ""});
     rows.push_back(
@@ -1329,6 +1351,7 @@ int Harness::Run() {
     // above ran with glibc's defaults; the baseline child process keeps them too (it stands for
     // MindSpore's Python tool).
     TuneMallocForStreaming();
+    MeasureFirstFetch();
     if (Selected("transport")) MeasureTransportLimit();
     if (Selected("storage")) MeasureStorageLimit();
     const std::vector<FetchCase> cases = {

@@ -3,7 +3,9 @@
 // chunks larger than a window) runs on little data.
 #include "storage/internal/segment_files.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -52,13 +55,14 @@ class SegmentFilesTest : public ::testing::Test {
     ASSERT_TRUE(files.ok()) << files.status();
     files_ = *std::move(files);
   }
-  // Small windows: 4 pages, a budget of 3 windows, 2 kept after use.
+  // Small windows: 4 pages, a budget of 3 windows, 2 kept after use; write blocks of 2 pages.
   static SegmentOptions Small() {
     SegmentOptions o;
     o.window_bytes = 4 * kPage;
     o.window_budget_bytes = 3 * o.window_bytes;
     o.recent_windows = 2;
     o.write_behind_bytes = 8 * kPage;
+    o.write_block_bytes = 2 * kPage;
     return o;
   }
   // Appends `bytes` as the only piece of a call to `id`'s file; its offset.
@@ -73,16 +77,24 @@ class SegmentFilesTest : public ::testing::Test {
     return data.ok() ? *std::move(data) : nullptr;
   }
 
+  // The bytes of `id`'s file on disk.
+  std::string FileBytes(uint64_t id) {
+    std::ifstream in(files_->PathOf(id), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  void ConcurrentAppendsReadBackExactly(SegmentOptions options);
+
   std::string dir_;
   std::unique_ptr<SegmentFiles> files_;
 };
 
 // Random pieces (empty, tiny, around a window, larger than one) appended by several threads at
-// once: every piece reads back exactly, pieces never overlap, and none of at most a window
-// straddles a window boundary.
-TEST_F(SegmentFilesTest, ConcurrentAppendsReadBackExactlyWithoutStraddlingWindows) {
-  ASSERT_NO_FATAL_FAILURE(Open(Small()));
-  const int64_t w = Small().window_bytes;
+// once: every piece reads back exactly, before and after Sync, pieces never overlap, and none of
+// at most a window straddles a window boundary. After Sync the file holds every piece at its
+// offset and zeros in between.
+void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) {
+  ASSERT_NO_FATAL_FAILURE(Open(options));
+  const int64_t w = options.window_bytes;
   const uint64_t seed = testing::PropertySeed(17);
   constexpr int kThreads = 4;
   constexpr int kBatches = 30;
@@ -130,6 +142,135 @@ TEST_F(SegmentFilesTest, ConcurrentAppendsReadBackExactlyWithoutStraddlingWindow
   }
   ASSERT_TRUE(files_->Sync(7).ok());
   EXPECT_TRUE(files_->Sync(8).ok());  // nothing appended: no file, nothing to sync
+
+  const std::string image = FileBytes(7);
+  ASSERT_GE(image.size(), ranges.empty() ? 0 : ranges.back().second);
+  std::string expected(image.size(), '\0');
+  for (const auto& thread_pieces : written) {
+    for (const auto& [offset, bytes] : thread_pieces) {
+      expected.replace(offset, bytes.size(), bytes);
+      std::unique_ptr<ChunkData> data = Read(7, offset, bytes.size());
+      ASSERT_NE(data, nullptr);
+      ASSERT_EQ(data->bytes(), bytes) << "after Sync: piece of " << bytes.size() << " bytes at "
+                                      << offset;
+    }
+  }
+  EXPECT_TRUE(image == expected) << "the synced file differs from the pieces and zeros between";
+}
+
+TEST_F(SegmentFilesTest, ConcurrentAppendsReadBackExactlyWithoutStraddlingWindows) {
+  ConcurrentAppendsReadBackExactly(Small());
+}
+
+TEST_F(SegmentFilesTest, ConcurrentAppendsThroughThePageCacheOnly) {
+  SegmentOptions options = Small();
+  options.direct_writes = false;
+  ConcurrentAppendsReadBackExactly(options);
+}
+
+// Blocks larger than windows: several windows per block, holes inside blocks.
+TEST_F(SegmentFilesTest, ConcurrentAppendsWithBlocksLargerThanWindows) {
+  SegmentOptions options = Small();
+  options.write_block_bytes = 3 * options.window_bytes;
+  ConcurrentAppendsReadBackExactly(options);
+}
+
+// Appended bytes are readable at once, from the buffer of their block until it is written (the
+// file does not have them yet), and from the file after.
+TEST_F(SegmentFilesTest, BytesOfBlocksNotYetWrittenReadFromTheirBuffers) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));
+  std::mt19937_64 rng(11);
+  const std::string first = RandomBytes(100, rng);
+  ASSERT_EQ(AppendOne(4, first), 0u);
+  EXPECT_EQ(FileBytes(4).size(), 0u) << "the block is written before it is full";
+  const int64_t copied = files_->bytes_copied();
+  std::unique_ptr<ChunkData> early = Read(4, 0, first.size());
+  ASSERT_NE(early, nullptr);
+  EXPECT_EQ(early->bytes(), first);
+  EXPECT_EQ(files_->bytes_copied(), copied + 100);  // a copy out of the buffer
+  auto past = files_->Read(4, 0, 101, "chunk p");
+  ASSERT_EQ(past.status().code(), absl::StatusCode::kDataLoss) << past.status();
+  EXPECT_THAT(std::string(past.status().message()), HasSubstr("chunk p: segment file "));
+
+  // A piece that fills the first block and spills into the second: the first is written.
+  const int64_t b = Small().write_block_bytes;
+  const std::string second = RandomBytes(static_cast<size_t>(b), rng);
+  ASSERT_EQ(AppendOne(4, second), 100u);
+  EXPECT_EQ(static_cast<int64_t>(FileBytes(4).size()), b);
+  std::unique_ptr<ChunkData> spanning = Read(4, 100, second.size());  // file, then buffer
+  ASSERT_NE(spanning, nullptr);
+  EXPECT_EQ(spanning->bytes(), second);
+  EXPECT_EQ(early->bytes(), first);
+
+  ASSERT_TRUE(files_->Sync(4).ok());
+  EXPECT_EQ(FileBytes(4), first + second);
+  std::unique_ptr<ChunkData> mapped = Read(4, 0, first.size());
+  ASSERT_NE(mapped, nullptr);
+  EXPECT_EQ(mapped->bytes(), first);
+  EXPECT_EQ(files_->mapped_windows(), 1);
+  // Appends after a Sync continue the file (into the block Sync wrote in part); the bytes Sync
+  // wrote there come from the file, the new ones from the block's buffer.
+  const std::string third = RandomBytes(50, rng);
+  const uint64_t at = AppendOne(4, third);
+  EXPECT_EQ(at, 100u + second.size());
+  std::unique_ptr<ChunkData> before_sync = Read(4, 100, second.size() + third.size());
+  ASSERT_NE(before_sync, nullptr);
+  EXPECT_EQ(before_sync->bytes(), second + third);
+  ASSERT_TRUE(files_->Sync(4).ok());
+  EXPECT_EQ(FileBytes(4), first + second + third);
+}
+
+// A write that fails (here: past the file size limit) fails every later append, sync and read of
+// that data id, naming the file: its block held bytes of appends that had already returned.
+TEST_F(SegmentFilesTest, AFailedWriteFailsTheDataIdFromThenOn) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));
+  const int64_t b = Small().write_block_bytes;
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  struct sigaction ignore = {}, old_action;
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = static_cast<rlim_t>(2 * b);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  std::vector<absl::Status> appends;
+  for (int i = 0; i < 3; ++i) {  // whole blocks, each written by its own append
+    appends.push_back(
+        files_->Append(9, {std::string(static_cast<size_t>(b), static_cast<char>('a' + i))})
+            .status());
+  }
+  const absl::Status later = files_->Append(9, {std::string("x")}).status();
+  const absl::Status synced = files_->Sync(9);
+  auto read = files_->Read(9, 0, static_cast<uint64_t>(b), "chunk r");
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  ASSERT_EQ(::sigaction(SIGXFSZ, &old_action, nullptr), 0);
+
+  EXPECT_TRUE(appends[0].ok()) << appends[0];
+  EXPECT_TRUE(appends[1].ok()) << appends[1];
+  ASSERT_FALSE(appends[2].ok());
+  EXPECT_THAT(std::string(appends[2].message()), HasSubstr(files_->PathOf(9)));
+  EXPECT_EQ(later, appends[2]);
+  EXPECT_EQ(synced, appends[2]);
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("chunk r: write "));
+  // Other data ids are unaffected.
+  EXPECT_EQ(AppendOne(10, "fine"), 0u);
+  EXPECT_TRUE(files_->Sync(10).ok());
+}
+
+// A hole that a block spans is zeros in the file, like the hole past a block.
+TEST_F(SegmentFilesTest, HolesInsideABlockAreZeros) {
+  SegmentOptions options = Small();
+  options.write_block_bytes = 2 * options.window_bytes;
+  ASSERT_NO_FATAL_FAILURE(Open(options));
+  const int64_t w = options.window_bytes;
+  std::mt19937_64 rng(13);
+  const std::string a = RandomBytes(static_cast<size_t>(w - 100), rng);
+  const std::string b = RandomBytes(200, rng);  // does not fit the rest of window 0
+  ASSERT_EQ(AppendOne(6, a), 0u);
+  ASSERT_EQ(AppendOne(6, b), static_cast<uint64_t>(w));
+  ASSERT_TRUE(files_->Sync(6).ok());
+  EXPECT_EQ(FileBytes(6), a + std::string(100, '\0') + b);
 }
 
 // Views share a window while it is within the budget; past the budget chunks come back as
