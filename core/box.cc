@@ -32,9 +32,11 @@ absl::StatusOr<int64_t> NumElements(const Shape& shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", ShapeToString(shape), " has a negative dim ", i));
     }
-    auto next = CheckedMul(n, shape[i], absl::StrCat("element count of shape ", ShapeToString(shape)));
-    if (!next.ok()) return next.status();
-    n = *next;
+    int64_t next;
+    if (__builtin_mul_overflow(n, shape[i], &next)) {  // the message is built only on overflow
+      return CheckedMul(n, shape[i], absl::StrCat("element count of shape ", ShapeToString(shape)));
+    }
+    n = next;
   }
   return n;
 }
@@ -65,7 +67,11 @@ bool Box::empty() const {
 
 absl::StatusOr<int64_t> Box::Volume() const {
   if (empty()) return 0;
-  return NumElements(shape());
+  int64_t n = 1;  // every extent is positive here
+  for (size_t i = 0; i < lo.size(); ++i) {
+    if (__builtin_mul_overflow(n, hi[i] - lo[i], &n)) return NumElements(shape());  // the error
+  }
+  return n;
 }
 
 bool Box::Contains(const Box& other) const {
@@ -95,16 +101,21 @@ bool NextIndex(std::vector<int64_t>& index, const std::vector<int64_t>& lo,
 }
 
 std::optional<Box> Intersect(const Box& a, const Box& b) {
-  if (a.rank() != b.rank()) return std::nullopt;
   Box out;
-  out.lo.resize(a.rank());
-  out.hi.resize(a.rank());
-  for (size_t i = 0; i < a.rank(); ++i) {
-    out.lo[i] = std::max(a.lo[i], b.lo[i]);
-    out.hi[i] = std::min(a.hi[i], b.hi[i]);
-    if (out.hi[i] <= out.lo[i]) return std::nullopt;
-  }
+  if (!IntersectInto(a, b, &out)) return std::nullopt;
   return out;
+}
+
+bool IntersectInto(const Box& a, const Box& b, Box* out) {
+  if (a.rank() != b.rank()) return false;
+  out->lo.resize(a.rank());
+  out->hi.resize(a.rank());
+  for (size_t i = 0; i < a.rank(); ++i) {
+    out->lo[i] = std::max(a.lo[i], b.lo[i]);
+    out->hi[i] = std::min(a.hi[i], b.hi[i]);
+    if (out->hi[i] <= out->lo[i]) return false;
+  }
+  return true;
 }
 
 }  // namespace ckpt

@@ -49,6 +49,9 @@ bool NextIndex(std::vector<int64_t>& index, const std::vector<int64_t>& lo,
 
 // The common part of two boxes of equal rank, or nullopt when they do not overlap.
 std::optional<Box> Intersect(const Box& a, const Box& b);
+// The same into `*out`, reusing its storage (hot loops): false, `*out` unspecified, when the
+// boxes do not overlap or differ in rank.
+bool IntersectInto(const Box& a, const Box& b, Box* out);
 
 }  // namespace ckpt
 

@@ -100,21 +100,28 @@ int64_t ChunkGrid::chunks_per_band() const {
 
 Box ChunkGrid::ChunkBox(int64_t index) const {
   Box box;
-  box.lo.resize(shape_.size());
-  box.hi.resize(shape_.size());
-  for (size_t i = shape_.size(); i-- > 0;) {
-    const int64_t t = index % tiles_per_dim_[i];
-    index /= tiles_per_dim_[i];
-    box.lo[i] = t * tile_[i];
-    box.hi[i] = std::min(shape_[i], box.lo[i] + tile_[i]);
-  }
+  ChunkBox(index, &box);
   return box;
 }
 
+void ChunkGrid::ChunkBox(int64_t index, Box* out) const {
+  out->lo.resize(shape_.size());
+  out->hi.resize(shape_.size());
+  for (size_t i = shape_.size(); i-- > 0;) {
+    const int64_t t = index % tiles_per_dim_[i];
+    index /= tiles_per_dim_[i];
+    out->lo[i] = t * tile_[i];
+    out->hi[i] = std::min(shape_[i], out->lo[i] + tile_[i]);
+  }
+}
+
 int64_t ChunkGrid::ChunkBytes(int64_t index) const {
-  const Box b = ChunkBox(index);
   int64_t elements = 1;
-  for (size_t i = 0; i < b.rank(); ++i) elements *= b.extent(i);
+  for (size_t i = shape_.size(); i-- > 0;) {
+    const int64_t lo = index % tiles_per_dim_[i] * tile_[i];
+    index /= tiles_per_dim_[i];
+    elements *= std::min(shape_[i], lo + tile_[i]) - lo;
+  }
   return BytesOf(elements, elem_bits_);
 }
 

@@ -54,6 +54,8 @@ class ChunkGrid {
 
   // The box (slice-local coordinates) of chunk `index`.
   Box ChunkBox(int64_t index) const;
+  // The same into `*out`, reusing its storage (hot loops).
+  void ChunkBox(int64_t index, Box* out) const;
   // Bytes of chunk `index`.
   int64_t ChunkBytes(int64_t index) const;
   // Total bytes of the slice.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/chunk_grid.h"
 #include "core/status_macros.h"
@@ -14,21 +15,19 @@ Box BoxOf(const records::BlobRecord& b) {
   return Box{{b.box_lo().begin(), b.box_lo().end()}, {b.box_hi().begin(), b.box_hi().end()}};
 }
 
-Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
-  Box out = box;
+// Moves `box` by `sign` * `by` in place.
+void ShiftInPlace(Box* box, const std::vector<int64_t>& by, int sign) {
   for (size_t i = 0; i < by.size(); ++i) {
-    out.lo[i] += sign * by[i];
-    out.hi[i] += sign * by[i];
+    box->lo[i] += sign * by[i];
+    box->hi[i] += sign * by[i];
   }
-  return out;
 }
 
-// A stored chunk and the region of the current band it supplies, in global coordinates.
-struct Piece {
-  std::shared_ptr<StreamChunk> chunk;
-  Box chunk_box;
-  Box region;
-};
+Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
+  Box out = box;
+  ShiftInPlace(&out, by, sign);
+  return out;
+}
 
 // A view of `length` bytes of `chunk` from `offset`, carrying the chunk's checksum when the view
 // is the whole chunk.
@@ -40,19 +39,21 @@ DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offse
   return s;
 }
 
+}  // namespace
+
 // When every piece supplies whole rows of the band (all dims but the first span the band) that
 // are also whole rows of its chunk, each piece is one contiguous byte range of its chunk and the
 // band is those ranges in row order (row and optimizer-shard re-splits, whole tensors of row
 // splits): fills `out` with views of the chunks, copying nothing, and returns true. Otherwise
 // (column re-splits, rows that are not whole bytes) returns false and leaves `out` empty.
-bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
-                     std::vector<DataSegment>* out) {
+bool FetchStream::ReferenceChunks(DType dtype, const Box& band, std::span<Piece> pieces,
+                                  std::vector<DataSegment>* out) {
   out->clear();
-  if (pieces->empty()) return false;
+  if (pieces.empty()) return false;
   const size_t rank = band.lo.size();
   if (rank == 0) {  // a scalar: one piece, the whole chunk
-    if (pieces->size() != 1) return false;
-    const Piece& p = pieces->front();
+    if (pieces.size() != 1) return false;
+    const Piece& p = pieces.front();
     out->push_back(ChunkSegment(p.chunk, 0, p.chunk->data->bytes().size()));
     return true;
   }
@@ -61,7 +62,7 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
   const int64_t row_bits = row_elements * ElementBits(dtype);
   if (row_bits % 8 != 0) return false;
   const int64_t row_bytes = row_bits / 8;
-  for (const Piece& p : *pieces) {
+  for (const Piece& p : pieces) {
     for (size_t i = 1; i < rank; ++i) {
       if (p.region.lo[i] != band.lo[i] || p.region.hi[i] != band.hi[i] ||
           p.chunk_box.lo[i] != band.lo[i] || p.chunk_box.hi[i] != band.hi[i]) {
@@ -69,24 +70,22 @@ bool ReferenceChunks(DType dtype, const Box& band, std::vector<Piece>* pieces,
       }
     }
   }
-  std::sort(pieces->begin(), pieces->end(),
+  std::sort(pieces.begin(), pieces.end(),
             [](const Piece& a, const Piece& b) { return a.region.lo[0] < b.region.lo[0]; });
   int64_t next = band.lo[0];
-  for (const Piece& p : *pieces) {
+  for (const Piece& p : pieces) {
     if (p.region.lo[0] != next) break;  // a gap or an overlap: not a plain stack of rows
     const auto offset = static_cast<size_t>((p.region.lo[0] - p.chunk_box.lo[0]) * row_bytes);
     const auto length = static_cast<size_t>((p.region.hi[0] - p.region.lo[0]) * row_bytes);
     out->push_back(ChunkSegment(p.chunk, offset, length));
     next = p.region.hi[0];
   }
-  if (next != band.hi[0] || out->size() != pieces->size()) {
+  if (next != band.hi[0] || out->size() != pieces.size()) {
     out->clear();
     return false;
   }
   return true;
 }
-
-}  // namespace
 
 absl::Status FetchStream::Annotate(const absl::Status& s) const {
   const std::string tensor = tensor_ < plan_.tensors.size() ? plan_.tensors[tensor_].name : "?";
@@ -181,10 +180,12 @@ const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
 }
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddress& address,
-                                                                uint64_t checksum) {
+                                                                uint64_t checksum,
+                                                                int64_t row_end) {
   const ChunkKey key = KeyOf(address);
   if (auto hit = cache_index_.find(key); hit != cache_index_.end()) {
     cache_.splice(cache_.begin(), cache_, hit->second);
+    cache_.front().row_end = row_end;
     return cache_.front().chunk;
   }
   auto read = store_->ReadChunkUnverified(address);
@@ -194,7 +195,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
   chunk->data = std::move(*read);
   chunk->checksum = checksum;
   chunk->sendable = checkpoint_->chunk_checksum == options_.message_checksum;
-  cache_.push_front({key, chunk});
+  cache_.push_front({key, chunk, row_end});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
   while (cache_bytes_ > options_.chunk_cache_bytes && cache_.size() > 1) {
@@ -217,10 +218,76 @@ void FetchStream::DropConsumedChunks(uint32_t tensor, int64_t first_row) {
   }
 }
 
-void FetchStream::NoteRowEnd(const ChunkAddress& address, int64_t row_end) {
-  if (auto hit = cache_index_.find(KeyOf(address)); hit != cache_index_.end()) {
-    hit->second->row_end = row_end;
+absl::Status FetchStream::ResolveSources() {
+  if (sources_tensor_ == tensor_) return absl::OkStatus();
+  const TensorPlan& t = plan_.tensors[tensor_];
+  const records::TensorRecord& r = Record(t);
+  sources_.clear();
+  sources_tensor_ = std::numeric_limits<size_t>::max();  // until every op is resolved
+  sources_.reserve(t.ops.size());
+  for (const CopyOp& op : t.ops) {
+    Source& s = sources_.emplace_back();
+    s.region.lo.resize(op.extent.size());
+    s.region.hi.resize(op.extent.size());
+    for (size_t i = 0; i < op.extent.size(); ++i) {
+      s.region.lo[i] = op.src_box.lo[i] + op.src_offset[i];
+      s.region.hi[i] = s.region.lo[i] + op.extent[i];
+    }
+    s.blob = BlobFor(r, op);
+    if (!s.blob) {
+      return Annotate(absl::InternalError(absl::StrCat("no stored slice for source box ",
+                                                       op.src_box.ToString(), " of rank ",
+                                                       op.src_rank)));
+    }
+    const Box blob_box = BoxOf(*s.blob);
+    auto grid = ChunkGrid::FromTile(blob_box.shape(),
+                                    {s.blob->tile().begin(), s.blob->tile().end()},
+                                    ElementBits(t.dtype));
+    if (!grid.ok()) return Annotate(absl::DataLossError(grid.status().message()));
+    s.grid = *std::move(grid);
+    s.blob_lo = blob_box.lo;
   }
+  sources_tensor_ = tensor_;
+  return absl::OkStatus();
+}
+
+absl::Status FetchStream::CollectPieces(const Box& band_box) {
+  const TensorPlan& t = plan_.tensors[tensor_];
+  const records::TensorRecord& r = Record(t);
+  const uint64_t data_id = checkpoint_->manifest.data_id();
+  for (size_t k = 0; k < piece_count_; ++k) pieces_[k].chunk.reset();
+  piece_count_ = 0;
+  for (const Source& s : sources_) {
+    if (!IntersectInto(s.region, band_box, &part_)) continue;
+    local_ = part_;
+    ShiftInPlace(&local_, s.blob_lo, -1);
+    for (int64_t chunk : s.grid.ChunksOverlapping(local_)) {
+      if (chunk >= s.blob->chunk_xxh64_size()) {
+        return Annotate(absl::DataLossError(absl::StrCat(
+            "manifest lists ", s.blob->chunk_xxh64_size(), " chunks, chunk ", chunk, " needed")));
+      }
+      if (piece_count_ == pieces_.size()) pieces_.emplace_back();
+      Piece& p = pieces_[piece_count_];
+      s.grid.ChunkBox(chunk, &p.chunk_box);
+      ShiftInPlace(&p.chunk_box, s.blob_lo, +1);
+      auto data = Chunk({data_id, r.tensor_index(), s.blob->blob_index(),
+                         static_cast<uint32_t>(chunk)},
+                        s.blob->chunk_xxh64(chunk),
+                        p.chunk_box.hi.empty() ? std::numeric_limits<int64_t>::max()
+                                               : p.chunk_box.hi[0]);
+      if (!data.ok()) return Annotate(data.status());
+      const size_t size = (*data)->data->bytes().size();
+      if (static_cast<int64_t>(size) != s.grid.ChunkBytes(chunk)) {
+        return Annotate(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ", size,
+                                                         " bytes, expected ",
+                                                         s.grid.ChunkBytes(chunk))));
+      }
+      IntersectInto(p.chunk_box, part_, &p.region);  // the chunk overlaps the part
+      p.chunk = *std::move(data);
+      ++piece_count_;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status FetchStream::BuildBand() {
@@ -281,59 +348,20 @@ absl::Status FetchStream::BuildBand() {
     next_row_ = 1;
   }
 
-  std::vector<Piece> pieces;
-  // The stored chunks overlapping `band_box`, each with the region of the band it supplies.
-  auto collect = [&]() -> absl::Status {
-    pieces.clear();
-    for (const CopyOp& op : t.ops) {
-      Box source;
-      source.lo.resize(op.extent.size());
-      source.hi.resize(op.extent.size());
-      for (size_t i = 0; i < op.extent.size(); ++i) {
-        source.lo[i] = op.src_box.lo[i] + op.src_offset[i];
-        source.hi[i] = source.lo[i] + op.extent[i];
-      }
-      const std::optional<Box> part = Intersect(source, band_box);
-      if (!part) continue;
-      const records::BlobRecord* b = BlobFor(r, op);
-      if (!b) {
-        return where(absl::InternalError(absl::StrCat("no stored slice for source box ",
-                                                      op.src_box.ToString(), " of rank ",
-                                                      op.src_rank)));
-      }
-      const Box blob_box = BoxOf(*b);
-      auto grid = ChunkGrid::FromTile(blob_box.shape(), {b->tile().begin(), b->tile().end()},
-                                      ElementBits(t.dtype));
-      if (!grid.ok()) return where(absl::DataLossError(grid.status().message()));
-      for (int64_t chunk : grid->ChunksOverlapping(Shift(*part, blob_box.lo, -1))) {
-        if (chunk >= b->chunk_xxh64_size()) {
-          return where(absl::DataLossError(absl::StrCat("manifest lists ", b->chunk_xxh64_size(),
-                                                        " chunks, chunk ", chunk, " needed")));
-        }
-        auto data =
-            Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(chunk)},
-                  b->chunk_xxh64(chunk));
-        if (!data.ok()) return where(data.status());
-        const size_t size = (*data)->data->bytes().size();
-        if (static_cast<int64_t>(size) != grid->ChunkBytes(chunk)) {
-          return where(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ", size,
-                                                        " bytes, expected ",
-                                                        grid->ChunkBytes(chunk))));
-        }
-        Box chunk_box = Shift(grid->ChunkBox(chunk), blob_box.lo, +1);
-        if (!chunk_box.hi.empty()) NoteRowEnd((*data)->address, chunk_box.hi[0]);
-        Box region = *Intersect(chunk_box, *part);
-        pieces.push_back({std::move(*data), std::move(chunk_box), std::move(region)});
-      }
-    }
-    return absl::OkStatus();
+  CKPT_RETURN_IF_ERROR(ResolveSources());
+  // pieces_ let go of their chunks whichever way this returns: a band's chunks are then held by
+  // the band's segments and the stream's cache only.
+  absl::Cleanup release = [this] {
+    for (size_t k = 0; k < piece_count_; ++k) pieces_[k].chunk.reset();
+    piece_count_ = 0;
   };
-  CKPT_RETURN_IF_ERROR(collect());
+  CKPT_RETURN_IF_ERROR(CollectPieces(band_box));
+  std::span<Piece> pieces(pieces_.data(), piece_count_);
   // Tiles (NextPiece's `tiles`) are sent for bands of whole-byte elements that a stack of rows
   // of chunks cannot supply; a band of them holds at most 16 messages' worth.
   const bool may_tile = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0;
   const int64_t max_tiled_bytes = 16 * options_.max_message_bytes;
-  bool referenced = ReferenceChunks(t.dtype, band_box, &pieces, &band_);
+  bool referenced = ReferenceChunks(t.dtype, band_box, pieces, &band_);
   if (!referenced && may_tile && pieces.size() > 1) {
     // Extend the band to the end of the chunks it cuts (within what a band of tiles may hold),
     // so that they go whole, neither copied nor hashed here.
@@ -343,8 +371,9 @@ absl::Status FetchStream::BuildBand() {
     if (end > band_box.hi[0] && (end - band_box.lo[0]) * row_bytes <= max_tiled_bytes) {
       next_row_ += end - band_box.hi[0];
       band_box.hi[0] = end;
-      CKPT_RETURN_IF_ERROR(collect());
-      referenced = ReferenceChunks(t.dtype, band_box, &pieces, &band_);
+      CKPT_RETURN_IF_ERROR(CollectPieces(band_box));
+      pieces = std::span<Piece>(pieces_.data(), piece_count_);
+      referenced = ReferenceChunks(t.dtype, band_box, pieces, &band_);
     }
   }
   if (referenced) {

@@ -76,11 +76,15 @@ TEST(ChunkGridPropertyTest, ChunksTileAndOverlapQueriesAreExact) {
     auto g = ChunkGrid::Make(shape, 32, opts);
     ASSERT_TRUE(g.ok()) << g.status();
     int64_t volume = 0, bytes = 0;
+    Box reused{{7, 7, 7, 7}, {9, 9, 9, 9}};  // the in-place form overwrites whatever it held
     for (int64_t c = 0; c < g->chunk_count(); ++c) {
       const Box b = g->ChunkBox(c);
       ASSERT_TRUE(Box::Whole(shape).Contains(b));
       ASSERT_FALSE(b.empty());
+      g->ChunkBox(c, &reused);
+      ASSERT_EQ(reused, b);
       volume += *b.Volume();
+      ASSERT_EQ(g->ChunkBytes(c), *b.Volume() * 4);  // 32-bit elements
       bytes += g->ChunkBytes(c);
       for (int64_t d = c + 1; d < g->chunk_count(); ++d) {
         ASSERT_FALSE(Intersect(b, g->ChunkBox(d)).has_value()) << "chunks overlap";
