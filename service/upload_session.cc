@@ -402,7 +402,8 @@ absl::Status RankUpload::FlushBand() {
     if (c.mode == Mode::kWrite || c.mode == Mode::kBuffer) {
       writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
                          static_cast<uint32_t>(chunker.ChunkIndex(k))},
-                        bytes});
+                        bytes,
+                        static_cast<uint32_t>(rank_)});
     }
   }
   if (!writes.empty()) {

@@ -44,6 +44,10 @@ struct ChunkAddress {
 struct ChunkWrite {
   ChunkAddress address;
   std::string_view bytes;
+  // The writer's stream (an upload's source rank): a store keeps the chunks of one stream
+  // together where it can (the RocksDB store: in extents of its segment file of their own), so
+  // that a stored slice is not interleaved with the slices other streams upload at the same time.
+  uint32_t stream = 0;
 };
 
 // Bytes of one chunk as read. May reference storage-owned memory (no copy); valid while the

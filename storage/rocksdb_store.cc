@@ -607,21 +607,29 @@ absl::Status RocksDbStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   // syncs the segment file, then its synced batch syncs the WAL that holds these records).
   rocksdb::WriteBatch batch(/*reserved_bytes=*/chunks.size() *
                             (kChunkKeyBytes + rocksdb_store_internal::kLocationBytes + 16));
+  // One append per data id and stream (usually one in all).
+  std::vector<std::pair<uint64_t, uint32_t>> lanes;
+  for (const ChunkWrite& c : chunks) lanes.push_back({c.address.data_id, c.stream});
+  std::sort(lanes.begin(), lanes.end());
+  lanes.erase(std::unique(lanes.begin(), lanes.end()), lanes.end());
   std::vector<std::string_view> pieces;
-  for (uint64_t id : ids) {
+  for (const auto& [id, stream] : lanes) {
+    auto in_lane = [&](const ChunkWrite& c) {
+      return c.address.data_id == id && c.stream == stream;
+    };
     pieces.clear();
     for (const ChunkWrite& c : chunks) {
-      if (c.address.data_id == id) pieces.push_back(c.bytes);
+      if (in_lane(c)) pieces.push_back(c.bytes);
     }
     const std::string doing = absl::StrCat("writing ", pieces.size(), " chunks of data id ", id);
-    absl::StatusOr<std::vector<uint64_t>> offsets = segments_->Append(id, pieces);
+    absl::StatusOr<std::vector<uint64_t>> offsets = segments_->Append(id, pieces, stream);
     if (!offsets.ok()) {
       return absl::Status(offsets.status().code(),
                           absl::StrCat(doing, ": ", offsets.status().message()));
     }
     size_t k = 0;
     for (const ChunkWrite& c : chunks) {
-      if (c.address.data_id != id) continue;
+      if (!in_lane(c)) continue;
       const rocksdb_store_internal::ChunkLocation location{(*offsets)[k++], c.bytes.size()};
       CKPT_RETURN_IF_ERROR(FromRocks(batch.Put(locations_,
                                                rocksdb_store_internal::ChunkKey(c.address),

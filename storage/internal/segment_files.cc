@@ -32,8 +32,8 @@ constexpr std::string_view kSuffix = ".seg";
 constexpr size_t kHexDigits = 16;
 // Windows registered since the last sweep of expired entries from the window index.
 constexpr int64_t kSweepEvery = 1024;
-// Alignment of the write blocks' buffers: direct I/O needs the device's logical block size.
-constexpr size_t kDirectAlignment = 4096;
+// Free write-block buffers kept for reuse (BlockBuffers).
+constexpr size_t kKeptBlockBuffers = 16;
 
 int64_t PageBytes() {
   static const int64_t page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
@@ -82,17 +82,69 @@ std::string SegmentFileName(uint64_t data_id) {
   return absl::StrFormat("%016x%s", data_id, kSuffix);
 }
 
+// The memory of write blocks: mapped, not taken from malloc (blocks are filled and freed on
+// whichever threads append, and 2 MiB pieces of malloc's per-thread arenas kept ckptd ~150 MiB
+// larger after uploads with several lanes), and reused: up to `keep` free buffers stay mapped,
+// so that a busy upload does not fault in fresh pages for every block. Thread-safe.
+class SegmentFiles::BlockBuffers {
+ public:
+  BlockBuffers(size_t bytes, size_t keep) : bytes_(bytes), keep_(keep) {}
+  ~BlockBuffers() {
+    for (char* p : free_) ::munmap(p, bytes_);
+  }
+  // Page-aligned (direct I/O needs the logical block size); throws std::bad_alloc.
+  char* Get() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        char* p = free_.back();
+        free_.pop_back();
+        return p;
+      }
+    }
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return static_cast<char*>(p);
+  }
+  void Put(char* p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.size() < keep_) {
+        free_.push_back(p);
+        return;
+      }
+    }
+    ::munmap(p, bytes_);
+  }
+
+ private:
+  const size_t bytes_;
+  const size_t keep_;
+  std::mutex mu_;
+  std::vector<char*> free_;  // guarded by mu_
+};
+
 // A write block (SegmentOptions::write_block_bytes) whose bytes are gathered in memory.
 struct SegmentFiles::Block {
-  int64_t start = 0;        // file offset of bytes[0], a multiple of the block size
-  int64_t lo = 0, hi = 0;   // the appended bytes in it: [lo, hi) (holes inside are zeroed)
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char[], Free> bytes;  // aligned for direct I/O
+  Block(std::shared_ptr<BlockBuffers> pool, int64_t start, int64_t at)
+      : start(start), lo(at), hi(at), pool(std::move(pool)), bytes(this->pool->Get()) {}
+  ~Block() { pool->Put(bytes); }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+
+  const int64_t start;      // file offset of bytes[0], a multiple of the block size
+  int64_t lo, hi;           // the appended bytes in it: [lo, hi) (holes inside are zeroed)
+  const std::shared_ptr<BlockBuffers> pool;
+  char* const bytes;        // page-aligned, for direct I/O
   int copying = 0;          // appends copying pieces into it now
   bool closed = false;      // nothing more can be appended to it (or Sync wants it written)
   bool writing = false;     // an append or Sync is writing it (it stays readable until written)
+};
+
+// Where one lane (SegmentFiles::Append) appends: the rest of its current extent.
+struct SegmentFiles::Lane {
+  int64_t at = 0;          // next free offset
+  int64_t extent_end = 0;  // end of its extent; 0 before its first append
 };
 
 struct SegmentFiles::File {
@@ -102,9 +154,10 @@ struct SegmentFiles::File {
   int direct_fd = -1;
   std::atomic<bool> use_direct{true};
   bool writable = false;
-  std::mutex mu;               // guards end, write_behind_from, blocks and write_error
-  int64_t end = 0;             // next free offset (writable files)
-  int64_t write_behind_from = 0;
+  std::mutex mu;               // guards end, lanes, blocks, write_error and buffered_bytes
+  int64_t end = 0;             // the end of the last extent given out (writable files)
+  std::map<uint32_t, Lane> lanes;
+  int64_t buffered_bytes = 0;  // written through the page cache since the last write-behind
   std::atomic<int64_t> size{0};  // bytes known to exist, so mappable without SIGBUS
   // Blocks whose bytes are not all written yet, by start offset; how many (read without mu:
   // none means no read needs them, since a block only ever holds bytes appended after it).
@@ -160,11 +213,24 @@ absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir
                                                    " bytes is not a multiple of the page size (",
                                                    PageBytes(), ")"));
   }
+  // Extents (the larger of the two) then hold whole blocks and whole windows.
+  if (options.window_bytes % options.write_block_bytes != 0 &&
+      options.write_block_bytes % options.window_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segment window of ", options.window_bytes, " bytes and write block of ",
+        options.write_block_bytes, " bytes: one must be a multiple of the other"));
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return ErrnoToStatus(ec.value(), "create directory", dir);
   return std::unique_ptr<SegmentFiles>(new SegmentFiles(std::move(dir), options));
 }
+
+SegmentFiles::SegmentFiles(std::string dir, SegmentOptions options)
+    : dir_(std::move(dir)),
+      options_(options),
+      block_buffers_(std::make_shared<BlockBuffers>(static_cast<size_t>(options.write_block_bytes),
+                                                    kKeptBlockBuffers)) {}
 
 SegmentFiles::~SegmentFiles() = default;
 
@@ -230,10 +296,11 @@ absl::Status WriteAll(int fd, const std::string& path, const char* bytes, int64_
 }  // namespace
 
 absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
-    uint64_t data_id, const std::vector<std::string_view>& pieces) {
+    uint64_t data_id, const std::vector<std::string_view>& pieces, uint32_t lane_id) {
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<File> file, GetFile(data_id, /*create=*/true));
   const int64_t w = options_.window_bytes;
   const int64_t b = options_.write_block_bytes;
+  const int64_t e = ExtentBytes();
   std::vector<uint64_t> offsets;
   offsets.reserve(pieces.size());
   // Bytes of pieces to copy into blocks.
@@ -243,35 +310,41 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
     std::string_view bytes;
   };
   std::vector<Copy> copies;
-  std::vector<std::shared_ptr<Block>> touched;  // the blocks copies go to, ascending
+  std::vector<std::shared_ptr<Block>> touched;  // the blocks copies go to
   std::vector<std::shared_ptr<Block>> ready;    // blocks to write
   {
     std::lock_guard<std::mutex> lock(file->mu);
     if (!file->write_error.ok()) return file->write_error;
-    int64_t at = file->end;
-    for (std::string_view piece : pieces) {
-      const auto n = static_cast<int64_t>(piece.size());
-      if (n > 0 && n <= w && at / w != (at + n - 1) / w) {
-        at = (at / w + 1) * w;  // a hole: no disk space (zeros where a written block spans it)
+    // Closes the blocks in [from, to) that are still open: nothing more goes into them. Those
+    // no append is copying into are written by this one.
+    auto close_blocks = [&](int64_t from, int64_t to) {
+      for (auto it = file->blocks.lower_bound(from / b * b);
+           it != file->blocks.end() && it->first < to; ++it) {
+        Block& block = *it->second;
+        if (block.closed) continue;
+        block.closed = true;
+        if (block.copying == 0) {
+          block.writing = true;
+          ready.push_back(it->second);
+        }
       }
-      offsets.push_back(static_cast<uint64_t>(at));
+    };
+    // Copies `n` bytes of `piece` to `at` onwards through the blocks that hold them.
+    auto place = [&](std::string_view piece, int64_t at) {
+      const auto n = static_cast<int64_t>(piece.size());
       for (int64_t done = 0; done < n;) {
         const int64_t block_start = at / b * b;
         std::shared_ptr<Block>& block = file->blocks[block_start];
         if (block == nullptr) {
-          block = std::make_shared<Block>();
-          block->start = block_start;
-          block->lo = block->hi = at;
-          block->bytes.reset(static_cast<char*>(std::aligned_alloc(kDirectAlignment, static_cast<size_t>(b))));
-          if (block->bytes == nullptr) throw std::bad_alloc();
+          block = std::make_shared<Block>(block_buffers_, block_start, at);
           file->block_count.fetch_add(1, std::memory_order_relaxed);
-        } else if (at > block->hi) {  // a hole inside the block: zeros on disk, as a real hole reads
-          std::memset(block->bytes.get() + (block->hi - block_start), 0,
+        } else if (at > block->hi) {  // a hole inside the block: zeros, as a hole reads
+          std::memset(block->bytes + (block->hi - block_start), 0,
                       static_cast<size_t>(at - block->hi));
         }
         const int64_t take = std::min(n - done, block_start + b - at);
         block->hi = at + take;
-        if (touched.empty() || touched.back() != block) {
+        if (std::find(touched.begin(), touched.end(), block) == touched.end()) {
           ++block->copying;
           touched.push_back(block);
         }
@@ -280,22 +353,44 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
         at += take;
         done += take;
       }
-    }
-    file->end = at;
-    // Blocks that end at or before the new end take no more bytes; those no append is still
-    // copying into are written by this one.
-    for (auto it = file->blocks.begin(); it != file->blocks.end() && it->first + b <= at; ++it) {
-      Block& block = *it->second;
-      if (block.closed) continue;
-      block.closed = true;
-      if (block.copying == 0) {
-        block.writing = true;
-        ready.push_back(it->second);
+    };
+    Lane& lane = file->lanes[lane_id];
+    for (std::string_view piece : pieces) {
+      const auto n = static_cast<int64_t>(piece.size());
+      if (n == 0) {  // nothing to place
+        offsets.push_back(static_cast<uint64_t>(lane.at));
+        continue;
       }
+      if (n > e) {
+        // Larger than an extent: extents of its own at the end of the file, closed at once.
+        const int64_t at = file->end;
+        file->end = (at + n + e - 1) / e * e;
+        offsets.push_back(static_cast<uint64_t>(at));
+        place(piece, at);
+        close_blocks(at, at + n);
+        continue;
+      }
+      int64_t at = lane.at;
+      if (n > 0 && n <= w && at / w != (at + n - 1) / w) {
+        at = (at / w + 1) * w;  // a hole: no disk space (zeros where a written block spans it)
+      }
+      if (lane.extent_end == 0 || at + n > lane.extent_end) {
+        // The lane's extent is full: it moves to a new one at the end of the file, and the
+        // blocks of the old one are complete.
+        if (lane.extent_end != 0) close_blocks(lane.extent_end - e, lane.extent_end);
+        at = file->end;
+        file->end += e;
+        lane.extent_end = file->end;
+      }
+      offsets.push_back(static_cast<uint64_t>(at));
+      place(piece, at);
+      // Blocks the lane has gone past are complete (holes included).
+      close_blocks(lane.extent_end - e, (at + n) / b * b);
+      lane.at = at + n;
     }
   }
   for (const Copy& c : copies) {
-    std::memcpy(c.block->bytes.get() + (c.at - c.block->start), c.bytes.data(), c.bytes.size());
+    std::memcpy(c.block->bytes + (c.at - c.block->start), c.bytes.data(), c.bytes.size());
   }
   {
     std::lock_guard<std::mutex> lock(file->mu);
@@ -307,20 +402,6 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
     }
   }
   CKPT_RETURN_IF_ERROR(WriteBlocks(*file, ready));
-  // Start write-back of what has piled up, so that the commit's fdatasync is short: the bytes
-  // before the first block not yet written.
-  int64_t from = 0, to = 0;
-  {
-    std::lock_guard<std::mutex> lock(file->mu);
-    const int64_t written =
-        file->blocks.empty() ? file->end : std::min(file->end, file->blocks.begin()->first);
-    if (written - file->write_behind_from >= options_.write_behind_bytes) {
-      from = file->write_behind_from;
-      to = written;
-      file->write_behind_from = to;
-    }
-  }
-  if (to > from) ::sync_file_range(file->fd, from, to - from, SYNC_FILE_RANGE_WRITE);
   return offsets;
 }
 
@@ -333,7 +414,7 @@ absl::Status SegmentFiles::WriteBlocks(File& file,
                        block->hi - block->lo == options_.write_block_bytes;
     bool direct = whole && file.direct_fd >= 0 && file.use_direct.load(std::memory_order_relaxed);
     if (direct) {
-      s = WriteAll(file.direct_fd, file.path, block->bytes.get(), block->hi - block->lo,
+      s = WriteAll(file.direct_fd, file.path, block->bytes, block->hi - block->lo,
                    block->lo);
       if (absl::IsInvalidArgument(s)) {  // direct I/O refused after all: buffered from now on
         file.use_direct.store(false, std::memory_order_relaxed);
@@ -341,18 +422,29 @@ absl::Status SegmentFiles::WriteBlocks(File& file,
       }
     }
     if (!direct) {
-      s = WriteAll(file.fd, file.path, block->bytes.get() + (block->lo - block->start),
+      s = WriteAll(file.fd, file.path, block->bytes + (block->lo - block->start),
                    block->hi - block->lo, block->lo);
     }
     if (s.ok()) file.NoteSize(block->hi);
+    bool write_behind = false;
     {
       std::lock_guard<std::mutex> lock(file.mu);
       // A block that failed to write stays out of reads too: the file's write_error answers them.
       file.blocks.erase(block->start);
       file.block_count.fetch_sub(1, std::memory_order_relaxed);
       if (!s.ok()) file.Fail(s);
+      if (s.ok() && !direct) {
+        file.buffered_bytes += block->hi - block->lo;
+        if (file.buffered_bytes >= options_.write_behind_bytes) {
+          file.buffered_bytes = 0;
+          write_behind = true;
+        }
+      }
     }
     file.written.notify_all();
+    // Start write-back of what the page cache holds of the file, so that the commit's
+    // fdatasync does not meet it all at once.
+    if (write_behind) ::sync_file_range(file.fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     if (first.ok()) first = s;
   }
   return first;
@@ -380,7 +472,7 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
     for (auto it = file->blocks.begin(); it != file->blocks.end();) {
       Block& block = *it->second;
       const absl::Status s = WriteAll(file->fd, file->path,
-                                      block.bytes.get() + (block.lo - block.start),
+                                      block.bytes + (block.lo - block.start),
                                       block.hi - block.lo, block.lo);
       if (!s.ok()) {
         file->Fail(s);
@@ -552,11 +644,6 @@ absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> SegmentFiles::ReadFrom
   const int64_t b = options_.write_block_bytes;
   auto first = file.blocks.lower_bound(begin / b * b);
   if (first == file.blocks.end() || first->first >= end) return std::nullopt;
-  if (end > file.end) {
-    return absl::DataLossError(absl::StrCat("segment file ", file.path, " has ", file.end,
-                                            " bytes appended, the chunk is at [", begin, ", ",
-                                            end, ")"));
-  }
   auto copy = std::make_unique<HeapChunk>(static_cast<size_t>(end - begin));
   for (int64_t at = begin; at < end;) {
     const int64_t block_start = at / b * b;
@@ -566,6 +653,11 @@ absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> SegmentFiles::ReadFrom
     // place) and of blocks already written come from the file.
     auto it = file.blocks.find(block_start);
     const int64_t buffered_from = it == file.blocks.end() ? to : std::clamp(it->second->lo, at, to);
+    if (it != file.blocks.end() && to > it->second->hi) {
+      return absl::DataLossError(absl::StrCat("segment file ", file.path,
+                                              " has bytes appended up to ", it->second->hi,
+                                              " there, the chunk is at [", begin, ", ", end, ")"));
+    }
     for (int64_t done = 0; done < buffered_from - at;) {
       const ssize_t n = ::pread(file.fd, out + done, static_cast<size_t>(buffered_from - at - done),
                                 at + done);
@@ -580,7 +672,7 @@ absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> SegmentFiles::ReadFrom
     }
     if (buffered_from < to) {
       std::memcpy(out + (buffered_from - at),
-                  it->second->bytes.get() + (buffered_from - block_start),
+                  it->second->bytes + (buffered_from - block_start),
                   static_cast<size_t>(to - buffered_from));
     }
     at = to;

@@ -27,6 +27,7 @@
 #ifndef CKPT_STORAGE_INTERNAL_SEGMENT_FILES_H_
 #define CKPT_STORAGE_INTERNAL_SEGMENT_FILES_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -59,12 +60,13 @@ struct SegmentOptions {
   // ranks upload into one file at once), and keeping only 8 mapped each window about 2.3 times
   // per destination rank in a row_to_col fetch (README, Performance).
   size_t recent_windows = 1024;
-  // Dirty bytes of one file after which Append starts their write-back (sync_file_range), so
-  // that the commit's fdatasync does not meet the whole upload at once.
+  // Bytes of one file written through the page cache (partial blocks, or every block where
+  // direct I/O is refused) after which their write-back starts (sync_file_range), so that the
+  // commit's fdatasync does not meet the whole upload at once.
   int64_t write_behind_bytes = int64_t{16} << 20;
   // Appended bytes reach the file in aligned blocks of this many bytes (a multiple of the page
-  // size; the default is the PMD size of x86-64 and 4 KiB-page arm64, the folio size a window
-  // maps with one page-table entry).
+  // size, and a multiple or a divisor of window_bytes; the default is the PMD size of x86-64 and
+  // 4 KiB-page arm64, the folio size a window maps with one page-table entry).
   int64_t write_block_bytes = int64_t{2} << 20;
   // Whole blocks are written with O_DIRECT where the file system allows it (else, and when false,
   // through the page cache like partial blocks).
@@ -94,8 +96,17 @@ class SegmentFiles {
   // Unsynced. RESOURCE_EXHAUSTED when the disk is full. A failed write fails every later Append
   // and Sync of the data id too (a block held other appends' bytes); its pieces are unreferenced
   // until the caller records their offsets, and go when the data id's file is removed.
+  //
+  // Pieces of one `lane` (an upload stream: the store passes ChunkWrite::stream) go one after
+  // the other into *extents* of the file that are the lane's alone (the larger of a window and
+  // a write block, aligned), a new one at the end of the file when the lane's current one is
+  // full; a piece larger than an extent gets extents of its own. So a stream's chunks stay
+  // together in the file however many streams append at once: a reader of one stored slice maps
+  // the few windows that hold it rather than every window the concurrent uploads interleaved it
+  // into. The rest of an extent a lane leaves is a hole (no disk space).
   absl::StatusOr<std::vector<uint64_t>> Append(uint64_t data_id,
-                                               const std::vector<std::string_view>& pieces);
+                                               const std::vector<std::string_view>& pieces,
+                                               uint32_t lane = 0);
   // Makes every byte of `data_id` appended by the calls that have returned durable (writes the
   // partly filled blocks, then fdatasync of the file and fsync of the directory). A data id with
   // nothing appended has no file: OK.
@@ -124,9 +135,14 @@ class SegmentFiles {
   struct File;
   struct Window;
   struct Block;
-  SegmentFiles(std::string dir, SegmentOptions options)
-      : dir_(std::move(dir)), options_(options) {}
+  struct Lane;
+  class BlockBuffers;
+  SegmentFiles(std::string dir, SegmentOptions options);
 
+  // Bytes of one extent: the larger of a window and a write block (one divides the other).
+  int64_t ExtentBytes() const {
+    return std::max(options_.window_bytes, options_.write_block_bytes);
+  }
   // The open file of `data_id`: created (writable) when `create`, else opened read-only.
   absl::StatusOr<std::shared_ptr<File>> GetFile(uint64_t data_id, bool create);
   // Writes blocks that Append or Sync marked for writing, then drops them from `file`.
@@ -153,6 +169,7 @@ class SegmentFiles {
   // reader going through chunks one at a time does not map and unmap a window for each.
   std::vector<std::shared_ptr<Window>> recent_;  // guarded by mu_, most recent first
   std::atomic<int64_t> bytes_copied_{0};
+  const std::shared_ptr<BlockBuffers> block_buffers_;
   // Bytes of windows mapped (shared with the windows, which may outlive this object).
   const std::shared_ptr<std::atomic<int64_t>> window_bytes_ =
       std::make_shared<std::atomic<int64_t>>(0);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -89,15 +90,18 @@ class SegmentFilesTest : public ::testing::Test {
 };
 
 // Random pieces (empty, tiny, around a window, larger than one) appended by several threads at
-// once: every piece reads back exactly, before and after Sync, pieces never overlap, and none of
-// at most a window straddles a window boundary. After Sync the file holds every piece at its
-// offset and zeros in between.
+// once, into three lanes (two threads share one): every piece reads back exactly, before and
+// after Sync, pieces never overlap, none of at most a window straddles a window boundary, and
+// no extent holds pieces of two lanes. After Sync the file holds every piece at its offset and
+// zeros in between.
 void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) {
   ASSERT_NO_FATAL_FAILURE(Open(options));
   const int64_t w = options.window_bytes;
   const uint64_t seed = testing::PropertySeed(17);
   constexpr int kThreads = 4;
   constexpr int kBatches = 30;
+  const int64_t extent = std::max(w, options.write_block_bytes);
+  auto lane_of = [](int t) { return static_cast<uint32_t>(t % 3); };
   std::vector<std::vector<std::pair<uint64_t, std::string>>> written(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -111,7 +115,7 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
           p = RandomBytes(static_cast<size_t>(sizes[rng() % 8]), rng);
         }
         const std::vector<std::string_view> views(pieces.begin(), pieces.end());
-        auto offsets = files_->Append(7, views);
+        auto offsets = files_->Append(7, views, lane_of(t));
         ASSERT_TRUE(offsets.ok()) << offsets.status();
         ASSERT_EQ(offsets->size(), pieces.size());
         for (size_t i = 0; i < pieces.size(); ++i) {
@@ -123,12 +127,20 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
   for (std::thread& t : threads) t.join();
 
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& thread_pieces : written) {
-    for (const auto& [offset, bytes] : thread_pieces) {
+  std::map<int64_t, uint32_t> extent_lane;  // extents holding pieces of at most an extent
+  for (int t = 0; t < kThreads; ++t) {
+    for (const auto& [offset, bytes] : written[t]) {
       const auto n = static_cast<int64_t>(bytes.size());
       if (n > 0 && n <= w) {
         EXPECT_EQ(static_cast<int64_t>(offset) / w, (static_cast<int64_t>(offset) + n - 1) / w)
             << "piece of " << n << " bytes at " << offset << " straddles a window";
+      }
+      if (n > 0 && n <= extent) {
+        const auto [it, added] = extent_lane.emplace(offset / extent, lane_of(t));
+        EXPECT_EQ(it->second, lane_of(t)) << "extent " << it->first << " holds two lanes' pieces";
+        EXPECT_EQ(static_cast<int64_t>(offset) / extent,
+                  (static_cast<int64_t>(offset) + n - 1) / extent)
+            << "piece of " << n << " bytes at " << offset << " straddles an extent";
       }
       if (n > 0) ranges.push_back({offset, offset + bytes.size()});
       std::unique_ptr<ChunkData> data = Read(7, offset, bytes.size());
@@ -173,6 +185,66 @@ TEST_F(SegmentFilesTest, ConcurrentAppendsWithBlocksLargerThanWindows) {
   SegmentOptions options = Small();
   options.write_block_bytes = 3 * options.window_bytes;
   ConcurrentAppendsReadBackExactly(options);
+}
+
+// Each lane fills extents of its own, its pieces back to back, whatever the order of appends;
+// a piece larger than an extent gets extents of its own, and the lane goes on where it was.
+TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // extents of 4 pages (a window), blocks of 2
+  const int64_t e = Small().window_bytes;
+  const int64_t piece = kPage / 2;
+  std::mt19937_64 rng(21);
+  std::vector<std::pair<uint64_t, std::string>> appended;
+  auto append = [&](uint32_t lane, size_t n) {
+    const std::string bytes = RandomBytes(n, rng);
+    auto offsets = files_->Append(5, {bytes}, lane);
+    EXPECT_TRUE(offsets.ok()) << offsets.status();
+    appended.push_back({offsets.ok() ? (*offsets)[0] : 0, bytes});
+    return offsets.ok() ? static_cast<int64_t>((*offsets)[0]) : -1;
+  };
+  for (int64_t k = 0; k < e / piece; ++k) {  // one extent each, interleaved appends
+    EXPECT_EQ(append(1, piece), k * piece);
+    EXPECT_EQ(append(2, piece), e + k * piece);
+  }
+  EXPECT_EQ(append(2, piece), 2 * e);                        // lane 2's extent is full
+  EXPECT_EQ(append(1, static_cast<size_t>(2 * e + 1)), 3 * e);  // an extent of its own: 3 of them
+  EXPECT_EQ(append(1, piece), 6 * e);                        // lane 1's next extent
+  EXPECT_EQ(append(2, piece), 2 * e + piece);                // lane 2 goes on in its extent
+  EXPECT_EQ(append(3, 0), 0);                                // nothing placed, no extent taken
+  EXPECT_EQ(append(3, piece), 7 * e);
+  // Lane 3 moves on to a new extent: its old one's partly filled block is written then, not at
+  // Sync.
+  EXPECT_EQ(append(3, static_cast<size_t>(e)), 8 * e);
+  EXPECT_EQ(FileBytes(5).substr(static_cast<size_t>(7 * e), static_cast<size_t>(piece)),
+            appended[appended.size() - 2].second);
+  for (const auto& [offset, bytes] : appended) {
+    std::unique_ptr<ChunkData> data = Read(5, offset, bytes.size());
+    ASSERT_NE(data, nullptr);
+    EXPECT_EQ(data->bytes(), bytes) << "at " << offset;
+  }
+  ASSERT_TRUE(files_->Sync(5).ok());
+  const std::string image = FileBytes(5);
+  std::string expected(image.size(), '\0');
+  for (const auto& [offset, bytes] : appended) {
+    ASSERT_LE(offset + bytes.size(), image.size());
+    expected.replace(offset, bytes.size(), bytes);
+  }
+  EXPECT_TRUE(image == expected) << "the synced file differs from the pieces and zeros between";
+  // A location past what its lane appended is DATA_LOSS while its block is buffered.
+  const std::string more = RandomBytes(10, rng);
+  const int64_t at = append(2, more.size());
+  auto past = files_->Read(5, static_cast<uint64_t>(at), more.size() + 1, "chunk q");
+  ASSERT_EQ(past.status().code(), absl::StatusCode::kDataLoss) << past.status();
+  EXPECT_THAT(std::string(past.status().message()), HasSubstr("chunk q: segment file "));
+}
+
+// Windows and write blocks: one must be a multiple of the other (extents hold whole ones).
+TEST_F(SegmentFilesTest, WindowAndBlockSizesMustNest) {
+  SegmentOptions options = Small();
+  options.write_block_bytes = 3 * kPage;  // windows are 4 pages
+  auto files = SegmentFiles::Open(dir_ + "/segments", options);
+  ASSERT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument) << files.status();
+  EXPECT_THAT(std::string(files.status().message()), HasSubstr("one must be a multiple"));
 }
 
 // Appended bytes are readable at once, from the buffer of their block until it is written (the
