@@ -616,6 +616,55 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
   EXPECT_EQ(store_->stats().chunks_written, kThreads * kChunks);
 }
 
+// The ranks of one upload write their chunks at once, each as a stream of its own (and one batch
+// mixes two streams): every chunk reads back, while the others write and after the commit.
+TEST_P(StoreConformanceTest, StreamsOfOneUploadReadBack) {
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+  constexpr uint32_t kStreams = 4;
+  constexpr uint32_t kChunks = 40;
+  auto payload = [](uint32_t stream, uint32_t c) {
+    return RandomBytes(1000 + (c * 7919 + stream * 104729) % 70000, stream * 1000 + c);
+  };
+  std::vector<std::string> errors(kStreams);
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < kStreams; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t c = 0; c < kChunks; c += 4) {
+        std::vector<std::string> bytes;
+        std::vector<ChunkWrite> batch;
+        for (uint32_t k = c; k < c + 4; ++k) bytes.push_back(payload(t, k));
+        for (uint32_t k = c; k < c + 4; ++k) {
+          batch.push_back({Addr(id, t, 0, k), bytes[k - c], t});
+        }
+        if (t == 0 && c == 0) batch.back().stream = 7;  // a batch of two streams
+        if (absl::Status put = store_->PutChunks(batch); !put.ok()) {
+          errors[t] = put.ToString();
+          return;
+        }
+        for (uint32_t k = 0; k < c + 4; ++k) {
+          auto data = store_->ReadChunk(Addr(id, t, 0, k), Checksum(kStoredChecksum, payload(t, k)),
+                                        kStoredChecksum);
+          if (!data.ok()) {
+            errors[t] = data.status().ToString();
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (uint32_t t = 0; t < kStreams; ++t) EXPECT_THAT(errors[t], IsEmpty()) << "stream " << t;
+  ASSERT_OK(store_->CommitCheckpoint("streams", "m", id));
+  for (uint32_t t = 0; t < kStreams; ++t) {
+    for (uint32_t k = 0; k < kChunks; ++k) {
+      ASSERT_OK_AND_ASSIGN(auto data, store_->ReadChunk(Addr(id, t, 0, k),
+                                                        Checksum(kStoredChecksum, payload(t, k)),
+                                                        kStoredChecksum));
+      EXPECT_EQ(data->bytes(), payload(t, k)) << "stream " << t << " chunk " << k;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreConformanceTest,
                          ::testing::Values(StoreKind::kMemory, StoreKind::kRocksDb),
                          [](const ::testing::TestParamInfo<StoreKind>& info) {
