@@ -334,11 +334,15 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
       const auto n = static_cast<int64_t>(piece.size());
       for (int64_t done = 0; done < n;) {
         const int64_t block_start = at / b * b;
-        std::shared_ptr<Block>& block = file->blocks[block_start];
-        if (block == nullptr) {
-          block = std::make_shared<Block>(block_buffers_, block_start, at);
+        auto found = file->blocks.find(block_start);
+        if (found == file->blocks.end()) {
+          // Made before it is entered: a failed allocation (std::bad_alloc) leaves no empty entry.
+          auto made = std::make_shared<Block>(block_buffers_, block_start, at);
+          found = file->blocks.emplace(block_start, std::move(made)).first;
           file->block_count.fetch_add(1, std::memory_order_relaxed);
-        } else if (at > block->hi) {  // a hole inside the block: zeros, as a hole reads
+        }
+        const std::shared_ptr<Block>& block = found->second;
+        if (at > block->hi) {  // a hole inside the block: zeros, as a hole reads
           std::memset(block->bytes + (block->hi - block_start), 0,
                       static_cast<size_t>(at - block->hi));
         }
