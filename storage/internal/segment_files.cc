@@ -34,6 +34,10 @@ constexpr size_t kHexDigits = 16;
 constexpr int64_t kSweepEvery = 1024;
 // Free write-block buffers kept for reuse (BlockBuffers).
 constexpr size_t kKeptBlockBuffers = 16;
+// Open blocks of one file no append is using, beyond which the least recently appended to are
+// written as far as they are filled: a lane's last block stays open until the lane appends past
+// it, which the lane of a finished upload stream never does, and a checkpoint may have thousands.
+constexpr size_t kMaxIdleBlocks = 16;
 
 int64_t PageBytes() {
   static const int64_t page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
@@ -137,6 +141,7 @@ struct SegmentFiles::Block {
   const std::shared_ptr<BlockBuffers> pool;
   char* const bytes;        // page-aligned, for direct I/O
   int copying = 0;          // appends copying pieces into it now
+  uint64_t last_append = 0;  // File::appends when an append last placed bytes in it
   bool closed = false;      // nothing more can be appended to it (or Sync wants it written)
   bool writing = false;     // an append or Sync is writing it (it stays readable until written)
 };
@@ -158,6 +163,7 @@ struct SegmentFiles::File {
   int64_t end = 0;             // the end of the last extent given out (writable files)
   std::map<uint32_t, Lane> lanes;
   int64_t buffered_bytes = 0;  // written through the page cache since the last write-behind
+  uint64_t appends = 0;        // Append calls so far (Block::last_append)
   std::atomic<int64_t> size{0};  // bytes known to exist, so mappable without SIGBUS
   // Blocks whose bytes are not all written yet, by start offset; how many (read without mu:
   // none means no read needs them, since a block only ever holds bytes appended after it).
@@ -315,6 +321,8 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
   {
     std::lock_guard<std::mutex> lock(file->mu);
     if (!file->write_error.ok()) return file->write_error;
+    CKPT_RETURN_IF_ERROR(WriteIdleBlocksLocked(*file));
+    const uint64_t append = ++file->appends;
     // Closes the blocks in [from, to) that are still open: nothing more goes into them. Those
     // no append is copying into are written by this one.
     auto close_blocks = [&](int64_t from, int64_t to) {
@@ -348,6 +356,7 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
         }
         const int64_t take = std::min(n - done, block_start + b - at);
         block->hi = at + take;
+        block->last_append = append;
         if (std::find(touched.begin(), touched.end(), block) == touched.end()) {
           ++block->copying;
           touched.push_back(block);
@@ -454,6 +463,37 @@ absl::Status SegmentFiles::WriteBlocks(File& file,
   return first;
 }
 
+absl::Status SegmentFiles::WritePartLocked(File& file, const Block& block) {
+  const absl::Status s = WriteAll(file.fd, file.path, block.bytes + (block.lo - block.start),
+                                  block.hi - block.lo, block.lo);
+  if (!s.ok()) {
+    file.Fail(s);
+    return s;
+  }
+  file.NoteSize(block.hi);
+  return absl::OkStatus();
+}
+
+absl::Status SegmentFiles::WriteIdleBlocksLocked(File& file) {
+  std::vector<std::map<int64_t, std::shared_ptr<Block>>::iterator> idle;
+  for (auto it = file.blocks.begin(); it != file.blocks.end(); ++it) {
+    const Block& block = *it->second;
+    if (!block.closed && !block.writing && block.copying == 0) idle.push_back(it);
+  }
+  if (idle.size() <= kMaxIdleBlocks) return absl::OkStatus();
+  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) {
+    return a->second->last_append < b->second->last_append;
+  });
+  idle.resize(idle.size() - kMaxIdleBlocks);
+  for (const auto& it : idle) {
+    // As Sync does: a later append to its lane starts a new block where this one's bytes end.
+    CKPT_RETURN_IF_ERROR(WritePartLocked(file, *it->second));
+    file.blocks.erase(it);
+    file.block_count.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SegmentFiles::Sync(uint64_t data_id) {
   std::shared_ptr<File> file;
   {
@@ -475,14 +515,7 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
     // into stays, to be written again when it is closed.
     for (auto it = file->blocks.begin(); it != file->blocks.end();) {
       Block& block = *it->second;
-      const absl::Status s = WriteAll(file->fd, file->path,
-                                      block.bytes + (block.lo - block.start),
-                                      block.hi - block.lo, block.lo);
-      if (!s.ok()) {
-        file->Fail(s);
-        return s;
-      }
-      file->NoteSize(block.hi);
+      CKPT_RETURN_IF_ERROR(WritePartLocked(*file, block));
       if (block.copying > 0) {
         ++it;
         continue;

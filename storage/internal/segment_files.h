@@ -145,6 +145,13 @@ class SegmentFiles {
   }
   // The open file of `data_id`: created (writable) when `create`, else opened read-only.
   absl::StatusOr<std::shared_ptr<File>> GetFile(uint64_t data_id, bool create);
+  // Writes `block` as far as it is filled, through the page cache; a failure fails `file`.
+  // file.mu held (Sync, WriteIdleBlocksLocked).
+  static absl::Status WritePartLocked(File& file, const Block& block);
+  // Beyond kMaxIdleBlocks open blocks that no append is using, writes the least recently
+  // appended to as far as they are filled and drops them, so that the memory of blocks stays
+  // bounded however many lanes a file has. file.mu held.
+  static absl::Status WriteIdleBlocksLocked(File& file);
   // Writes blocks that Append or Sync marked for writing, then drops them from `file`.
   absl::Status WriteBlocks(File& file, const std::vector<std::shared_ptr<Block>>& blocks);
   // [begin, end) of `file` as a copy, from the buffers of the blocks not yet written and the

@@ -238,6 +238,49 @@ TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
   EXPECT_THAT(std::string(past.status().message()), HasSubstr("chunk q: segment file "));
 }
 
+// A lane's last block stays open until the lane appends past it, which the lane of a finished
+// upload stream never does: with many lanes, the least recently appended-to blocks beyond 16 are
+// written as far as they are filled, and a lane that comes back goes on where it was.
+TEST_F(SegmentFilesTest, IdleLanesBlocksAreWrittenBeyondSixteen) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));
+  const int64_t e = Small().window_bytes;
+  std::mt19937_64 rng(31);
+  std::vector<std::pair<uint64_t, std::string>> appended;
+  constexpr uint32_t kLanes = 40;
+  for (uint32_t lane = 0; lane < kLanes; ++lane) {
+    const std::string bytes = RandomBytes(100, rng);
+    auto offsets = files_->Append(8, {bytes}, lane);
+    ASSERT_TRUE(offsets.ok()) << offsets.status();
+    ASSERT_EQ((*offsets)[0], lane * static_cast<uint64_t>(e));  // an extent each
+    appended.push_back({(*offsets)[0], bytes});
+  }
+  // 40 open blocks, none full: the 24 oldest were written when they passed the bound.
+  const std::string image = FileBytes(8);
+  for (uint32_t lane = 0; lane < kLanes; ++lane) {
+    const auto& [offset, bytes] = appended[lane];
+    const bool written = image.size() >= offset + bytes.size() &&
+                         image.compare(offset, bytes.size(), bytes) == 0;
+    EXPECT_EQ(written, lane < kLanes - 16 - 1) << "lane " << lane;  // the 40th append flushed 23
+  }
+  // Lane 0, written already, goes on after its bytes; everything reads back, then from the file.
+  const std::string more = RandomBytes(300, rng);
+  auto offsets = files_->Append(8, {more}, 0);
+  ASSERT_TRUE(offsets.ok()) << offsets.status();
+  EXPECT_EQ((*offsets)[0], 100u);
+  appended.push_back({(*offsets)[0], more});
+  for (const auto& [offset, bytes] : appended) {
+    std::unique_ptr<ChunkData> data = Read(8, offset, bytes.size());
+    ASSERT_NE(data, nullptr);
+    EXPECT_EQ(data->bytes(), bytes) << "at " << offset;
+  }
+  ASSERT_TRUE(files_->Sync(8).ok());
+  const std::string synced = FileBytes(8);
+  for (const auto& [offset, bytes] : appended) {
+    ASSERT_LE(offset + bytes.size(), synced.size());
+    EXPECT_EQ(synced.substr(offset, bytes.size()), bytes) << "at " << offset;
+  }
+}
+
 // Windows and write blocks: one must be a multiple of the other (extents hold whole ones).
 TEST_F(SegmentFilesTest, WindowAndBlockSizesMustNest) {
   SegmentOptions options = Small();
