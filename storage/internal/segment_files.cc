@@ -148,8 +148,9 @@ struct SegmentFiles::Block {
 
 // Where one lane (SegmentFiles::Append) appends: the rest of its current extent.
 struct SegmentFiles::Lane {
-  int64_t at = 0;          // next free offset
-  int64_t extent_end = 0;  // end of its extent; 0 before its first append
+  int64_t at = 0;                             // next free offset
+  int64_t extent_start = 0, extent_end = 0;   // its extent; empty before its first append
+  int64_t next_extent = 0;                    // bytes of its next extent (0: one block)
 };
 
 struct SegmentFiles::File {
@@ -375,30 +376,39 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
         continue;
       }
       if (n > e) {
-        // Larger than an extent: extents of its own at the end of the file, closed at once.
+        // Larger than the largest extent: a region of its own at the end of the file, whose
+        // blocks are closed at once.
         const int64_t at = file->end;
-        file->end = (at + n + e - 1) / e * e;
+        file->end = (at + n + b - 1) / b * b;
         offsets.push_back(static_cast<uint64_t>(at));
         place(piece, at);
         close_blocks(at, at + n);
         continue;
       }
       int64_t at = lane.at;
-      if (n > 0 && n <= w && at / w != (at + n - 1) / w) {
+      if (n <= w && at / w != (at + n - 1) / w) {
         at = (at / w + 1) * w;  // a hole: no disk space (zeros where a written block spans it)
       }
       if (lane.extent_end == 0 || at + n > lane.extent_end) {
         // The lane's extent is full: it moves to a new one at the end of the file, and the
-        // blocks of the old one are complete.
-        if (lane.extent_end != 0) close_blocks(lane.extent_end - e, lane.extent_end);
+        // blocks of the old one are complete. Extents grow from a block to the largest extent
+        // (a window, or a block when blocks are larger), each twice its lane's last, so that a
+        // lane with few bytes leaves little of the file unused; they never straddle a window.
+        if (lane.extent_end != 0) close_blocks(lane.extent_start, lane.extent_end);
+        int64_t size = std::max(lane.next_extent, b);
+        while (size < n) size *= 2;
+        size = std::min(size, e);
         at = file->end;
-        file->end += e;
-        lane.extent_end = file->end;
+        if (size <= w && at / w != (at + size - 1) / w) at = (at / w + 1) * w;  // a hole
+        lane.extent_start = at;
+        lane.extent_end = at + size;
+        lane.next_extent = std::min(2 * size, e);
+        file->end = lane.extent_end;
       }
       offsets.push_back(static_cast<uint64_t>(at));
       place(piece, at);
       // Blocks the lane has gone past are complete (holes included).
-      close_blocks(lane.extent_end - e, (at + n) / b * b);
+      close_blocks(lane.extent_start, (at + n) / b * b);
       lane.at = at + n;
     }
   }

@@ -98,12 +98,14 @@ class SegmentFiles {
   // until the caller records their offsets, and go when the data id's file is removed.
   //
   // Pieces of one `lane` (an upload stream: the store passes ChunkWrite::stream) go one after
-  // the other into *extents* of the file that are the lane's alone (the larger of a window and
-  // a write block, aligned), a new one at the end of the file when the lane's current one is
-  // full; a piece larger than an extent gets extents of its own. So a stream's chunks stay
+  // the other into *extents* of the file that are the lane's alone, a new one at the end of the
+  // file when the lane's current one is full. A lane's extents grow from one write block to the
+  // larger of a window and a block (16 MiB by default), each twice the last, and never straddle
+  // a window; a piece larger than that gets a region of its own. So a stream's chunks stay
   // together in the file however many streams append at once: a reader of one stored slice maps
   // the few windows that hold it rather than every window the concurrent uploads interleaved it
-  // into. The rest of an extent a lane leaves is a hole (no disk space).
+  // into, and a lane with few bytes leaves little unused. The rest of an extent a lane leaves is
+  // a hole (no disk space).
   absl::StatusOr<std::vector<uint64_t>> Append(uint64_t data_id,
                                                const std::vector<std::string_view>& pieces,
                                                uint32_t lane = 0);
@@ -139,7 +141,8 @@ class SegmentFiles {
   class BlockBuffers;
   SegmentFiles(std::string dir, SegmentOptions options);
 
-  // Bytes of one extent: the larger of a window and a write block (one divides the other).
+  // Bytes of a lane's largest extent: the larger of a window and a write block (one divides
+  // the other).
   int64_t ExtentBytes() const {
     return std::max(options_.window_bytes, options_.write_block_bytes);
   }

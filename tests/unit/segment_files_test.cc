@@ -92,7 +92,7 @@ class SegmentFilesTest : public ::testing::Test {
 // Random pieces (empty, tiny, around a window, larger than one) appended by several threads at
 // once, into three lanes (two threads share one): every piece reads back exactly, before and
 // after Sync, pieces never overlap, none of at most a window straddles a window boundary, and
-// no extent holds pieces of two lanes. After Sync the file holds every piece at its offset and
+// no write block holds pieces of two lanes. After Sync the file holds every piece at its offset and
 // zeros in between.
 void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) {
   ASSERT_NO_FATAL_FAILURE(Open(options));
@@ -100,7 +100,7 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
   const uint64_t seed = testing::PropertySeed(17);
   constexpr int kThreads = 4;
   constexpr int kBatches = 30;
-  const int64_t extent = std::max(w, options.write_block_bytes);
+  const int64_t block = options.write_block_bytes;
   auto lane_of = [](int t) { return static_cast<uint32_t>(t % 3); };
   std::vector<std::vector<std::pair<uint64_t, std::string>>> written(kThreads);
   std::vector<std::thread> threads;
@@ -127,7 +127,7 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
   for (std::thread& t : threads) t.join();
 
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  std::map<int64_t, uint32_t> extent_lane;  // extents holding pieces of at most an extent
+  std::map<int64_t, uint32_t> block_lane;  // blocks holding pieces of at most an extent
   for (int t = 0; t < kThreads; ++t) {
     for (const auto& [offset, bytes] : written[t]) {
       const auto n = static_cast<int64_t>(bytes.size());
@@ -135,12 +135,14 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
         EXPECT_EQ(static_cast<int64_t>(offset) / w, (static_cast<int64_t>(offset) + n - 1) / w)
             << "piece of " << n << " bytes at " << offset << " straddles a window";
       }
-      if (n > 0 && n <= extent) {
-        const auto [it, added] = extent_lane.emplace(offset / extent, lane_of(t));
-        EXPECT_EQ(it->second, lane_of(t)) << "extent " << it->first << " holds two lanes' pieces";
-        EXPECT_EQ(static_cast<int64_t>(offset) / extent,
-                  (static_cast<int64_t>(offset) + n - 1) / extent)
-            << "piece of " << n << " bytes at " << offset << " straddles an extent";
+      // A lane's extents are whole write blocks: no block holds two lanes' pieces (pieces
+      // larger than an extent have regions of their own).
+      if (n > 0 && n <= std::max(w, block)) {
+        for (int64_t k = static_cast<int64_t>(offset) / block;
+             k <= (static_cast<int64_t>(offset) + n - 1) / block; ++k) {
+          const auto [it, added] = block_lane.emplace(k, lane_of(t));
+          EXPECT_EQ(it->second, lane_of(t)) << "block " << k << " holds two lanes' pieces";
+        }
       }
       if (n > 0) ranges.push_back({offset, offset + bytes.size()});
       std::unique_ptr<ChunkData> data = Read(7, offset, bytes.size());
@@ -188,34 +190,37 @@ TEST_F(SegmentFilesTest, ConcurrentAppendsWithBlocksLargerThanWindows) {
 }
 
 // Each lane fills extents of its own, its pieces back to back, whatever the order of appends;
-// a piece larger than an extent gets extents of its own, and the lane goes on where it was.
+// a lane's extents grow from a block to a window and never straddle one; a piece larger than
+// that gets a region of its own, and the lane goes on where it was.
 TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
-  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // extents of 4 pages (a window), blocks of 2
-  const int64_t e = Small().window_bytes;
-  const int64_t piece = kPage / 2;
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2
+  const int64_t p = kPage;
+  const int64_t h = p / 2;
   std::mt19937_64 rng(21);
   std::vector<std::pair<uint64_t, std::string>> appended;
-  auto append = [&](uint32_t lane, size_t n) {
-    const std::string bytes = RandomBytes(n, rng);
+  auto append = [&](uint32_t lane, int64_t n) {
+    const std::string bytes = RandomBytes(static_cast<size_t>(n), rng);
     auto offsets = files_->Append(5, {bytes}, lane);
     EXPECT_TRUE(offsets.ok()) << offsets.status();
     appended.push_back({offsets.ok() ? (*offsets)[0] : 0, bytes});
     return offsets.ok() ? static_cast<int64_t>((*offsets)[0]) : -1;
   };
-  for (int64_t k = 0; k < e / piece; ++k) {  // one extent each, interleaved appends
-    EXPECT_EQ(append(1, piece), k * piece);
-    EXPECT_EQ(append(2, piece), e + k * piece);
+  // Interleaved appends: lane 1 gets [0, 2p) then [4p, 8p), lane 2 [2p, 4p) then [8p, 12p).
+  for (int64_t k = 0; k < 8; ++k) {
+    EXPECT_EQ(append(1, h), k < 4 ? k * h : 4 * p + (k - 4) * h) << "lane 1 piece " << k;
+    EXPECT_EQ(append(2, h), k < 4 ? 2 * p + k * h : 8 * p + (k - 4) * h) << "lane 2 piece " << k;
   }
-  EXPECT_EQ(append(2, piece), 2 * e);                        // lane 2's extent is full
-  EXPECT_EQ(append(1, static_cast<size_t>(2 * e + 1)), 3 * e);  // an extent of its own: 3 of them
-  EXPECT_EQ(append(1, piece), 6 * e);                        // lane 1's next extent
-  EXPECT_EQ(append(2, piece), 2 * e + piece);                // lane 2 goes on in its extent
-  EXPECT_EQ(append(3, 0), 0);                                // nothing placed, no extent taken
-  EXPECT_EQ(append(3, piece), 7 * e);
-  // Lane 3 moves on to a new extent: its old one's partly filled block is written then, not at
-  // Sync.
-  EXPECT_EQ(append(3, static_cast<size_t>(e)), 8 * e);
-  EXPECT_EQ(FileBytes(5).substr(static_cast<size_t>(7 * e), static_cast<size_t>(piece)),
+  for (int64_t k = 0; k < 4; ++k) EXPECT_EQ(append(2, h), 10 * p + k * h);
+  EXPECT_EQ(append(2, h), 12 * p);               // lane 2's extent is full: a window's worth
+  EXPECT_EQ(append(1, 8 * p + 1), 16 * p);       // larger than a window: a region of its own
+  EXPECT_EQ(append(1, h), 6 * p);                // lane 1 goes on in its extent
+  EXPECT_EQ(append(2, h), 12 * p + h);
+  EXPECT_EQ(append(3, 0), 0);                    // nothing placed, no extent taken
+  EXPECT_EQ(append(3, h), 26 * p);               // after the large piece's last block
+  // A window's worth does not fit lane 3's first extent (a block): it moves on to a window,
+  // and the old extent's partly filled block is written then, not at Sync.
+  EXPECT_EQ(append(3, 4 * p), 28 * p);
+  EXPECT_EQ(FileBytes(5).substr(static_cast<size_t>(26 * p), static_cast<size_t>(h)),
             appended[appended.size() - 2].second);
   for (const auto& [offset, bytes] : appended) {
     std::unique_ptr<ChunkData> data = Read(5, offset, bytes.size());
@@ -231,9 +236,9 @@ TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
   }
   EXPECT_TRUE(image == expected) << "the synced file differs from the pieces and zeros between";
   // A location past what its lane appended is DATA_LOSS while its block is buffered.
-  const std::string more = RandomBytes(10, rng);
-  const int64_t at = append(2, more.size());
-  auto past = files_->Read(5, static_cast<uint64_t>(at), more.size() + 1, "chunk q");
+  const int64_t at = append(2, 10);
+  EXPECT_EQ(at, 13 * p);
+  auto past = files_->Read(5, static_cast<uint64_t>(at), 11, "chunk q");
   ASSERT_EQ(past.status().code(), absl::StatusCode::kDataLoss) << past.status();
   EXPECT_THAT(std::string(past.status().message()), HasSubstr("chunk q: segment file "));
 }
@@ -243,7 +248,7 @@ TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
 // written as far as they are filled, and a lane that comes back goes on where it was.
 TEST_F(SegmentFilesTest, IdleLanesBlocksAreWrittenBeyondSixteen) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
-  const int64_t e = Small().window_bytes;
+  const int64_t b = Small().write_block_bytes;
   std::mt19937_64 rng(31);
   std::vector<std::pair<uint64_t, std::string>> appended;
   constexpr uint32_t kLanes = 40;
@@ -251,7 +256,7 @@ TEST_F(SegmentFilesTest, IdleLanesBlocksAreWrittenBeyondSixteen) {
     const std::string bytes = RandomBytes(100, rng);
     auto offsets = files_->Append(8, {bytes}, lane);
     ASSERT_TRUE(offsets.ok()) << offsets.status();
-    ASSERT_EQ((*offsets)[0], lane * static_cast<uint64_t>(e));  // an extent each
+    ASSERT_EQ((*offsets)[0], lane * static_cast<uint64_t>(b));  // an extent (a block) each
     appended.push_back({(*offsets)[0], bytes});
   }
   // 40 open blocks, none full: the 24 oldest were written when they passed the bound.
@@ -293,10 +298,11 @@ TEST_F(SegmentFilesTest, WindowAndBlockSizesMustNest) {
 // Appended bytes are readable at once, from the buffer of their block until it is written (the
 // file does not have them yet), and from the file after.
 TEST_F(SegmentFilesTest, BytesOfBlocksNotYetWrittenReadFromTheirBuffers) {
-  ASSERT_NO_FATAL_FAILURE(Open(Small()));
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2
+  const int64_t p = kPage;
   std::mt19937_64 rng(11);
   const std::string first = RandomBytes(100, rng);
-  ASSERT_EQ(AppendOne(4, first), 0u);
+  ASSERT_EQ(AppendOne(4, first), 0u);  // the lane's first extent: one block
   EXPECT_EQ(FileBytes(4).size(), 0u) << "the block is written before it is full";
   const int64_t copied = files_->bytes_copied();
   std::unique_ptr<ChunkData> early = Read(4, 0, first.size());
@@ -307,32 +313,39 @@ TEST_F(SegmentFilesTest, BytesOfBlocksNotYetWrittenReadFromTheirBuffers) {
   ASSERT_EQ(past.status().code(), absl::StatusCode::kDataLoss) << past.status();
   EXPECT_THAT(std::string(past.status().message()), HasSubstr("chunk p: segment file "));
 
-  // A piece that fills the first block and spills into the second: the first is written.
-  const int64_t b = Small().write_block_bytes;
-  const std::string second = RandomBytes(static_cast<size_t>(b), rng);
-  ASSERT_EQ(AppendOne(4, second), 100u);
-  EXPECT_EQ(static_cast<int64_t>(FileBytes(4).size()), b);
-  std::unique_ptr<ChunkData> spanning = Read(4, 100, second.size());  // file, then buffer
+  // Filling the block writes it.
+  const std::string filler = RandomBytes(static_cast<size_t>(2 * p - 100), rng);
+  ASSERT_EQ(AppendOne(4, filler), 100u);
+  EXPECT_EQ(FileBytes(4), first + filler);
+  // The lane's next extent is a window, [4p, 8p): a piece that fills its first block and spills
+  // into the second reads from the file, then from the second block's buffer.
+  const std::string third = RandomBytes(static_cast<size_t>(p), rng);
+  ASSERT_EQ(AppendOne(4, third), static_cast<uint64_t>(4 * p));
+  const std::string fourth = RandomBytes(static_cast<size_t>(2 * p), rng);
+  ASSERT_EQ(AppendOne(4, fourth), static_cast<uint64_t>(5 * p));
+  EXPECT_EQ(static_cast<int64_t>(FileBytes(4).size()), 6 * p);
+  std::unique_ptr<ChunkData> spanning = Read(4, 5 * p, fourth.size());  // file, then buffer
   ASSERT_NE(spanning, nullptr);
-  EXPECT_EQ(spanning->bytes(), second);
+  EXPECT_EQ(spanning->bytes(), fourth);
   EXPECT_EQ(early->bytes(), first);
 
   ASSERT_TRUE(files_->Sync(4).ok());
-  EXPECT_EQ(FileBytes(4), first + second);
+  const std::string synced = first + filler + std::string(static_cast<size_t>(2 * p), '\0') +
+                             third + fourth;
+  EXPECT_EQ(FileBytes(4), synced);
   std::unique_ptr<ChunkData> mapped = Read(4, 0, first.size());
   ASSERT_NE(mapped, nullptr);
   EXPECT_EQ(mapped->bytes(), first);
   EXPECT_EQ(files_->mapped_windows(), 1);
-  // Appends after a Sync continue the file (into the block Sync wrote in part); the bytes Sync
+  // Appends after a Sync continue the lane (into the block Sync wrote in part); the bytes Sync
   // wrote there come from the file, the new ones from the block's buffer.
-  const std::string third = RandomBytes(50, rng);
-  const uint64_t at = AppendOne(4, third);
-  EXPECT_EQ(at, 100u + second.size());
-  std::unique_ptr<ChunkData> before_sync = Read(4, 100, second.size() + third.size());
+  const std::string fifth = RandomBytes(50, rng);
+  EXPECT_EQ(AppendOne(4, fifth), static_cast<uint64_t>(7 * p));
+  std::unique_ptr<ChunkData> before_sync = Read(4, 5 * p, fourth.size() + fifth.size());
   ASSERT_NE(before_sync, nullptr);
-  EXPECT_EQ(before_sync->bytes(), second + third);
+  EXPECT_EQ(before_sync->bytes(), fourth + fifth);
   ASSERT_TRUE(files_->Sync(4).ok());
-  EXPECT_EQ(FileBytes(4), first + second + third);
+  EXPECT_EQ(FileBytes(4), synced + fifth);
 }
 
 // A write that fails (here: past the file size limit) fails every later append, sync and read of
@@ -346,10 +359,12 @@ TEST_F(SegmentFilesTest, AFailedWriteFailsTheDataIdFromThenOn) {
   ignore.sa_handler = SIG_IGN;
   ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
   struct rlimit limit = old_limit;
-  limit.rlim_cur = static_cast<rlim_t>(2 * b);
+  // Whole blocks, each written by its own append: at [0, b) (the lane's first extent, one
+  // block), then [2b, 3b) and [3b, 4b) (its second, a window at 2b): the third passes the limit.
+  limit.rlim_cur = static_cast<rlim_t>(3 * b);
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
   std::vector<absl::Status> appends;
-  for (int i = 0; i < 3; ++i) {  // whole blocks, each written by its own append
+  for (int i = 0; i < 3; ++i) {
     appends.push_back(
         files_->Append(9, {std::string(static_cast<size_t>(b), static_cast<char>('a' + i))})
             .status());
