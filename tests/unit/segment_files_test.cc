@@ -85,6 +85,27 @@ class SegmentFilesTest : public ::testing::Test {
   }
   void ConcurrentAppendsReadBackExactly(SegmentOptions options);
 
+  // Appended pieces: offset, bytes.
+  using Pieces = std::vector<std::pair<uint64_t, std::string>>;
+  // Every piece reads back at its offset.
+  void ExpectReadBack(uint64_t id, const Pieces& pieces) {
+    for (const auto& [offset, bytes] : pieces) {
+      std::unique_ptr<ChunkData> data = Read(id, offset, bytes.size());
+      ASSERT_NE(data, nullptr);
+      EXPECT_EQ(data->bytes(), bytes) << "piece of " << bytes.size() << " bytes at " << offset;
+    }
+  }
+  // The file holds every piece at its offset and zeros between.
+  void ExpectFileHolds(uint64_t id, const Pieces& pieces) {
+    const std::string image = FileBytes(id);
+    std::string expected(image.size(), '\0');
+    for (const auto& [offset, bytes] : pieces) {
+      ASSERT_LE(offset + bytes.size(), image.size()) << "piece at " << offset;
+      expected.replace(offset, bytes.size(), bytes);
+    }
+    EXPECT_TRUE(image == expected) << "the file differs from the pieces and zeros between";
+  }
+
   std::string dir_;
   std::unique_ptr<SegmentFiles> files_;
 };
@@ -102,7 +123,7 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
   constexpr int kBatches = 30;
   const int64_t block = options.write_block_bytes;
   auto lane_of = [](int t) { return static_cast<uint32_t>(t % 3); };
-  std::vector<std::vector<std::pair<uint64_t, std::string>>> written(kThreads);
+  std::vector<Pieces> written(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -157,19 +178,12 @@ void SegmentFilesTest::ConcurrentAppendsReadBackExactly(SegmentOptions options) 
   ASSERT_TRUE(files_->Sync(7).ok());
   EXPECT_TRUE(files_->Sync(8).ok());  // nothing appended: no file, nothing to sync
 
-  const std::string image = FileBytes(7);
-  ASSERT_GE(image.size(), ranges.empty() ? 0 : ranges.back().second);
-  std::string expected(image.size(), '\0');
-  for (const auto& thread_pieces : written) {
-    for (const auto& [offset, bytes] : thread_pieces) {
-      expected.replace(offset, bytes.size(), bytes);
-      std::unique_ptr<ChunkData> data = Read(7, offset, bytes.size());
-      ASSERT_NE(data, nullptr);
-      ASSERT_EQ(data->bytes(), bytes) << "after Sync: piece of " << bytes.size() << " bytes at "
-                                      << offset;
-    }
+  Pieces all;
+  for (const Pieces& thread_pieces : written) {
+    all.insert(all.end(), thread_pieces.begin(), thread_pieces.end());
   }
-  EXPECT_TRUE(image == expected) << "the synced file differs from the pieces and zeros between";
+  ExpectReadBack(7, all);  // after Sync, from the file
+  ExpectFileHolds(7, all);
 }
 
 TEST_F(SegmentFilesTest, ConcurrentAppendsReadBackExactlyWithoutStraddlingWindows) {
@@ -197,7 +211,7 @@ TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
   const int64_t p = kPage;
   const int64_t h = p / 2;
   std::mt19937_64 rng(21);
-  std::vector<std::pair<uint64_t, std::string>> appended;
+  Pieces appended;
   auto append = [&](uint32_t lane, int64_t n) {
     const std::string bytes = RandomBytes(static_cast<size_t>(n), rng);
     auto offsets = files_->Append(5, {bytes}, lane);
@@ -222,19 +236,9 @@ TEST_F(SegmentFilesTest, LanesFillExtentsOfTheirOwn) {
   EXPECT_EQ(append(3, 4 * p), 28 * p);
   EXPECT_EQ(FileBytes(5).substr(static_cast<size_t>(26 * p), static_cast<size_t>(h)),
             appended[appended.size() - 2].second);
-  for (const auto& [offset, bytes] : appended) {
-    std::unique_ptr<ChunkData> data = Read(5, offset, bytes.size());
-    ASSERT_NE(data, nullptr);
-    EXPECT_EQ(data->bytes(), bytes) << "at " << offset;
-  }
+  ExpectReadBack(5, appended);
   ASSERT_TRUE(files_->Sync(5).ok());
-  const std::string image = FileBytes(5);
-  std::string expected(image.size(), '\0');
-  for (const auto& [offset, bytes] : appended) {
-    ASSERT_LE(offset + bytes.size(), image.size());
-    expected.replace(offset, bytes.size(), bytes);
-  }
-  EXPECT_TRUE(image == expected) << "the synced file differs from the pieces and zeros between";
+  ExpectFileHolds(5, appended);
   // A location past what its lane appended is DATA_LOSS while its block is buffered.
   const int64_t at = append(2, 10);
   EXPECT_EQ(at, 13 * p);
@@ -250,7 +254,7 @@ TEST_F(SegmentFilesTest, IdleLanesBlocksAreWrittenBeyondSixteen) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   const int64_t b = Small().write_block_bytes;
   std::mt19937_64 rng(31);
-  std::vector<std::pair<uint64_t, std::string>> appended;
+  Pieces appended;
   constexpr uint32_t kLanes = 40;
   for (uint32_t lane = 0; lane < kLanes; ++lane) {
     const std::string bytes = RandomBytes(100, rng);
@@ -259,7 +263,7 @@ TEST_F(SegmentFilesTest, IdleLanesBlocksAreWrittenBeyondSixteen) {
     ASSERT_EQ((*offsets)[0], lane * static_cast<uint64_t>(b));  // an extent (a block) each
     appended.push_back({(*offsets)[0], bytes});
   }
-  // 40 open blocks, none full: the 24 oldest were written when they passed the bound.
+  // 40 open blocks, none full: the 23 oldest were written when they passed the bound.
   const std::string image = FileBytes(8);
   for (uint32_t lane = 0; lane < kLanes; ++lane) {
     const auto& [offset, bytes] = appended[lane];
@@ -273,17 +277,9 @@ TEST_F(SegmentFilesTest, IdleLanesBlocksAreWrittenBeyondSixteen) {
   ASSERT_TRUE(offsets.ok()) << offsets.status();
   EXPECT_EQ((*offsets)[0], 100u);
   appended.push_back({(*offsets)[0], more});
-  for (const auto& [offset, bytes] : appended) {
-    std::unique_ptr<ChunkData> data = Read(8, offset, bytes.size());
-    ASSERT_NE(data, nullptr);
-    EXPECT_EQ(data->bytes(), bytes) << "at " << offset;
-  }
+  ExpectReadBack(8, appended);
   ASSERT_TRUE(files_->Sync(8).ok());
-  const std::string synced = FileBytes(8);
-  for (const auto& [offset, bytes] : appended) {
-    ASSERT_LE(offset + bytes.size(), synced.size());
-    EXPECT_EQ(synced.substr(offset, bytes.size()), bytes) << "at " << offset;
-  }
+  ExpectFileHolds(8, appended);
 }
 
 // Windows and write blocks: one must be a multiple of the other (extents hold whole ones).
