@@ -433,12 +433,19 @@ absl::Status SegmentFiles::WriteBlocks(File& file,
   absl::Status first;
   for (const std::shared_ptr<Block>& block : blocks) {
     absl::Status s;
-    const bool whole = block->lo == block->start &&
-                       block->hi - block->lo == options_.write_block_bytes;
-    bool direct = whole && file.direct_fd >= 0 && file.use_direct.load(std::memory_order_relaxed);
+    // A block filled from its start goes with direct I/O, whole or not: one that was closed
+    // short (its lane moved on, leaving the rest of it a hole) is written up to the next page
+    // boundary, with zeros after its last byte. Written through the page cache, such a block's
+    // pages stayed there as small folios (about 13% of a bench upload's bytes), which windows
+    // map and unmap page by page instead of with one entry per 2 MiB.
+    const int64_t page = PageBytes();
+    const int64_t direct_bytes = (block->hi - block->lo + page - 1) / page * page;
+    bool direct = block->lo == block->start && file.direct_fd >= 0 &&
+                  file.use_direct.load(std::memory_order_relaxed);
     if (direct) {
-      s = WriteAll(file.direct_fd, file.path, block->bytes, block->hi - block->lo,
-                   block->lo);
+      std::memset(block->bytes + (block->hi - block->start), 0,
+                  static_cast<size_t>(block->lo + direct_bytes - block->hi));
+      s = WriteAll(file.direct_fd, file.path, block->bytes, direct_bytes, block->lo);
       if (absl::IsInvalidArgument(s)) {  // direct I/O refused after all: buffered from now on
         file.use_direct.store(false, std::memory_order_relaxed);
         direct = false;

@@ -15,8 +15,9 @@
 //
 // Appended bytes reach the file in aligned *write blocks* (SegmentOptions::write_block_bytes,
 // 2 MiB): gathered in a block's buffer, a block is written once nothing more can be appended to
-// it, whole blocks with direct I/O (no page cache), partial ones (a window's last, the file's
-// tail at Sync) through the page cache. Windows are mapped with MADV_HUGEPAGE, so a read of a
+// it, with direct I/O (no page cache): whole, or up to the next page boundary when its lane
+// left it short (zeros after its last byte). What Sync or the bound on idle blocks writes of a
+// block still open goes through the page cache. Windows are mapped with MADV_HUGEPAGE, so a read of a
 // block that is not in the page cache brings it in as one 2 MiB folio, which the window then maps
 // with one page-table entry instead of 512. Why (README, Performance): mapping and unmapping the
 // windows' 4 KiB pages was ~18% of ckptd's CPU in a row_to_col fetch; written through the page
@@ -68,8 +69,8 @@ struct SegmentOptions {
   // size, and a multiple or a divisor of window_bytes; the default is the PMD size of x86-64 and
   // 4 KiB-page arm64, the folio size a window maps with one page-table entry).
   int64_t write_block_bytes = int64_t{2} << 20;
-  // Whole blocks are written with O_DIRECT where the file system allows it (else, and when false,
-  // through the page cache like partial blocks).
+  // Closed blocks are written with O_DIRECT where the file system allows it (else, and when
+  // false, through the page cache, like the parts of open blocks that Sync writes).
   bool direct_writes = true;
 };
 

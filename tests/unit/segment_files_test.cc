@@ -3,8 +3,10 @@
 // chunks larger than a window) runs on little data.
 #include "storage/internal/segment_files.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -397,6 +399,58 @@ TEST_F(SegmentFilesTest, HolesInsideABlockAreZeros) {
   ASSERT_EQ(AppendOne(6, b), static_cast<uint64_t>(w));
   ASSERT_TRUE(files_->Sync(6).ok());
   EXPECT_EQ(FileBytes(6), a + std::string(100, '\0') + b);
+}
+
+// Pages of `id`'s file in the page cache, one flag per page (mincore of a mapping).
+std::vector<bool> ResidentPages(const std::string& path) {
+  std::vector<bool> resident;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return resident;
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  void* addr = size > 0 ? ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0)
+                        : MAP_FAILED;
+  if (addr != MAP_FAILED) {
+    std::vector<unsigned char> vec(static_cast<size_t>((size + kPage - 1) / kPage));
+    if (::mincore(addr, static_cast<size_t>(size), vec.data()) == 0) {
+      for (unsigned char v : vec) resident.push_back((v & 1) != 0);
+    }
+    ::munmap(addr, static_cast<size_t>(size));
+  }
+  ::close(fd);
+  return resident;
+}
+
+// A block closed short (its lane moved on to a new extent, leaving the rest a hole) is written
+// like a whole one, with direct I/O, up to the next page boundary: nothing of it stays in the
+// page cache, where its pages would be small folios that windows map page by page. Its bytes
+// read back, and the file has zeros after them.
+TEST_F(SegmentFilesTest, BlocksClosedShortAreWrittenPastThePageCache) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2
+  const int64_t p = kPage;
+  std::mt19937_64 rng(41);
+  Pieces appended;
+  auto append = [&](int64_t n) {
+    const std::string bytes = RandomBytes(static_cast<size_t>(n), rng);
+    auto offsets = files_->Append(9, {bytes}, 0);
+    EXPECT_TRUE(offsets.ok()) << offsets.status();
+    appended.push_back({offsets.ok() ? (*offsets)[0] : 0, bytes});
+    return offsets.ok() ? static_cast<int64_t>((*offsets)[0]) : -1;
+  };
+  ASSERT_EQ(append(p + p / 2 + 10), 0);  // the lane's first extent, one block: [0, 2p)
+  ASSERT_EQ(append(p), 4 * p);           // does not fit: a new extent, the next window
+  ASSERT_EQ(append(p), 5 * p);           // fills [4p, 6p): a whole block
+  const std::vector<bool> resident = ResidentPages(files_->PathOf(9));
+  ASSERT_GE(resident.size(), 6u);
+  if (resident[4] || resident[5]) {
+    GTEST_SKIP() << "a whole block written with O_DIRECT is in the page cache: this file system "
+                    "(" << dir_ << ") serves direct I/O through the page cache";
+  }
+  EXPECT_FALSE(resident[0]) << "the block closed short went through the page cache";
+  EXPECT_FALSE(resident[1]) << "the block closed short went through the page cache";
+  EXPECT_GE(static_cast<int64_t>(FileBytes(9).size()), 2 * p);  // written to its page boundary
+  ExpectReadBack(9, appended);
+  ASSERT_TRUE(files_->Sync(9).ok());
+  ExpectFileHolds(9, appended);
 }
 
 // Views share a window while it is within the budget; past the budget chunks come back as
