@@ -196,14 +196,24 @@ struct SegmentFiles::Window {
   int64_t start = 0;  // file offset of addr
   uint64_t data_id = 0;
 
+  // Units (SegmentFiles::unit_bytes_) whose pages were mapped (MADV_POPULATE_READ): bit i is
+  // [i * unit, (i + 1) * unit) of the window. Set under populate_mu; read without it.
+  std::atomic<uint64_t> populated{0};
+  std::mutex populate_mu;
+  // Bytes charged to the budget for its populated units (added to under populate_mu; read by
+  // MakeRoomLocked only once no chunk holds the window).
+  std::atomic<int64_t> charged{0};
   // SegmentFiles::window_bytes_, shared: a chunk read may outlive the SegmentFiles it came from.
   std::shared_ptr<std::atomic<int64_t>> budget;
 
+  // Bytes of units [first, last] of the window, the last clipped to its length.
+  int64_t UnitBytes(int64_t unit, int64_t first, int64_t last) const {
+    return std::min(static_cast<int64_t>(length), (last + 1) * unit) - first * unit;
+  }
+
   ~Window() {
     if (addr != nullptr) ::munmap(addr, length);
-    if (budget != nullptr) {
-      budget->fetch_sub(static_cast<int64_t>(length), std::memory_order_relaxed);
-    }
+    if (budget != nullptr) budget->fetch_sub(charged.load(), std::memory_order_relaxed);
   }
 };
 
@@ -233,9 +243,23 @@ absl::StatusOr<std::unique_ptr<SegmentFiles>> SegmentFiles::Open(std::string dir
   return std::unique_ptr<SegmentFiles>(new SegmentFiles(std::move(dir), options));
 }
 
+namespace {
+
+// The unit windows are populated and charged in: a write block (the folio size a window maps
+// with one page-table entry) where a window holds a whole number of them, at most 64; else the
+// window.
+int64_t PopulateUnit(const SegmentOptions& o) {
+  const int64_t b = o.write_block_bytes;
+  const int64_t w = o.window_bytes;
+  return b < w && w % b == 0 && w / b <= 64 ? b : w;
+}
+
+}  // namespace
+
 SegmentFiles::SegmentFiles(std::string dir, SegmentOptions options)
     : dir_(std::move(dir)),
       options_(options),
+      unit_bytes_(PopulateUnit(options)),
       block_buffers_(std::make_shared<BlockBuffers>(static_cast<size_t>(options.write_block_bytes),
                                                     kKeptBlockBuffers)) {}
 
@@ -552,7 +576,8 @@ absl::Status SegmentFiles::Sync(uint64_t data_id) {
 }
 
 absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
-    uint64_t data_id, File& file, int64_t start, int64_t end, std::string_view what) {
+    uint64_t data_id, File& file, int64_t start, int64_t begin, int64_t end,
+    std::string_view what) {
   const std::pair<uint64_t, int64_t> key{data_id, start / options_.window_bytes};
   // Recent windows no chunk holds, given up to make room: unmapped once the lock is released
   // (declared first, so destroyed last).
@@ -569,26 +594,11 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   }
   const int64_t length =
       std::min(options_.window_bytes, file.size.load(std::memory_order_relaxed) - start);
-  // Over the budget, the least recently used of the windows kept only for reuse make room first
-  // (their bytes still count until they are unmapped, right after): a chunk is copied only when
-  // the windows that chunks hold fill the budget.
-  // (A window's count only grows under mu_: a count of 1, recent_'s own, cannot change here.)
-  const int64_t over =
-      window_bytes_->load(std::memory_order_relaxed) + length - options_.window_budget_bytes;
-  if (over > 0) {
-    std::vector<size_t> idle;  // indexes into recent_, least recently used first
-    int64_t freed = 0;
-    for (size_t k = recent_.size(); k-- > 0 && freed < over;) {
-      if (recent_[k].use_count() != 1) continue;
-      idle.push_back(k);
-      freed += static_cast<int64_t>(recent_[k]->length);
-    }
-    if (freed < over) return nullptr;
-    for (size_t k : idle) {  // descending: erasing one leaves the others' indexes valid
-      evicted.push_back(std::move(recent_[k]));
-      recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(k));
-    }
-  }
+  // Mapping costs nothing until pages are populated (Populate charges them), but a window that
+  // could not populate the units of the chunk it is mapped for would be mapped for nothing.
+  const int64_t u = unit_bytes_;
+  const int64_t units = std::min(length, ((end - 1 - start) / u + 1) * u) - (begin - start) / u * u;
+  if (!MakeRoomLocked(units, &evicted)) return nullptr;
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
   // Pages not in the page cache come in as 2 MiB folios, mapped whole (advice: errors ignored).
@@ -599,7 +609,6 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   window->start = start;
   window->data_id = data_id;
   window->budget = window_bytes_;
-  window_bytes_->fetch_add(length, std::memory_order_relaxed);
   windows_[key] = window;
   KeepRecent(window);
   if (++windows_since_sweep_ >= kSweepEvery) {
@@ -607,6 +616,77 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
     std::erase_if(windows_, [](const auto& entry) { return entry.second.expired(); });
   }
   return window;
+}
+
+bool SegmentFiles::MakeRoomLocked(int64_t bytes, std::vector<std::shared_ptr<Window>>* evicted) {
+  const int64_t over =
+      window_bytes_->load(std::memory_order_relaxed) + bytes - options_.window_budget_bytes;
+  if (over <= 0) return true;
+  // The least recently used of the windows kept only for reuse make room (their pages still
+  // count until they are unmapped, right after): a chunk is copied only when the pages of
+  // windows that chunks hold fill the budget.
+  // (A window's count only grows under mu_: a count of 1, recent_'s own, cannot change here;
+  // and with no chunk of it held, nothing populates it.)
+  std::vector<size_t> idle;  // indexes into recent_, least recently used first
+  int64_t freed = 0;
+  for (size_t k = recent_.size(); k-- > 0 && freed < over;) {
+    if (recent_[k].use_count() != 1) continue;
+    idle.push_back(k);
+    freed += recent_[k]->charged.load(std::memory_order_relaxed);
+  }
+  if (freed < over) return false;
+  for (size_t k : idle) {  // descending: erasing one leaves the others' indexes valid
+    evicted->push_back(std::move(recent_[k]));
+    recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  return true;
+}
+
+absl::StatusOr<bool> SegmentFiles::Populate(Window& window, int64_t begin, int64_t end,
+                                            const std::string& path, std::string_view what) {
+  const int64_t u = unit_bytes_;
+  const int64_t first = (begin - window.start) / u;
+  const int64_t last = (end - 1 - window.start) / u;
+  const uint64_t want = (last - first + 1 >= 64 ? ~uint64_t{0} : ((uint64_t{1} << (last - first + 1)) - 1))
+                        << first;
+  if ((window.populated.load(std::memory_order_acquire) & want) == want) return true;
+  std::lock_guard<std::mutex> lock(window.populate_mu);
+  const uint64_t missing = want & ~window.populated.load(std::memory_order_relaxed);
+  if (missing == 0) return true;  // populated meanwhile
+  // The missing units, as runs of consecutive ones: charged together, populated run by run.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int64_t bytes = 0;
+  for (int64_t i = first; i <= last;) {
+    if ((missing >> i & 1) == 0) {
+      ++i;
+      continue;
+    }
+    int64_t j = i;
+    while (j + 1 <= last && (missing >> (j + 1) & 1) != 0) ++j;
+    runs.push_back({i, j});
+    bytes += window.UnitBytes(u, i, j);
+    i = j + 1;
+  }
+  {
+    std::vector<std::shared_ptr<Window>> evicted;  // unmapped once mu_ is released
+    std::lock_guard<std::mutex> budget_lock(mu_);
+    if (!MakeRoomLocked(bytes, &evicted)) return false;
+    window_bytes_->fetch_add(bytes, std::memory_order_relaxed);
+  }
+  // Charged even if populating fails below (an I/O error): released when the window is unmapped.
+  window.charged.fetch_add(bytes, std::memory_order_relaxed);
+  for (const auto& [i, j] : runs) {
+    // Map the units' pages now, in one call, rather than page fault by page fault wherever
+    // their bytes are first touched (a failure here is an I/O error, where a fault would be
+    // SIGBUS; EINVAL: a kernel without MADV_POPULATE_READ, the pages then fault in).
+    if (::madvise(static_cast<char*>(window.addr) + i * u,
+                  static_cast<size_t>(window.UnitBytes(u, i, j)), MADV_POPULATE_READ) != 0 &&
+        errno != EINVAL) {
+      return Prefixed(what, Errno("read (populate)", path));
+    }
+  }
+  window.populated.fetch_or(missing, std::memory_order_release);
+  return true;
 }
 
 void SegmentFiles::KeepRecent(const std::shared_ptr<Window>& window) {
@@ -658,7 +738,11 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
   const int64_t window_start = begin / w * w;
   std::shared_ptr<Window> window;
   if ((end - 1) / w == begin / w) {
-    CKPT_ASSIGN_OR_RETURN(window, GetWindow(data_id, file, window_start, end, what));
+    CKPT_ASSIGN_OR_RETURN(window, GetWindow(data_id, file, window_start, begin, end, what));
+  }
+  if (window != nullptr) {
+    CKPT_ASSIGN_OR_RETURN(const bool populated, Populate(*window, begin, end, file.path, what));
+    if (!populated) window = nullptr;  // the budget's room went to another reader meanwhile
   }
   if (window == nullptr) {
     // Over the windows' budget (or larger than a window): read a copy, held as long as the
@@ -681,14 +765,6 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentFiles::Read(uint64_t data_id, 
     return copy;
   }
   const char* data = static_cast<const char*>(window->addr) + (begin - window->start);
-  // Map the chunk's pages now, in one call, rather than page fault by page fault wherever its
-  // bytes are first touched (a failure here is an I/O error, where a fault would be SIGBUS).
-  const int64_t page_from = (begin - window->start) / PageBytes() * PageBytes();
-  if (::madvise(static_cast<char*>(window->addr) + page_from,
-                static_cast<size_t>(end - window->start - page_from), MADV_POPULATE_READ) != 0 &&
-      errno != EINVAL) {
-    return Prefixed(what, Errno("read (populate)", file.path));
-  }
   return std::make_unique<MappedChunk>(std::move(window),
                                        std::string_view(data, static_cast<size_t>(length)));
 }

@@ -50,10 +50,13 @@ namespace ckpt::segment_internal {
 struct SegmentOptions {
   // Bytes of one window (a multiple of the page size).
   int64_t window_bytes = int64_t{16} << 20;
-  // At most this many bytes of windows are mapped at once (they count in the process's RSS as far
-  // as their pages were touched). Beyond it, chunks are read into memory of their own (pread): a
-  // window's pages served to one reader stay mapped while another reader holds a chunk of the
-  // same window, and 8 concurrent fetches took a fresh ckptd to 821 MiB of peak RSS uncapped.
+  // At most this many bytes of windows' pages are mapped at once (they count in the process's
+  // RSS). Pages are mapped in units of a write block (MADV_POPULATE_READ, the first time a chunk
+  // in the unit is read from the window), and a window counts the units it mapped, not its
+  // length: a reader of a column band maps a few units of each window. Beyond it, chunks are read
+  // into memory of their own (pread): a window's pages served to one reader stay mapped while
+  // another reader holds a chunk of the same window, and 8 concurrent fetches took a fresh ckptd
+  // to 821 MiB of peak RSS uncapped.
   int64_t window_budget_bytes = int64_t{192} << 20;
   // Windows kept mapped after their last chunk is released (SegmentFiles::recent_), until the
   // budget needs their room for a window that a read needs. By default as many as the budget
@@ -129,7 +132,7 @@ class SegmentFiles {
 
   // Windows currently mapped (tests).
   int64_t mapped_windows() const;
-  // Bytes of windows mapped now.
+  // Bytes of windows' pages mapped now (the units populated, SegmentOptions::window_budget_bytes).
   int64_t mapped_bytes() const { return window_bytes_->load(std::memory_order_relaxed); }
   // Bytes of chunks Read returned as copies (over the budget, or larger than a window).
   int64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
@@ -163,14 +166,25 @@ class SegmentFiles {
   absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> ReadFromBlocksLocked(File& file,
                                                                                  int64_t begin,
                                                                                  int64_t end);
-  // The shared window of `file` that starts at `start` and reaches `end`; null when mapping it
-  // would exceed the windows' budget.
   void KeepRecent(const std::shared_ptr<Window>& window);  // mu_ held
+  // The shared window of `file` that starts at `start` and reaches `end`, for a chunk at
+  // [begin, end); null when the budget has no room for the units of the chunk (a new window).
   absl::StatusOr<std::shared_ptr<Window>> GetWindow(uint64_t data_id, File& file, int64_t start,
-                                                    int64_t end, std::string_view what);
+                                                    int64_t begin, int64_t end,
+                                                    std::string_view what);
+  // With mu_ held: room for `bytes` more of mapped pages within the budget, made by taking the
+  // least recently used windows that no chunk holds out of recent_ (into *evicted, to be unmapped
+  // once mu_ is released). False, and nothing taken, when that is not enough.
+  bool MakeRoomLocked(int64_t bytes, std::vector<std::shared_ptr<Window>>* evicted);
+  // Maps the pages of the units of `window` that [begin, end) lies in, unless mapped before (no
+  // system call then), charging them to the budget. False when the budget has no room (the
+  // caller reads a copy); an error when the pages cannot be read.
+  absl::StatusOr<bool> Populate(Window& window, int64_t begin, int64_t end,
+                                const std::string& path, std::string_view what);
 
   const std::string dir_;
   const SegmentOptions options_;
+  const int64_t unit_bytes_;  // windows are populated and charged in units of this many bytes
   mutable std::mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<File>> files_;  // guarded by mu_
   // Live windows by (data id, window index); expired entries are swept now and then.

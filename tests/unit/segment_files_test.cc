@@ -514,6 +514,52 @@ TEST_F(SegmentFilesTest, WindowsAreSharedWithinTheBudgetAndCopiedBeyondIt) {
   EXPECT_EQ(b->bytes(), pieces[1]);
 }
 
+// The budget counts the pages a window mapped, in units of a write block, not the window's
+// length: a reader of a little of many windows (a column band) holds them all mapped within a
+// budget of fewer whole windows, and a unit mapped once costs nothing more.
+TEST_F(SegmentFilesTest, WindowsCountTheUnitsTheyMapAgainstTheBudget) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2, budget 12 pages
+  const int64_t w = Small().window_bytes;
+  const int64_t unit = Small().write_block_bytes;
+  std::mt19937_64 rng(5);
+  std::vector<std::string> pieces;
+  for (int i = 0; i < 8; ++i) pieces.push_back(RandomBytes(static_cast<size_t>(w / 2 + 1), rng));
+  const std::vector<std::string_view> views(pieces.begin(), pieces.end());
+  auto offsets = files_->Append(1, views);
+  ASSERT_TRUE(offsets.ok()) << offsets.status();
+  for (size_t i = 0; i < pieces.size(); ++i) ASSERT_EQ((*offsets)[i], i * static_cast<uint64_t>(w));
+  ASSERT_TRUE(files_->Sync(1).ok());  // reads come from the file
+
+  const int64_t copied = files_->bytes_copied();
+  std::vector<std::unique_ptr<ChunkData>> held;
+  auto read = [&](int window, int64_t at, int64_t n) {
+    held.push_back(Read(1, static_cast<uint64_t>(window * w + at), static_cast<uint64_t>(n)));
+    ASSERT_NE(held.back(), nullptr);
+    EXPECT_EQ(held.back()->bytes(), pieces[window].substr(static_cast<size_t>(at),
+                                                          static_cast<size_t>(n)));
+  };
+  for (int i = 0; i < 6; ++i) read(i, 0, 100);  // the first unit of six windows
+  EXPECT_EQ(files_->mapped_windows(), 6);       // whole windows, only 3 would fit
+  EXPECT_EQ(files_->mapped_bytes(), 6 * unit);
+  EXPECT_EQ(files_->bytes_copied(), copied);
+  read(2, 200, 100);  // a unit mapped already
+  EXPECT_EQ(files_->mapped_bytes(), 6 * unit);
+  EXPECT_EQ(files_->bytes_copied(), copied);
+  read(0, unit, 1);  // a unit not mapped, with the budget full of held windows: a copy
+  EXPECT_EQ(files_->mapped_bytes(), 6 * unit);
+  EXPECT_EQ(files_->bytes_copied(), copied + 1);
+  // Released: the 2 most recent windows stay mapped, with their units.
+  held.clear();
+  EXPECT_EQ(files_->mapped_windows(), 2);
+  EXPECT_EQ(files_->mapped_bytes(), 2 * unit);
+  // A chunk across both units of a window maps (and counts) both; the window joins the recent
+  // ones, pushing out the older of the two (whose unit goes with it).
+  read(6, unit - 10, 11);
+  EXPECT_EQ(files_->mapped_windows(), 2);
+  EXPECT_EQ(files_->mapped_bytes(), 3 * unit);
+  EXPECT_EQ(files_->bytes_copied(), copied + 1);
+}
+
 TEST_F(SegmentFilesTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   std::mt19937_64 rng(5);
