@@ -74,7 +74,7 @@ struct StoreStats {
   int64_t chunks_written = 0;
   // RocksDB store: bytes of chunks read as copies (pread) because mapping them would have
   // exceeded StoreOptions::mapped_bytes_budget (or they are larger than a window), and bytes of
-  // segment files mapped now.
+  // segment files' pages mapped now.
   int64_t chunk_bytes_copied = 0;
   int64_t mapped_bytes = 0;
 };
@@ -158,8 +158,8 @@ struct StoreOptions {
   // (memory store). Tests inject a function to exercise RESOURCE_EXHAUSTED.
   std::function<absl::StatusOr<int64_t>()> free_disk_bytes;
   // RocksDB store: chunks are read as views of mapped windows of their segment files while at
-  // most this many bytes are mapped (what the mappings may add to the process's RSS), as copies
-  // beyond it. Default 192 MiB.
+  // most this many bytes of their pages are mapped (what the mappings may add to the process's
+  // RSS; pages are mapped 2 MiB at a time), as copies beyond it. Default 192 MiB.
   int64_t mapped_bytes_budget = int64_t{192} << 20;
 };
 
