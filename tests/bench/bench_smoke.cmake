@@ -58,4 +58,17 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
     message(FATAL_ERROR "${path} is ${type}, expected a number")
   endif()
 endforeach()
+# The transport limit's passes run through the fetch phase (3 of its own, one before each of the
+# 4 cases' 3 passes, one before the concurrent phase); the transform job and the baseline run 3
+# passes each.
+foreach(check "transport_passes_gibps;16" "transform;runs_seconds;3"
+              "transform;baseline_runs_seconds;3")
+  list(POP_BACK check want)
+  string(JSON got ERROR_VARIABLE error LENGTH "${json}" ${check})
+  if(error)
+    message(FATAL_ERROR "results JSON: ${check}: ${error}")
+  elseif(NOT got EQUAL want)
+    message(FATAL_ERROR "results JSON: ${check} has ${got} entries, expected ${want}")
+  endif()
+endforeach()
 message(STATUS "bench_smoke: every key present")
