@@ -86,6 +86,20 @@ class SegmentFilesTest : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   void ConcurrentAppendsReadBackExactly(SegmentOptions options);
+  // Opened with Small(): appends one piece of half a window and a byte to each of `id`'s first 8
+  // windows, in one call (a second piece would straddle a window boundary, so each starts the
+  // next window).
+  void OnePiecePerWindow(uint64_t id, uint64_t seed, std::vector<std::string>* pieces) {
+    const int64_t w = Small().window_bytes;
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < 8; ++i) pieces->push_back(RandomBytes(static_cast<size_t>(w / 2 + 1), rng));
+    const std::vector<std::string_view> views(pieces->begin(), pieces->end());
+    auto offsets = files_->Append(id, views);
+    ASSERT_TRUE(offsets.ok()) << offsets.status();
+    for (size_t i = 0; i < pieces->size(); ++i) {
+      ASSERT_EQ((*offsets)[i], i * static_cast<uint64_t>(w)) << "piece " << i;
+    }
+  }
 
   // Appended pieces: offset, bytes.
   using Pieces = std::vector<std::pair<uint64_t, std::string>>;
@@ -457,25 +471,19 @@ TEST_F(SegmentFilesTest, BlocksClosedShortAreWrittenPastThePageCache) {
 // copies, still right; released, only the most recently used windows stay mapped.
 TEST_F(SegmentFilesTest, WindowsAreSharedWithinTheBudgetAndCopiedBeyondIt) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
-  const int64_t w = Small().window_bytes;
-  std::mt19937_64 rng(3);
-  // One piece of half a window in each of 8 windows (a second would straddle: it starts the next).
   std::vector<std::string> pieces;
-  for (int i = 0; i < 8; ++i) pieces.push_back(RandomBytes(static_cast<size_t>(w / 2 + 1), rng));
-  const std::vector<std::string_view> views(pieces.begin(), pieces.end());
-  auto offsets = files_->Append(1, views);
-  ASSERT_TRUE(offsets.ok()) << offsets.status();
-  for (size_t i = 0; i < pieces.size(); ++i) EXPECT_EQ((*offsets)[i], i * static_cast<uint64_t>(w));
+  ASSERT_NO_FATAL_FAILURE(OnePiecePerWindow(1, 3, &pieces));
+  const auto w = static_cast<uint64_t>(Small().window_bytes);  // piece i is at i * w
 
   std::vector<std::unique_ptr<ChunkData>> held;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    held.push_back(Read(1, (*offsets)[i], pieces[i].size()));
+    held.push_back(Read(1, i * w, pieces[i].size()));
     ASSERT_NE(held.back(), nullptr);
     EXPECT_EQ(held.back()->bytes(), pieces[i]);
   }
   EXPECT_EQ(files_->mapped_windows(), 3);  // the budget; the other 5 are copies
   // A second view of a mapped chunk shares its window: the same memory.
-  std::unique_ptr<ChunkData> again = Read(1, (*offsets)[0], pieces[0].size());
+  std::unique_ptr<ChunkData> again = Read(1, 0, pieces[0].size());
   ASSERT_NE(again, nullptr);
   EXPECT_EQ(again->bytes().data(), held[0]->bytes().data());
   EXPECT_EQ(files_->mapped_windows(), 3);
@@ -485,27 +493,27 @@ TEST_F(SegmentFilesTest, WindowsAreSharedWithinTheBudgetAndCopiedBeyondIt) {
   EXPECT_EQ(files_->mapped_windows(), 2);  // recent_windows
   // With the budget free again, a read maps its window, which joins the recent ones (pushing
   // the oldest out), and a second read shares it.
-  std::unique_ptr<ChunkData> later = Read(1, (*offsets)[6], pieces[6].size());
+  std::unique_ptr<ChunkData> later = Read(1, 6 * w, pieces[6].size());
   ASSERT_NE(later, nullptr);
   EXPECT_EQ(later->bytes(), pieces[6]);
   EXPECT_EQ(files_->mapped_windows(), 2);
-  std::unique_ptr<ChunkData> shared = Read(1, (*offsets)[6], pieces[6].size());
+  std::unique_ptr<ChunkData> shared = Read(1, 6 * w, pieces[6].size());
   ASSERT_NE(shared, nullptr);
   EXPECT_EQ(shared->bytes().data(), later->bytes().data());
 
   // With the budget full of windows that chunks hold, a read is a copy; a recent window no chunk
   // holds any more gives way to a new one instead.
   const int64_t copied = files_->bytes_copied();
-  std::unique_ptr<ChunkData> a = Read(1, (*offsets)[0], pieces[0].size());
-  std::unique_ptr<ChunkData> b = Read(1, (*offsets)[1], pieces[1].size());
+  std::unique_ptr<ChunkData> a = Read(1, 0, pieces[0].size());
+  std::unique_ptr<ChunkData> b = Read(1, 1 * w, pieces[1].size());
   EXPECT_EQ(files_->mapped_windows(), 3);  // 6 (held), 0 and 1
-  std::unique_ptr<ChunkData> c = Read(1, (*offsets)[2], pieces[2].size());
+  std::unique_ptr<ChunkData> c = Read(1, 2 * w, pieces[2].size());
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->bytes(), pieces[2]);
   EXPECT_EQ(files_->bytes_copied(), copied + static_cast<int64_t>(pieces[2].size()));
   a.reset();  // window 0 stays mapped as a recent one
   EXPECT_EQ(files_->mapped_windows(), 3);
-  std::unique_ptr<ChunkData> d = Read(1, (*offsets)[3], pieces[3].size());
+  std::unique_ptr<ChunkData> d = Read(1, 3 * w, pieces[3].size());
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->bytes(), pieces[3]);
   EXPECT_EQ(files_->bytes_copied(), copied + static_cast<int64_t>(pieces[2].size()))
@@ -521,13 +529,8 @@ TEST_F(SegmentFilesTest, WindowsCountTheUnitsTheyMapAgainstTheBudget) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2, budget 12 pages
   const int64_t w = Small().window_bytes;
   const int64_t unit = Small().write_block_bytes;
-  std::mt19937_64 rng(5);
   std::vector<std::string> pieces;
-  for (int i = 0; i < 8; ++i) pieces.push_back(RandomBytes(static_cast<size_t>(w / 2 + 1), rng));
-  const std::vector<std::string_view> views(pieces.begin(), pieces.end());
-  auto offsets = files_->Append(1, views);
-  ASSERT_TRUE(offsets.ok()) << offsets.status();
-  for (size_t i = 0; i < pieces.size(); ++i) ASSERT_EQ((*offsets)[i], i * static_cast<uint64_t>(w));
+  ASSERT_NO_FATAL_FAILURE(OnePiecePerWindow(1, 5, &pieces));
   ASSERT_TRUE(files_->Sync(1).ok());  // reads come from the file
 
   const int64_t copied = files_->bytes_copied();
