@@ -331,26 +331,33 @@ int WorkerMain(const std::string& server, const std::string& strategy_name, int6
   }
   std::printf("ready\n");
   std::fflush(stdout);
-  std::string go;
-  if (!std::getline(std::cin, go)) return 1;
-  v1::FetchRequest request;
-  request.set_checkpoint_id(kCheckpointId);
-  request.set_strategy(strategy_name);
-  request.set_rank(rank);
-  CheckingVisitor visitor(&spec, &*destination, rank, "");
-  const auto start = Clock::now();
-  const double cpu_start = SelfCpuSeconds();
-  absl::Status status = (*client)->Fetch(request, visitor);
-  const double seconds = Seconds(start);
-  const double cpu = SelfCpuSeconds() - cpu_start;
-  if (status.ok()) status = visitor.Complete();
-  if (!status.ok()) {
-    std::printf("error %s\n", status.ToString().c_str());
-    return 1;
+  // One fetch of the rank per "go" line, until "quit".
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "quit") return 0;
+    if (line != "go") {
+      std::printf("error unknown command %s\n", line.c_str());
+      return 1;
+    }
+    v1::FetchRequest request;
+    request.set_checkpoint_id(kCheckpointId);
+    request.set_strategy(strategy_name);
+    request.set_rank(rank);
+    CheckingVisitor visitor(&spec, &*destination, rank, "");
+    const auto start = Clock::now();
+    const double cpu_start = SelfCpuSeconds();
+    absl::Status status = (*client)->Fetch(request, visitor);
+    const double seconds = Seconds(start);
+    const double cpu = SelfCpuSeconds() - cpu_start;
+    if (status.ok()) status = visitor.Complete();
+    if (!status.ok()) {
+      std::printf("error %s\n", status.ToString().c_str());
+      return 1;
+    }
+    std::printf("ok %lld %.6f %lld %.6f\n", static_cast<long long>(visitor.bytes()), seconds,
+                static_cast<long long>(visitor.checked()), cpu);
+    std::fflush(stdout);
   }
-  std::printf("ok %lld %.6f %lld %.6f\n", static_cast<long long>(visitor.bytes()), seconds,
-              static_cast<long long>(visitor.checked()), cpu);
-  return 0;
+  return 1;  // the harness went away without "quit"
 }
 
 int BaselineMain(const std::string& src_dir, const std::string& out_dir, double size_gib) {
@@ -552,8 +559,8 @@ class Harness {
 
   // Results (nullopt: not measured).
   // The transport limit is the median of all plain transport passes: kRepeats of its own, then
-  // one before every fetch pass and one before the concurrent phase, with the transport server
-  // kept up until then. The VM's speed drifts by about 10% over a run; limit and fetches are so
+  // one before every fetch pass and every pass of the concurrent phase, with the transport
+  // server kept up until then. The VM's speed drifts by about 10% over a run; limit and fetches are so
   // measured over the same spell instead of the limit over the seconds before them.
   std::unique_ptr<Child> transport_server_;
   std::string transport_address_;
@@ -585,7 +592,8 @@ class Harness {
   std::optional<double> concurrent_stats_rss_mib_;
   // Share of the phase's store reads that went as copies (the map budget was spent).
   std::optional<double> concurrent_copied_fraction_;
-  int64_t concurrent_bytes_ = 0;
+  int64_t concurrent_bytes_ = 0;     // of one pass
+  std::vector<double> concurrent_runs_;  // GiB/s of each pass
   // The transform job and the baseline run kRepeats alternating passes; seconds and CPU are the
   // medians, peak RSS the largest of the passes.
   std::vector<double> transform_runs_, transform_cpu_runs_, baseline_runs_, baseline_cpu_runs_;
@@ -1000,7 +1008,6 @@ void Harness::MeasureConcurrent() {
   // A fresh server, so that its peak RSS is that of this phase (plus start-up).
   StopServer();
   if (auto s = StartServer(); !s.ok()) return Error("restart ckptd", s);
-  TransportPass();  // interleaved: see transport_server_
   std::vector<std::unique_ptr<Child>> workers;
   for (int r = 0; r < kWorkers; ++r) {
     auto child = Child::Spawn({SelfExe(), "--worker", "--server", server_->address(),
@@ -1016,40 +1023,62 @@ void Harness::MeasureConcurrent() {
       return Error("worker", absl::InternalError(line ? *line : "exited before ready"));
     }
   }
-  const auto start = Clock::now();
-  const absl::StatusOr<double> server_cpu_start = ProcessCpuSeconds(server_->pid());
-  for (auto& w : workers) {
-    if (auto s = w->WriteLine("go"); !s.ok()) return Error("worker", s);
-  }
-  int64_t bytes = 0;
+  // kRepeats passes, each every worker fetching its rank once (the workers stay up between
+  // them): the aggregate is the median pass's.
+  std::vector<double> pass_gibps;
   int64_t verified = 0;
+  double server_cpu = 0;
   double workers_cpu = 0;
-  for (auto& w : workers) {
-    const auto line = w->ReadLine();
-    long long b = 0, v = 0;
-    double secs = 0, cpu = 0;
-    if (!line || std::sscanf(line->c_str(), "ok %lld %lf %lld %lf", &b, &secs, &v, &cpu) != 4) {
-      return Error("worker", absl::InternalError(line ? *line : "no result"));
+  bool server_cpu_known = true;
+  for (int pass = 0; pass < kRepeats; ++pass) {
+    TransportPass();  // interleaved: see transport_server_
+    const auto start = Clock::now();
+    const absl::StatusOr<double> server_cpu_start = ProcessCpuSeconds(server_->pid());
+    for (auto& w : workers) {
+      if (auto s = w->WriteLine("go"); !s.ok()) return Error("worker", s);
     }
-    bytes += b;
-    verified += v;
-    workers_cpu += cpu;
-  }
-  const double seconds = Seconds(start);
-  const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
-  if (server_cpu_start.ok() && server_cpu_end.ok() && bytes > 0) {
-    // The workers' CPU is their own, during their fetch (not their start-up).
-    const double gib = static_cast<double>(bytes) / kGiB;
-    concurrent_cpu_ = CpuPerGib{(*server_cpu_end - *server_cpu_start) / gib, workers_cpu / gib};
+    int64_t bytes = 0;
+    for (auto& w : workers) {
+      const auto line = w->ReadLine();
+      long long b = 0, v = 0;
+      double secs = 0, cpu = 0;
+      if (!line || std::sscanf(line->c_str(), "ok %lld %lf %lld %lf", &b, &secs, &v, &cpu) != 4) {
+        return Error("worker", absl::InternalError(line ? *line : "no result"));
+      }
+      bytes += b;
+      verified += v;
+      workers_cpu += cpu;  // the workers' own, during their fetch (not their start-up)
+    }
+    const double seconds = Seconds(start);
+    const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
+    if (server_cpu_start.ok() && server_cpu_end.ok()) {
+      server_cpu += *server_cpu_end - *server_cpu_start;
+    } else {
+      server_cpu_known = false;
+    }
+    if (pass > 0 && bytes != concurrent_bytes_) {
+      return Error("concurrent", absl::InternalError(absl::StrCat(
+                                     "pass ", pass, " delivered ", bytes, " bytes, pass 0 ",
+                                     concurrent_bytes_)));
+    }
+    concurrent_bytes_ = bytes;
+    pass_gibps.push_back(bytes / kGiB / seconds);
+    Progress(absl::StrFormat("concurrent: %d workers, %.3f GiB in %.2f s = %.2f GiB/s", kWorkers,
+                             bytes / kGiB, seconds, pass_gibps.back()));
   }
   for (auto& w : workers) {
+    if (auto s = w->WriteLine("quit"); !s.ok()) return Error("worker", s);
     const Child::Exit e = w->Wait();
     if (e.exit_code != 0) {
       return Error("worker", absl::InternalError(absl::StrCat("exit code ", e.exit_code)));
     }
   }
-  concurrent_bytes_ = bytes;
-  concurrent_gibps_ = bytes / kGiB / seconds;
+  concurrent_runs_ = pass_gibps;
+  concurrent_gibps_ = Median(pass_gibps);
+  if (server_cpu_known && concurrent_bytes_ > 0) {
+    const double gib = static_cast<double>(concurrent_bytes_) * kRepeats / kGiB;
+    concurrent_cpu_ = CpuPerGib{server_cpu / gib, workers_cpu / gib};
+  }
   auto peak = ProcessPeakRssBytes(server_->pid());
   if (peak.ok()) {
     concurrent_rss_mib_ = *peak / kMiB;
@@ -1065,10 +1094,8 @@ void Harness::MeasureConcurrent() {
     }
   }
   Progress(absl::StrFormat(
-      "concurrent: %d workers, %.3f GiB in %.2f s = %.2f GiB/s, ckptd VmHWM %.0f MiB, %lld bytes "
-      "verified",
-      kWorkers, bytes / kGiB, seconds, *concurrent_gibps_, concurrent_rss_mib_.value_or(-1),
-      static_cast<long long>(verified)));
+      "concurrent: median %.2f GiB/s, ckptd VmHWM %.0f MiB, %lld bytes verified",
+      *concurrent_gibps_, concurrent_rss_mib_.value_or(-1), static_cast<long long>(verified)));
 }
 
 bool Harness::MeasureTransform(int pass) {
@@ -1236,6 +1263,7 @@ json Harness::Results() const {
                      {"server_stats_peak_rss_mib", Opt(concurrent_stats_rss_mib_)},
                      {"store_copied_fraction", Opt(concurrent_copied_fraction_)},
                      {"bytes", concurrent_bytes_},
+                     {"runs_gibps", concurrent_runs_},  // the passes; gibps is their median
                      {"cpu", CpuJson(concurrent_cpu_)},
                      {"destination", "row_to_col"}};
   j["transform"] = {{"seconds", Opt(transform_seconds_)},
@@ -1341,7 +1369,7 @@ std::vector<Row> Harness::Table() const {
     std::optional<double> need;
     if (transport_gibps_) need = 0.8 * *transport_gibps_;
     rows.push_back(
-        {absl::StrCat("concurrent (", kWorkers, " workers, row->col)"),
+        {absl::StrCat("concurrent (", kWorkers, " workers, row->col, median)"),
          Fmt(concurrent_gibps_, " GiB/s"),
          absl::StrCat(">= 0.8 x transport = ", Fmt(need, " GiB/s")),
          Verdict(concurrent_gibps_ && need ? std::optional<bool>(*concurrent_gibps_ >= *need)

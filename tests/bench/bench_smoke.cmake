@@ -59,9 +59,9 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
   endif()
 endforeach()
 # The transport limit's passes run through the fetch phase (3 of its own, one before each of the
-# 4 cases' 3 passes, one before the concurrent phase); the transform job and the baseline run 3
-# passes each.
-foreach(check "transport_passes_gibps;16" "transform;runs_seconds;3"
+# 4 cases' 3 passes and each of the concurrent phase's 3); the concurrent phase, the transform job
+# and the baseline run 3 passes each.
+foreach(check "transport_passes_gibps;18" "concurrent;runs_gibps;3" "transform;runs_seconds;3"
               "transform;baseline_runs_seconds;3")
   list(POP_BACK check want)
   string(JSON got ERROR_VARIABLE error LENGTH "${json}" ${check})
