@@ -647,8 +647,8 @@ absl::StatusOr<bool> SegmentFiles::Populate(Window& window, int64_t begin, int64
   const int64_t u = unit_bytes_;
   const int64_t first = (begin - window.start) / u;
   const int64_t last = (end - 1 - window.start) / u;
-  const uint64_t want = (last - first + 1 >= 64 ? ~uint64_t{0} : ((uint64_t{1} << (last - first + 1)) - 1))
-                        << first;
+  const int64_t count = last - first + 1;
+  const uint64_t want = (count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1) << first;
   if ((window.populated.load(std::memory_order_acquire) & want) == want) return true;
   std::lock_guard<std::mutex> lock(window.populate_mu);
   const uint64_t missing = want & ~window.populated.load(std::memory_order_relaxed);

@@ -7,24 +7,25 @@
 // fetch profile. A chunk read from a segment file is a view of a read-only mapping of the file
 // (page cache, no copy) that gRPC sends as it is.
 //
-// Mappings are *windows* (SegmentOptions::window_bytes), shared by the chunks that lie in them and unmapped when
-// the last chunk read from them is released, so a process maps (and counts in its RSS) only what
-// its readers hold. Append never lets a chunk of at most a window straddle a window boundary
-// (it skips to the boundary, leaving a hole that takes no disk space), so every such chunk is a
-// view of one window.
+// Mappings are *windows* (SegmentOptions::window_bytes), shared by the chunks that lie in them and
+// unmapped when the last chunk read from them is released, so a process maps (and counts in its
+// RSS) only what its readers hold. Append never lets a chunk of at most a window straddle a window
+// boundary (it skips to the boundary, leaving a hole that takes no disk space), so every such chunk
+// is a view of one window.
 //
 // Appended bytes reach the file in aligned *write blocks* (SegmentOptions::write_block_bytes,
-// 2 MiB): gathered in a block's buffer, a block is written once nothing more can be appended to
-// it, with direct I/O (no page cache): whole, or up to the next page boundary when its lane
-// left it short (zeros after its last byte). What Sync or the bound on idle blocks writes of a
-// block still open goes through the page cache. Windows are mapped with MADV_HUGEPAGE, so a read of a
-// block that is not in the page cache brings it in as one 2 MiB folio, which the window then maps
-// with one page-table entry instead of 512. Why (README, Performance): mapping and unmapping the
-// windows' 4 KiB pages was ~18% of ckptd's CPU in a row_to_col fetch; written through the page
-// cache in 2 MiB pieces, the blocks became 2 MiB folios too, but on a VM that hands free memory
-// back to its host those folios came from memory the host had to fault in again (uploads 0.6
-// instead of 1.4 GiB/s), and direct I/O leaves the page cache alone during an upload. The cost:
-// the first read of a freshly uploaded checkpoint comes from the disk.
+// 2 MiB): gathered in a block's buffer, a block is written once nothing more can be appended to it,
+// with direct I/O (no page cache): whole, or up to the next page boundary when its lane left it
+// short (zeros after its last byte). What Sync or the bound on idle blocks writes of a block still
+// open goes through the page cache. Windows are mapped with MADV_HUGEPAGE, so a read of a block
+// that is not in the page cache brings it in as one 2 MiB folio, which the window then maps with
+// one page-table entry instead of 512 (and a window maps its pages, and counts them against
+// SegmentOptions::window_budget_bytes, a write block at a time). Why (README, Performance): mapping
+// and unmapping the windows' 4 KiB pages was ~18% of ckptd's CPU in a row_to_col fetch; written
+// through the page cache in 2 MiB pieces, the blocks became 2 MiB folios too, but on a VM that
+// hands free memory back to its host those folios came from memory the host had to fault in again
+// (uploads 0.6 instead of 1.4 GiB/s), and direct I/O leaves the page cache alone during an upload.
+// The cost: the first read of a freshly uploaded checkpoint comes from the disk.
 #ifndef CKPT_STORAGE_INTERNAL_SEGMENT_FILES_H_
 #define CKPT_STORAGE_INTERNAL_SEGMENT_FILES_H_
 

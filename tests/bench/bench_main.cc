@@ -560,8 +560,8 @@ class Harness {
   // Results (nullopt: not measured).
   // The transport limit is the median of all plain transport passes: kRepeats of its own, then
   // one before every fetch pass and every pass of the concurrent phase, with the transport
-  // server kept up until then. The VM's speed drifts by about 10% over a run; limit and fetches are so
-  // measured over the same spell instead of the limit over the seconds before them.
+  // server kept up until then. The VM's speed drifts by about 10% over a run; limit and fetches
+  // are so measured over the same spell instead of the limit over the seconds before them.
   std::unique_ptr<Child> transport_server_;
   std::string transport_address_;
   std::vector<double> transport_passes_;  // GiB/s, in the order run
@@ -1186,8 +1186,9 @@ bool Harness::MeasureBaseline() {
     Error("baseline", absl::InternalError(absl::StrCat("exit code ", e.exit_code)));
     return false;
   }
-  Progress(absl::StrFormat("naive baseline (merge then split, 8 -> 3 ranks): %.2f s, peak RSS %.0f MiB",
-                           seconds, e.max_rss_kib / 1024.0));
+  Progress(absl::StrFormat(
+      "naive baseline (merge then split, 8 -> 3 ranks): %.2f s, peak RSS %.0f MiB", seconds,
+      e.max_rss_kib / 1024.0));
   auto checked =
       VerifyRankFile(spec_, ThreeRankStrategy(spec_), 1, out_dir + "/rank_1/checkpoint_1.ckpt");
   std::error_code ec;
@@ -1387,7 +1388,8 @@ std::vector<Row> Harness::Table() const {
     if (transform_seconds_ && baseline_seconds_) speedup = *baseline_seconds_ / *transform_seconds_;
     if (transform_rss_mib_ && baseline_rss_mib_) rss_ratio = *transform_rss_mib_ / *baseline_rss_mib_;
     rows.push_back({"transform job (export 8->3, median)", Fmt(transform_seconds_, " s"), "", ""});
-    rows.push_back({"  naive baseline (merge+split, median)", Fmt(baseline_seconds_, " s"), "", ""});
+    rows.push_back(
+        {"  naive baseline (merge+split, median)", Fmt(baseline_seconds_, " s"), "", ""});
     rows.push_back({"  CPU time: ckptd job vs baseline",
                     absl::StrCat(Fmt(transform_cpu_seconds_, " s"), " vs ",
                                  Fmt(baseline_cpu_seconds_, " s")),
