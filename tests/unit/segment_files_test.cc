@@ -563,6 +563,43 @@ TEST_F(SegmentFilesTest, WindowsCountTheUnitsTheyMapAgainstTheBudget) {
   EXPECT_EQ(files_->bytes_copied(), copied + 1);
 }
 
+// Readers of random ranges of eight windows at once, each holding a few chunks at a time, with a
+// budget of three windows' pages: every chunk reads right (a view or a copy), and once they are
+// released, what stays mapped is within the budget and is the units of the windows kept.
+TEST_F(SegmentFilesTest, ConcurrentReadersShareWindowsWithinTheBudget) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, units of 2, budget 12 pages
+  const int64_t w = Small().window_bytes;
+  const int64_t unit = Small().write_block_bytes;
+  std::vector<std::string> pieces;
+  ASSERT_NO_FATAL_FAILURE(OnePiecePerWindow(1, 7, &pieces));
+  ASSERT_TRUE(files_->Sync(1).ok());
+  const uint64_t seed = testing::PropertySeed(23);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed + static_cast<uint64_t>(t));
+      std::vector<std::unique_ptr<ChunkData>> held;
+      for (int k = 0; k < 400; ++k) {
+        const size_t i = rng() % pieces.size();
+        const size_t at = rng() % pieces[i].size();
+        const size_t n = 1 + rng() % (pieces[i].size() - at);
+        auto data = files_->Read(1, i * static_cast<uint64_t>(w) + at, n, "chunk");
+        ASSERT_TRUE(data.ok()) << data.status();
+        ASSERT_EQ((*data)->bytes(), std::string_view(pieces[i]).substr(at, n))
+            << "window " << i << " bytes [" << at << ", " << at + n << ")";
+        held.push_back(*std::move(data));
+        if (held.size() > 3) held.erase(held.begin() + static_cast<std::ptrdiff_t>(rng() % 4));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(files_->bytes_copied(), 0) << "the budget never ran out: the test reads too little";
+  EXPECT_LE(files_->mapped_windows(), 2);  // recent_windows
+  EXPECT_LE(files_->mapped_bytes(), 2 * w);
+  EXPECT_EQ(files_->mapped_bytes() % unit, 0);
+  EXPECT_LE(files_->mapped_bytes(), Small().window_budget_bytes);
+}
+
 TEST_F(SegmentFilesTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   std::mt19937_64 rng(5);
