@@ -516,6 +516,7 @@ absl::Status SegmentFiles::WritePartLocked(File& file, const Block& block) {
 }
 
 absl::Status SegmentFiles::WriteIdleBlocksLocked(File& file) {
+  if (file.blocks.size() <= kMaxIdleBlocks) return absl::OkStatus();  // no scan: too few blocks
   std::vector<std::map<int64_t, std::shared_ptr<Block>>::iterator> idle;
   for (auto it = file.blocks.begin(); it != file.blocks.end(); ++it) {
     const Block& block = *it->second;
