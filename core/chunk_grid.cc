@@ -104,24 +104,36 @@ Box ChunkGrid::ChunkBox(int64_t index) const {
   return box;
 }
 
+namespace {
+
+// Calls fn(dim, lo, hi) with chunk `index`'s extent [lo, hi) in each dim, the last dim first
+// (chunks are numbered row-major over the tile grid). Allocates nothing: ChunkBox and ChunkBytes
+// run per chunk on the fetch path.
+template <typename Fn>
+void ForEachChunkExtent(const Shape& shape, const Shape& tile,
+                        const std::vector<int64_t>& tiles_per_dim, int64_t index, Fn&& fn) {
+  for (size_t i = shape.size(); i-- > 0;) {
+    const int64_t lo = index % tiles_per_dim[i] * tile[i];
+    index /= tiles_per_dim[i];
+    fn(i, lo, std::min(shape[i], lo + tile[i]));
+  }
+}
+
+}  // namespace
+
 void ChunkGrid::ChunkBox(int64_t index, Box* out) const {
   out->lo.resize(shape_.size());
   out->hi.resize(shape_.size());
-  for (size_t i = shape_.size(); i-- > 0;) {
-    const int64_t t = index % tiles_per_dim_[i];
-    index /= tiles_per_dim_[i];
-    out->lo[i] = t * tile_[i];
-    out->hi[i] = std::min(shape_[i], out->lo[i] + tile_[i]);
-  }
+  ForEachChunkExtent(shape_, tile_, tiles_per_dim_, index, [out](size_t i, int64_t lo, int64_t hi) {
+    out->lo[i] = lo;
+    out->hi[i] = hi;
+  });
 }
 
 int64_t ChunkGrid::ChunkBytes(int64_t index) const {
   int64_t elements = 1;
-  for (size_t i = shape_.size(); i-- > 0;) {
-    const int64_t lo = index % tiles_per_dim_[i] * tile_[i];
-    index /= tiles_per_dim_[i];
-    elements *= std::min(shape_[i], lo + tile_[i]) - lo;
-  }
+  ForEachChunkExtent(shape_, tile_, tiles_per_dim_, index,
+                     [&elements](size_t, int64_t lo, int64_t hi) { elements *= hi - lo; });
   return BytesOf(elements, elem_bits_);
 }
 
