@@ -86,10 +86,12 @@ class SegmentFilesTest : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   void ConcurrentAppendsReadBackExactly(SegmentOptions options);
-  // Opened with Small(): appends one piece of half a window and a byte to each of `id`'s first 8
-  // windows, in one call (a second piece would straddle a window boundary, so each starts the
-  // next window).
-  void OnePiecePerWindow(uint64_t id, uint64_t seed, std::vector<std::string>* pieces) {
+  // Opens with Small() and appends one piece of half a window and a byte to each of data id 1's
+  // first 8 windows, in one call (a second piece would straddle a window boundary, so each starts
+  // the next window); with `synced`, Syncs it, so that reads come from the file.
+  void OpenWithOnePiecePerWindow(uint64_t seed, bool synced, std::vector<std::string>* pieces) {
+    ASSERT_NO_FATAL_FAILURE(Open(Small()));
+    const uint64_t id = 1;
     const int64_t w = Small().window_bytes;
     std::mt19937_64 rng(seed);
     for (int i = 0; i < 8; ++i) pieces->push_back(RandomBytes(static_cast<size_t>(w / 2 + 1), rng));
@@ -98,6 +100,9 @@ class SegmentFilesTest : public ::testing::Test {
     ASSERT_TRUE(offsets.ok()) << offsets.status();
     for (size_t i = 0; i < pieces->size(); ++i) {
       ASSERT_EQ((*offsets)[i], i * static_cast<uint64_t>(w)) << "piece " << i;
+    }
+    if (synced) {
+      ASSERT_TRUE(files_->Sync(id).ok());
     }
   }
 
@@ -470,9 +475,8 @@ TEST_F(SegmentFilesTest, BlocksClosedShortAreWrittenPastThePageCache) {
 // Views share a window while it is within the budget; past the budget chunks come back as
 // copies, still right; released, only the most recently used windows stay mapped.
 TEST_F(SegmentFilesTest, WindowsAreSharedWithinTheBudgetAndCopiedBeyondIt) {
-  ASSERT_NO_FATAL_FAILURE(Open(Small()));
   std::vector<std::string> pieces;
-  ASSERT_NO_FATAL_FAILURE(OnePiecePerWindow(1, 3, &pieces));
+  ASSERT_NO_FATAL_FAILURE(OpenWithOnePiecePerWindow(3, /*synced=*/false, &pieces));
   const auto w = static_cast<uint64_t>(Small().window_bytes);  // piece i is at i * w
 
   std::vector<std::unique_ptr<ChunkData>> held;
@@ -526,12 +530,11 @@ TEST_F(SegmentFilesTest, WindowsAreSharedWithinTheBudgetAndCopiedBeyondIt) {
 // length: a reader of a little of many windows (a column band) holds them all mapped within a
 // budget of fewer whole windows, and a unit mapped once costs nothing more.
 TEST_F(SegmentFilesTest, WindowsCountTheUnitsTheyMapAgainstTheBudget) {
-  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2, budget 12 pages
+  // Windows of 4 pages, blocks (units) of 2, a budget of 12 pages.
+  std::vector<std::string> pieces;
+  ASSERT_NO_FATAL_FAILURE(OpenWithOnePiecePerWindow(5, /*synced=*/true, &pieces));
   const int64_t w = Small().window_bytes;
   const int64_t unit = Small().write_block_bytes;
-  std::vector<std::string> pieces;
-  ASSERT_NO_FATAL_FAILURE(OnePiecePerWindow(1, 5, &pieces));
-  ASSERT_TRUE(files_->Sync(1).ok());  // reads come from the file
 
   const int64_t copied = files_->bytes_copied();
   std::vector<std::unique_ptr<ChunkData>> held;
@@ -567,12 +570,10 @@ TEST_F(SegmentFilesTest, WindowsCountTheUnitsTheyMapAgainstTheBudget) {
 // budget of three windows' pages: every chunk reads right (a view or a copy), and once they are
 // released, what stays mapped is within the budget and is the units of the windows kept.
 TEST_F(SegmentFilesTest, ConcurrentReadersShareWindowsWithinTheBudget) {
-  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, units of 2, budget 12 pages
+  std::vector<std::string> pieces;
+  ASSERT_NO_FATAL_FAILURE(OpenWithOnePiecePerWindow(7, /*synced=*/true, &pieces));
   const int64_t w = Small().window_bytes;
   const int64_t unit = Small().write_block_bytes;
-  std::vector<std::string> pieces;
-  ASSERT_NO_FATAL_FAILURE(OnePiecePerWindow(1, 7, &pieces));
-  ASSERT_TRUE(files_->Sync(1).ok());
   const uint64_t seed = testing::PropertySeed(23);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
