@@ -420,7 +420,8 @@ TEST_F(SegmentFilesTest, HolesInsideABlockAreZeros) {
   EXPECT_EQ(FileBytes(6), a + std::string(100, '\0') + b);
 }
 
-// Pages of `id`'s file in the page cache, one flag per page (mincore of a mapping).
+// Which pages of the file at `path` are in the page cache, one flag per page (mincore of a
+// mapping).
 std::vector<bool> ResidentPages(const std::string& path) {
   std::vector<bool> resident;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
