@@ -251,12 +251,16 @@ absl::Status FetchStream::ResolveSources() {
   return absl::OkStatus();
 }
 
+void FetchStream::ReleasePieces() {
+  for (size_t k = 0; k < piece_count_; ++k) pieces_[k].chunk.reset();
+  piece_count_ = 0;
+}
+
 absl::Status FetchStream::CollectPieces(const Box& band_box) {
   const TensorPlan& t = plan_.tensors[tensor_];
   const records::TensorRecord& r = Record(t);
   const uint64_t data_id = checkpoint_->manifest.data_id();
-  for (size_t k = 0; k < piece_count_; ++k) pieces_[k].chunk.reset();
-  piece_count_ = 0;
+  ReleasePieces();
   for (const Source& s : sources_) {
     if (!IntersectInto(s.region, band_box, &part_)) continue;
     local_ = part_;
@@ -351,10 +355,7 @@ absl::Status FetchStream::BuildBand() {
   CKPT_RETURN_IF_ERROR(ResolveSources());
   // pieces_ let go of their chunks whichever way this returns: a band's chunks are then held by
   // the band's segments and the stream's cache only.
-  absl::Cleanup release = [this] {
-    for (size_t k = 0; k < piece_count_; ++k) pieces_[k].chunk.reset();
-    piece_count_ = 0;
-  };
+  absl::Cleanup release = [this] { ReleasePieces(); };
   CKPT_RETURN_IF_ERROR(CollectPieces(band_box));
   std::span<Piece> pieces(pieces_.data(), piece_count_);
   // Tiles (NextPiece's `tiles`) are sent for bands of whole-byte elements that a stack of rows

@@ -157,6 +157,8 @@ class FetchStream {
   // Appends the stored chunks overlapping `band_box` (global coordinates), each with the region
   // of the band it supplies, to pieces_[0, piece_count_) (reset first).
   absl::Status CollectPieces(const Box& band_box);
+  // Drops the current pieces and their chunk references (pieces_ keeps its boxes' storage).
+  void ReleasePieces();
   // The chunk at `address` (from the LRU or the store, unverified) with its manifest checksum;
   // `row_end` is its end along dim 0 in global coordinates (CachedChunk::row_end).
   absl::StatusOr<std::shared_ptr<StreamChunk>> Chunk(
