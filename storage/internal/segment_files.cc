@@ -39,6 +39,18 @@ constexpr size_t kKeptBlockBuffers = 16;
 // it, which the lane of a finished upload stream never does, and a checkpoint may have thousands.
 constexpr size_t kMaxIdleBlocks = 16;
 
+// Bytes of units [first, last] (of `unit` bytes each) of a window of `length` bytes, the last
+// clipped to the window's end.
+int64_t UnitsBytes(int64_t length, int64_t unit, int64_t first, int64_t last) {
+  return std::min(length, (last + 1) * unit) - first * unit;
+}
+
+// `at`, or the next window boundary when `n` bytes (at most a window) at `at` would straddle
+// one: Append never lets a piece or an extent of at most a window cross a window boundary.
+int64_t NotStraddlingWindow(int64_t at, int64_t n, int64_t window) {
+  return n <= window && at / window != (at + n - 1) / window ? (at / window + 1) * window : at;
+}
+
 int64_t PageBytes() {
   static const int64_t page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
   return page;
@@ -208,7 +220,7 @@ struct SegmentFiles::Window {
 
   // Bytes of units [first, last] of the window, the last clipped to its length.
   int64_t UnitBytes(int64_t unit, int64_t first, int64_t last) const {
-    return std::min(static_cast<int64_t>(length), (last + 1) * unit) - first * unit;
+    return UnitsBytes(static_cast<int64_t>(length), unit, first, last);
   }
 
   ~Window() {
@@ -409,10 +421,9 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
         close_blocks(at, at + n);
         continue;
       }
-      int64_t at = lane.at;
-      if (n <= w && at / w != (at + n - 1) / w) {
-        at = (at / w + 1) * w;  // a hole: no disk space (zeros where a written block spans it)
-      }
+      // Skipping to the next window leaves a hole: no disk space (zeros where a written block
+      // spans it).
+      int64_t at = NotStraddlingWindow(lane.at, n, w);
       if (lane.extent_end == 0 || at + n > lane.extent_end) {
         // The lane's extent is full: it moves to a new one at the end of the file, and the
         // blocks of the old one are complete. Extents grow from a block to the largest extent
@@ -422,8 +433,7 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
         int64_t size = std::max(lane.next_extent, b);
         while (size < n) size *= 2;
         size = std::min(size, e);
-        at = file->end;
-        if (size <= w && at / w != (at + size - 1) / w) at = (at / w + 1) * w;  // a hole
+        at = NotStraddlingWindow(file->end, size, w);  // a hole, as above
         lane.extent_start = at;
         lane.extent_end = at + size;
         lane.next_extent = std::min(2 * size, e);
@@ -598,7 +608,7 @@ absl::StatusOr<std::shared_ptr<SegmentFiles::Window>> SegmentFiles::GetWindow(
   // Mapping costs nothing until pages are populated (Populate charges them), but a window that
   // could not populate the units of the chunk it is mapped for would be mapped for nothing.
   const int64_t u = unit_bytes_;
-  const int64_t units = std::min(length, ((end - 1 - start) / u + 1) * u) - (begin - start) / u * u;
+  const int64_t units = UnitsBytes(length, u, (begin - start) / u, (end - 1 - start) / u);
   if (!MakeRoomLocked(units, &evicted)) return nullptr;
   void* addr = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd, start);
   if (addr == MAP_FAILED) return Prefixed(what, Errno("map", file.path));
