@@ -1027,9 +1027,7 @@ void Harness::MeasureConcurrent() {
   // them): the aggregate is the median pass's.
   std::vector<double> pass_gibps;
   int64_t verified = 0;
-  double server_cpu = 0;
-  double workers_cpu = 0;
-  bool server_cpu_known = true;
+  CpuTally cpu;  // server + all workers (their own CPU, during their fetch, not their start-up)
   for (int pass = 0; pass < kRepeats; ++pass) {
     TransportPass();  // interleaved: see transport_server_
     const auto start = Clock::now();
@@ -1041,21 +1039,23 @@ void Harness::MeasureConcurrent() {
     for (auto& w : workers) {
       const auto line = w->ReadLine();
       long long b = 0, v = 0;
-      double secs = 0, cpu = 0;
-      if (!line || std::sscanf(line->c_str(), "ok %lld %lf %lld %lf", &b, &secs, &v, &cpu) != 4) {
+      double secs = 0, worker_cpu = 0;
+      if (!line ||
+          std::sscanf(line->c_str(), "ok %lld %lf %lld %lf", &b, &secs, &v, &worker_cpu) != 4) {
         return Error("worker", absl::InternalError(line ? *line : "no result"));
       }
       bytes += b;
       verified += v;
-      workers_cpu += cpu;  // the workers' own, during their fetch (not their start-up)
+      cpu.client += worker_cpu;
     }
     const double seconds = Seconds(start);
     const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
     if (server_cpu_start.ok() && server_cpu_end.ok()) {
-      server_cpu += *server_cpu_end - *server_cpu_start;
+      cpu.server += *server_cpu_end - *server_cpu_start;
     } else {
-      server_cpu_known = false;
+      cpu.complete = false;
     }
+    cpu.bytes += bytes;
     if (pass > 0 && bytes != concurrent_bytes_) {
       return Error("concurrent", absl::InternalError(absl::StrCat(
                                      "pass ", pass, " delivered ", bytes, " bytes, pass 0 ",
@@ -1075,10 +1075,7 @@ void Harness::MeasureConcurrent() {
   }
   concurrent_runs_ = pass_gibps;
   concurrent_gibps_ = Median(pass_gibps);
-  if (server_cpu_known && concurrent_bytes_ > 0) {
-    const double gib = static_cast<double>(concurrent_bytes_) * kRepeats / kGiB;
-    concurrent_cpu_ = CpuPerGib{server_cpu / gib, workers_cpu / gib};
-  }
+  concurrent_cpu_ = cpu.PerGib();
   auto peak = ProcessPeakRssBytes(server_->pid());
   if (peak.ok()) {
     concurrent_rss_mib_ = *peak / kMiB;
