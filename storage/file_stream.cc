@@ -144,7 +144,7 @@ bool DirectIoAllowed() {
 }  // namespace
 
 AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct,
-                               bool in_place, std::unique_ptr<char, FreeDeleter> buffer)
+                               bool in_place, IoBuffer buffer)
     : path_(std::move(path)),
       temp_path_(std::move(temp_path)),
       fd_(fd),
@@ -172,17 +172,16 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is neither a regular file nor a character device or pipe; cannot write there"));
   }
-  std::unique_ptr<char, FreeDeleter> buffer(
-      static_cast<char*>(std::aligned_alloc(kDirectAlign, kBufferBytes)));
-  if (!buffer) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate the write buffer for ", path));
+  absl::StatusOr<IoBuffer> buffer = IoBuffer::Allocate(kBufferBytes);
+  if (!buffer.ok()) {
+    return absl::Status(buffer.status().code(),
+                        absl::StrCat("the write buffer for ", path, ": ", buffer.status().message()));
   }
   if (in_place) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoToStatus(errno, "open", path);
     return std::unique_ptr<AtomicFileSink>(
-        new AtomicFileSink(path, path, fd, /*direct=*/false, /*in_place=*/true, std::move(buffer)));
+        new AtomicFileSink(path, path, fd, /*direct=*/false, /*in_place=*/true, *std::move(buffer)));
   }
   // A few attempts: O_EXCL fails only if a temp file of the same random name exists.
   int last_errno = EEXIST;
@@ -197,7 +196,7 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
       const bool direct = try_direct_io && DirectIoAllowed() && flags >= 0 &&
                           ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
       return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(
-          path, std::move(temp_path), fd, direct, /*in_place=*/false, std::move(buffer)));
+          path, std::move(temp_path), fd, direct, /*in_place=*/false, *std::move(buffer)));
     }
     last_errno = errno;
     if (last_errno != EEXIST) break;
@@ -241,11 +240,11 @@ absl::Status AtomicFileSink::FlushBuffer() {
   if (direct_ && n % kDirectAlign != 0) {
     // Only the final flush can end inside a block: pad it; Commit truncates the padding away.
     const size_t padded = (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    std::memset(buffer_.get() + n, 0, padded - n);
+    std::memset(buffer_.data() + n, 0, padded - n);
     n = padded;
   }
   buffered_ = 0;
-  return WriteAll(buffer_.get(), n);
+  return WriteAll(buffer_.data(), n);
 }
 
 absl::Status AtomicFileSink::Write(std::string_view bytes) {
@@ -261,7 +260,7 @@ absl::Status AtomicFileSink::Write(std::string_view bytes) {
   } else {
     while (!bytes.empty() && s.ok()) {
       const size_t n = std::min(bytes.size(), kBufferBytes - buffered_);
-      std::memcpy(buffer_.get() + buffered_, bytes.data(), n);
+      std::memcpy(buffer_.data() + buffered_, bytes.data(), n);
       buffered_ += n;
       bytes.remove_prefix(n);
       if (buffered_ == kBufferBytes) s = FlushBuffer();

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/byte_stream.h"
+#include "storage/io_buffer.h"
 
 namespace ckpt {
 
@@ -62,7 +63,7 @@ class FileByteSource final : public ByteSource {
 // Commit() removes the temporary file and leaves `path` untouched. Owns its descriptor. Not
 // thread-safe.
 //
-// Bytes are collected in an aligned 4 MiB buffer and written with direct I/O (O_DIRECT) where the
+// Bytes are collected in a 4 MiB IoBuffer (huge pages where available) and written with direct I/O (O_DIRECT) where the
 // file system allows it: the disk then reads them straight from the buffer, instead of the kernel
 // copying every byte into freshly allocated page-cache pages and writing those back at the fsync
 // (for multi-GiB outputs that copy cost more CPU than producing the bytes). The last block is
@@ -101,12 +102,8 @@ class AtomicFileSink final : public ByteSink {
   bool direct_io() const { return direct_; }
 
  private:
-  struct FreeDeleter {
-    void operator()(char* p) const { std::free(p); }
-  };
-
   AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct, bool in_place,
-                 std::unique_ptr<char, FreeDeleter> buffer);
+                 IoBuffer buffer);
 
   // Writes out the buffer. With direct I/O a non-final flush needs a whole number of blocks
   // (always so: the buffer is only flushed when full); the final one pads the last block.
@@ -132,7 +129,7 @@ class AtomicFileSink final : public ByteSink {
   int fd_;
   bool direct_;
   const bool in_place_;
-  std::unique_ptr<char, FreeDeleter> buffer_;  // kBufferBytes, kDirectAlign-aligned
+  IoBuffer buffer_;  // kBufferBytes, kDirectAlign-aligned
   size_t buffered_ = 0;
   int64_t bytes_written_ = 0;
   int64_t file_bytes_ = 0;       // written to fd_ (with direct I/O: including padding)
