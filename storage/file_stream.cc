@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/absl_compat.h"
+#include "core/status_macros.h"
 
 namespace ckpt {
 namespace {
@@ -211,9 +212,10 @@ bool AtomicFileSink::StopDirectIo() {
   return true;
 }
 
-absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
+absl::Status AtomicFileSink::WriteAt(const char* data, size_t n, int64_t offset) {
   while (n > 0) {
-    const ssize_t put = ::write(fd_, data, n);
+    const ssize_t put = in_place_ ? ::write(fd_, data, n)
+                                  : ::pwrite(fd_, data, n, static_cast<off_t>(offset));
     if (put < 0) {
       if (errno == EINTR) continue;
       // Direct I/O can still be refused per write (a device with larger blocks, a file system
@@ -223,8 +225,14 @@ absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
     }
     data += put;
     n -= static_cast<size_t>(put);
-    file_bytes_ += put;
+    offset += put;
   }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
+  CKPT_RETURN_IF_ERROR(WriteAt(data, n, file_bytes_));
+  file_bytes_ += static_cast<int64_t>(n);
   if (!direct_ && !in_place_ && file_bytes_ - writeback_start_ >= kWritebackBytes) {
     // Only a hint: an I/O error it would see is reported by Commit's fsync.
     (void)::sync_file_range(fd_, writeback_start_, file_bytes_ - writeback_start_,
@@ -234,11 +242,59 @@ absl::Status AtomicFileSink::WriteAll(const char* data, size_t n) {
   return absl::OkStatus();
 }
 
-absl::Status AtomicFileSink::FlushBuffer() {
+absl::Status AtomicFileSink::StartBackgroundWrite(size_t n) {
+  CKPT_RETURN_IF_ERROR(FinishBackgroundWrite());  // spare_ is free from here on
+  if (spare_.data() == nullptr) {
+    absl::StatusOr<IoBuffer> spare = IoBuffer::Allocate(kBufferBytes);
+    // Without a second buffer the sink still works, writing in the caller's thread.
+    if (!spare.ok()) return WriteAll(buffer_.data(), n);
+    spare_ = *std::move(spare);
+  }
+  aio_ = {};
+  aio_.aio_fildes = fd_;
+  aio_.aio_buf = buffer_.data();
+  aio_.aio_nbytes = n;
+  aio_.aio_offset = static_cast<off_t>(file_bytes_);
+  aio_.aio_sigevent.sigev_notify = SIGEV_NONE;
+  // EAGAIN (no resources for another request): write it here instead.
+  if (::aio_write(&aio_) != 0) return WriteAll(buffer_.data(), n);
+  writing_ = true;
+  file_bytes_ += static_cast<int64_t>(n);
+  std::swap(buffer_, spare_);
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileSink::FinishBackgroundWrite() {
+  if (!writing_) return absl::OkStatus();
+  const struct aiocb* const list[] = {&aio_};
+  int error;
+  while ((error = ::aio_error(&aio_)) == EINPROGRESS) {
+    (void)::aio_suspend(list, 1, nullptr);  // EINTR: check again
+  }
+  const ssize_t put = ::aio_return(&aio_);
+  writing_ = false;
+  // spare_ holds the bytes written.
+  const auto offset = static_cast<int64_t>(aio_.aio_offset);
+  const size_t n = aio_.aio_nbytes;
+  if (error == 0) {  // a short write (e.g. interrupted): the rest here
+    const auto done = static_cast<size_t>(put);
+    return WriteAt(spare_.data() + done, n - done, offset + static_cast<int64_t>(done));
+  }
+  if (error == EINVAL && direct_ && StopDirectIo()) return WriteAt(spare_.data(), n, offset);
+  return ErrnoToStatus(error, "write", temp_path_);
+}
+
+absl::Status AtomicFileSink::FlushBuffer(bool last) {
+  if (direct_ && !last && buffered_ > 0) {
+    const size_t n = buffered_;
+    buffered_ = 0;
+    return StartBackgroundWrite(n);
+  }
+  CKPT_RETURN_IF_ERROR(FinishBackgroundWrite());
   if (buffered_ == 0) return absl::OkStatus();
   size_t n = buffered_;
   if (direct_ && n % kDirectAlign != 0) {
-    // Only the final flush can end inside a block: pad it; Commit truncates the padding away.
+    // Only the last flush can end inside a block: pad it; Commit truncates the padding away.
     const size_t padded = (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
     std::memset(buffer_.data() + n, 0, padded - n);
     n = padded;
@@ -255,7 +311,7 @@ absl::Status AtomicFileSink::Write(std::string_view bytes) {
   const auto size = static_cast<int64_t>(bytes.size());
   absl::Status s;
   if (!direct_ && bytes.size() >= kBypassBytes) {
-    s = FlushBuffer();
+    s = FlushBuffer(/*last=*/true);
     if (s.ok()) s = WriteAll(bytes.data(), bytes.size());
   } else {
     while (!bytes.empty() && s.ok()) {
@@ -263,7 +319,7 @@ absl::Status AtomicFileSink::Write(std::string_view bytes) {
       std::memcpy(buffer_.data() + buffered_, bytes.data(), n);
       buffered_ += n;
       bytes.remove_prefix(n);
-      if (buffered_ == kBufferBytes) s = FlushBuffer();
+      if (buffered_ == kBufferBytes) s = FlushBuffer(/*last=*/false);
     }
   }
   if (!s.ok()) {
@@ -279,7 +335,7 @@ absl::Status AtomicFileSink::Commit() {
     return absl::FailedPreconditionError(absl::StrCat(path_, " was already committed"));
   }
   if (!status_.ok()) return status_;
-  absl::Status s = FlushBuffer();
+  absl::Status s = FlushBuffer(/*last=*/true);
   if (in_place_) {  // a device or a pipe: nothing to sync or rename
     const int rc = ::close(fd_);
     fd_ = -1;
@@ -321,6 +377,9 @@ absl::Status AtomicFileSink::Commit() {
 }
 
 void AtomicFileSink::Abandon() {
+  // A background write still reads spare_ and writes to fd_: wait for it (its error no longer
+  // matters).
+  (void)FinishBackgroundWrite();
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;

@@ -4,6 +4,8 @@
 #ifndef CKPT_STORAGE_FILE_STREAM_H_
 #define CKPT_STORAGE_FILE_STREAM_H_
 
+#include <aio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -63,13 +65,17 @@ class FileByteSource final : public ByteSource {
 // Commit() removes the temporary file and leaves `path` untouched. Owns its descriptor. Not
 // thread-safe.
 //
-// Bytes are collected in a 4 MiB IoBuffer (huge pages where available) and written with direct I/O (O_DIRECT) where the
-// file system allows it: the disk then reads them straight from the buffer, instead of the kernel
-// copying every byte into freshly allocated page-cache pages and writing those back at the fsync
-// (for multi-GiB outputs that copy cost more CPU than producing the bytes). The last block is
-// padded and the file truncated to its exact size. Where direct I/O is refused (tmpfs, some
-// network file systems, unusual block sizes), or the environment sets CKPT_DIRECT_IO=0, the sink
-// writes through the page cache instead and starts the writeback as it goes.
+// Bytes are collected in a 4 MiB IoBuffer (huge pages where available) and written with direct
+// I/O (O_DIRECT) where the file system allows it: the disk then reads them straight from the
+// buffer, instead of the kernel copying every byte into freshly allocated page-cache pages and
+// writing those back at the fsync (for multi-GiB outputs that copy cost more CPU than producing
+// the bytes). A full buffer is written in the background (POSIX AIO) while a second one fills, so
+// that the disk is not idle while the caller copies the next 4 MiB; a file smaller than two
+// buffers never allocates the second. An error of a background write is returned by the Write
+// that fills the next buffer, or by Commit. The last block is padded and the file truncated to its exact size. Where
+// direct I/O is refused (tmpfs, some network file systems, unusual block sizes), or the
+// environment sets CKPT_DIRECT_IO=0, the sink writes through the page cache instead, in the
+// caller's thread, and starts the writeback as it goes.
 //
 // When `path` is a character device or a pipe (/dev/null, /dev/stdout, a named pipe) the bytes are
 // written to it in place: renaming a file over it would replace the device node or the pipe.
@@ -105,10 +111,20 @@ class AtomicFileSink final : public ByteSink {
   AtomicFileSink(std::string path, std::string temp_path, int fd, bool direct, bool in_place,
                  IoBuffer buffer);
 
-  // Writes out the buffer. With direct I/O a non-final flush needs a whole number of blocks
-  // (always so: the buffer is only flushed when full); the final one pads the last block.
-  absl::Status FlushBuffer();
+  // Writes out the buffer: with direct I/O and `last` false in the background (the buffer is then
+  // full, a whole number of blocks), else at once, after any background write; with direct I/O
+  // the last flush pads the last block.
+  absl::Status FlushBuffer(bool last);
+  // Writes `n` bytes at file_bytes_ (a device or a pipe: at its position) and advances it.
   absl::Status WriteAll(const char* data, size_t n);
+  // Writes `n` bytes at `offset` (in place: at the position), switching to buffered I/O where a
+  // direct write is refused.
+  absl::Status WriteAt(const char* data, size_t n, int64_t offset);
+  // Starts writing the full buffer's `n` bytes in the background and swaps in the spare buffer.
+  absl::Status StartBackgroundWrite(size_t n);
+  // Waits for the background write, if any, and returns its error (a short write's rest is
+  // written here).
+  absl::Status FinishBackgroundWrite();
   // Switches the descriptor to buffered I/O (direct I/O refused a write).
   bool StopDirectIo();
   void Abandon();  // closes and unlinks the temporary file (never `path` written in place)
@@ -129,7 +145,11 @@ class AtomicFileSink final : public ByteSink {
   int fd_;
   bool direct_;
   const bool in_place_;
-  IoBuffer buffer_;  // kBufferBytes, kDirectAlign-aligned
+  IoBuffer buffer_;  // kBufferBytes, kDirectAlign-aligned: the one being filled
+  IoBuffer spare_;   // the other: being written in the background, or free; allocated on first use
+  // The background write of spare_ (direct I/O only), while writing_.
+  struct aiocb aio_ = {};
+  bool writing_ = false;
   size_t buffered_ = 0;
   int64_t bytes_written_ = 0;
   int64_t file_bytes_ = 0;       // written to fd_ (with direct I/O: including padding)

@@ -1,7 +1,9 @@
 #include "storage/file_stream.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -250,7 +252,7 @@ TEST_F(FileStreamTest, AtomicSinkWritesExactBytesWhateverThePieceSizes) {
   constexpr size_t kMiB = size_t{1} << 20;
   const std::vector<size_t> sizes = {0,           1,           4095,        4096,
                                      4097,        4 * kMiB - 1, 4 * kMiB,   4 * kMiB + 1,
-                                     9 * kMiB + 12345};
+                                     9 * kMiB + 12345, 21 * kMiB + 777};
   std::mt19937_64 rng(7);
   for (const std::string& dir : dirs) {
     for (bool try_direct : {true, false}) {
@@ -334,6 +336,50 @@ TEST_F(FileStreamTest, AbandonedSinkLeavesNoTraces) {
     ASSERT_TRUE((*sink)->Write("discard").ok());
   }
   EXPECT_EQ(ListDir(), std::vector<std::string>{"never.ckpt"});
+  EXPECT_EQ(testing::ReadFileOrDie(path), "keep");
+
+  // Abandoned while a full buffer is being written in the background (direct I/O).
+  {
+    absl::StatusOr<std::unique_ptr<AtomicFileSink>> sink = AtomicFileSink::Create(path);
+    ASSERT_TRUE(sink.ok()) << sink.status();
+    ASSERT_TRUE((*sink)->Write(RandomBytes(9 << 20, 5)).ok());
+  }
+  EXPECT_EQ(ListDir(), std::vector<std::string>{"never.ckpt"});
+  EXPECT_EQ(testing::ReadFileOrDie(path), "keep");
+}
+
+// A write that fails in the background (here: past the file size limit) is returned by a later
+// Write or by Commit, names the file, and leaves the existing file and no temporary behind.
+TEST_F(FileStreamTest, AtomicSinkReportsAFailedBackgroundWrite) {
+  const std::string path = Path("limited.ckpt");
+  WriteFile(path, "keep");
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  struct sigaction ignore = {}, old_action;
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 6 << 20;  // inside the second 4 MiB buffer
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  absl::Status failed;
+  bool direct = false;
+  {
+    absl::StatusOr<std::unique_ptr<AtomicFileSink>> sink = AtomicFileSink::Create(path);
+    ASSERT_TRUE(sink.ok()) << sink.status();
+    direct = (*sink)->direct_io();
+    const std::string mib = RandomBytes(1 << 20, 6);
+    for (int i = 0; i < 16 && failed.ok(); ++i) failed = (*sink)->Write(mib);
+    if (failed.ok()) failed = (*sink)->Commit();
+    // Sticky: a later Write returns the same error.
+    EXPECT_EQ((*sink)->Write("x"), failed);
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  ASSERT_EQ(::sigaction(SIGXFSZ, &old_action, nullptr), 0);
+  std::cout << "[ NOTE ] written with " << (direct ? "direct (background)" : "buffered")
+            << " I/O: " << failed << "\n";
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_THAT(Msg(failed), HasSubstr(Path("limited.ckpt.tmp.")));
+  EXPECT_EQ(ListDir(), std::vector<std::string>{"limited.ckpt"});
   EXPECT_EQ(testing::ReadFileOrDie(path), "keep");
 }
 
