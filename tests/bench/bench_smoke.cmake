@@ -59,10 +59,11 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
   endif()
 endforeach()
 # The transport limit's passes run through the fetch phase (3 of its own, one before each of the
-# 4 cases' 3 passes and each of the concurrent phase's 3); the concurrent phase, the transform job,
-# the baseline and the direct disk write run 3 passes each.
-foreach(check "transport_passes_gibps;18" "concurrent;runs_gibps;3" "transform;runs_seconds;3"
-              "transform;baseline_runs_seconds;3" "upload;disk_write_runs_gibps;3")
+# 4 cases' 3 passes and each of the concurrent phase's 3); the storage limit, the concurrent
+# phase, the transform job, the baseline and the direct disk write run 3 passes each.
+foreach(check "transport_passes_gibps;18" "storage_passes_gibps;3" "concurrent;runs_gibps;3"
+              "transform;runs_seconds;3" "transform;baseline_runs_seconds;3"
+              "upload;disk_write_runs_gibps;3")
   list(POP_BACK check want)
   string(JSON got ERROR_VARIABLE error LENGTH "${json}" ${check})
   if(error)
