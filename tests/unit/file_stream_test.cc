@@ -1,9 +1,7 @@
 #include "storage/file_stream.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +23,7 @@
 #include "core/ckpt_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/file_size_limit.h"
 #include "tests/testing/fixtures.h"
 
 namespace ckpt {
@@ -353,17 +352,11 @@ TEST_F(FileStreamTest, AbandonedSinkLeavesNoTraces) {
 TEST_F(FileStreamTest, AtomicSinkReportsAFailedBackgroundWrite) {
   const std::string path = Path("limited.ckpt");
   WriteFile(path, "keep");
-  struct rlimit old_limit;
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  struct sigaction ignore = {}, old_action;
-  ignore.sa_handler = SIG_IGN;
-  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
-  struct rlimit limit = old_limit;
-  limit.rlim_cur = 6 << 20;  // inside the second 4 MiB buffer
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
   absl::Status failed;
   bool direct = false;
   {
+    testing::ScopedFileSizeLimit limit(6 << 20);  // inside the second 4 MiB buffer
+    ASSERT_TRUE(limit.ok());
     absl::StatusOr<std::unique_ptr<AtomicFileSink>> sink = AtomicFileSink::Create(path);
     ASSERT_TRUE(sink.ok()) << sink.status();
     direct = (*sink)->direct_io();
@@ -373,8 +366,6 @@ TEST_F(FileStreamTest, AtomicSinkReportsAFailedBackgroundWrite) {
     // Sticky: a later Write returns the same error.
     EXPECT_EQ((*sink)->Write("x"), failed);
   }
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  ASSERT_EQ(::sigaction(SIGXFSZ, &old_action, nullptr), 0);
   std::cout << "[ NOTE ] written with " << (direct ? "direct (background)" : "buffered")
             << " I/O: " << failed << "\n";
   EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/file_size_limit.h"
 #include "tests/testing/random_layouts.h"
 
 namespace ckpt::segment_internal {
@@ -370,27 +371,24 @@ TEST_F(SegmentFilesTest, BytesOfBlocksNotYetWrittenReadFromTheirBuffers) {
 TEST_F(SegmentFilesTest, AFailedWriteFailsTheDataIdFromThenOn) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   const int64_t b = Small().write_block_bytes;
-  struct rlimit old_limit;
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  struct sigaction ignore = {}, old_action;
-  ignore.sa_handler = SIG_IGN;
-  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
-  struct rlimit limit = old_limit;
-  // Whole blocks, each written by its own append: at [0, b) (the lane's first extent, one
-  // block), then [2b, 3b) and [3b, 4b) (its second, a window at 2b): the third passes the limit.
-  limit.rlim_cur = static_cast<rlim_t>(3 * b);
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
   std::vector<absl::Status> appends;
-  for (int i = 0; i < 3; ++i) {
-    appends.push_back(
-        files_->Append(9, {std::string(static_cast<size_t>(b), static_cast<char>('a' + i))})
-            .status());
+  absl::Status later, synced;
+  absl::StatusOr<std::unique_ptr<ChunkData>> read = absl::UnknownError("not read");
+  {
+    // Whole blocks, each written by its own append: at [0, b) (the lane's first extent, one
+    // block), then [2b, 3b) and [3b, 4b) (its second, a window at 2b): the third passes the
+    // limit.
+    testing::ScopedFileSizeLimit limit(static_cast<uint64_t>(3 * b));
+    ASSERT_TRUE(limit.ok());
+    for (int i = 0; i < 3; ++i) {
+      appends.push_back(
+          files_->Append(9, {std::string(static_cast<size_t>(b), static_cast<char>('a' + i))})
+              .status());
+    }
+    later = files_->Append(9, {std::string("x")}).status();
+    synced = files_->Sync(9);
+    read = files_->Read(9, 0, static_cast<uint64_t>(b), "chunk r");
   }
-  const absl::Status later = files_->Append(9, {std::string("x")}).status();
-  const absl::Status synced = files_->Sync(9);
-  auto read = files_->Read(9, 0, static_cast<uint64_t>(b), "chunk r");
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  ASSERT_EQ(::sigaction(SIGXFSZ, &old_action, nullptr), 0);
 
   EXPECT_TRUE(appends[0].ok()) << appends[0];
   EXPECT_TRUE(appends[1].ok()) << appends[1];
