@@ -169,6 +169,12 @@ class CpuMeter {
   std::optional<double> server_start_;
 };
 
+// "server + client" CPU seconds per GiB.
+std::string CpuText(const std::optional<CpuPerGib>& cpu) {
+  if (!cpu) return "null";
+  return absl::StrFormat("%.2f + %.2f s", cpu->server, cpu->client);
+}
+
 // Names under which the harness registers its strategies.
 constexpr char kSourceName[] = "src8";
 constexpr char kThreeName[] = "d3";
@@ -998,6 +1004,7 @@ void Harness::MeasureFetch(const FetchCase& c) {
       result.verified_bytes += visitor.checked();
     }
     pass_seconds.push_back(Seconds(start));
+    const std::optional<CpuPerGib> this_pass = pass_cpu.Finish(pass_bytes);
     pass_cpu.AddTo(&cpu, pass_bytes);
     if (pass > 0 && pass_bytes != result.bytes) {
       return Error(absl::StrCat("fetch ", c.name),
@@ -1005,10 +1012,11 @@ void Harness::MeasureFetch(const FetchCase& c) {
                                                     " bytes, pass 0 ", result.bytes)));
     }
     result.bytes = pass_bytes;
-    Progress(absl::StrFormat("fetch %s: %d rank(s), %.3f GiB in %.2f s = %.2f GiB/s, %lld bytes verified",
-                             c.name, ranks, pass_bytes / kGiB, pass_seconds.back(),
-                             pass_bytes / kGiB / pass_seconds.back(),
-                             static_cast<long long>(result.verified_bytes)));
+    Progress(absl::StrFormat(
+        "fetch %s: %d rank(s), %.3f GiB in %.2f s = %.2f GiB/s, CPU per GiB %s, %lld bytes "
+        "verified",
+        c.name, ranks, pass_bytes / kGiB, pass_seconds.back(), pass_bytes / kGiB / pass_seconds.back(),
+        CpuText(this_pass), static_cast<long long>(result.verified_bytes)));
   }
   result.cpu = cpu.PerGib();
   result.seconds = Median(pass_seconds);
@@ -1345,12 +1353,6 @@ std::string Fmt(const std::optional<double>& v, const char* unit, int precision 
 std::string PassesText(const std::vector<double>& gibps) {
   const auto [lo, hi] = std::minmax_element(gibps.begin(), gibps.end());
   return absl::StrFormat("%d, %.2f-%.2f GiB/s", gibps.size(), *lo, *hi);
-}
-
-// "server + client" CPU seconds per GiB.
-std::string CpuText(const std::optional<CpuPerGib>& cpu) {
-  if (!cpu) return "null";
-  return absl::StrFormat("%.2f + %.2f s", cpu->server, cpu->client);
 }
 
 std::string Verdict(const std::optional<bool>& pass) {
