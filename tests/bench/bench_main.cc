@@ -1049,10 +1049,6 @@ void Harness::MeasureConcurrent() {
       return Error("worker", absl::InternalError(line ? *line : "exited before ready"));
     }
   }
-  // ckptd's peak RSS is that of this phase: ckptd has served the upload and the other fetches.
-  if (auto s = ResetPeakRss(server_->pid()); !s.ok()) {
-    Note(absl::StrCat(s.message(), ": ckptd's peak RSS covers its whole life"));
-  }
   // kRepeats passes, each every worker fetching its rank once (the workers stay up between
   // them): the aggregate is the median pass's.
   std::vector<double> pass_gibps;
@@ -1518,6 +1514,7 @@ int Harness::Run() {
     TuneMallocForStreaming();
     MeasureFirstFetch();
     if (Selected("transport")) MeasureTransportLimit();
+    if (Selected("storage")) MeasureStorageLimit();
     const std::vector<FetchCase> cases = {
         {"8to3", kThreeName, "", 1.1, "row split"},
         {"row_to_col", kColumnName, "", 1.25, "column"},
@@ -1529,10 +1526,6 @@ int Harness::Run() {
     }
     if (server_ && Selected("concurrent")) MeasureConcurrent();
     StopTransportServer();
-    // After the fetches: it stops ckptd (the store takes RocksDB's lock), and a restart between
-    // the first fetch and the fetch cases made the first case's first pass run in a fresh
-    // process (its heap and windows not yet grown), 7% slower than its other passes on average.
-    if (Selected("storage")) MeasureStorageLimit();
     if (server_ && Selected("transform")) {
       // Alternating passes (the disk's speed, which bounds the job, drifts within a run): the
       // job in a fresh ckptd, then the baseline alone on the machine, as the job ran.

@@ -143,15 +143,6 @@ absl::StatusOr<int64_t> ProcessPeakRssBytes(pid_t pid) {
   return absl::UnavailableError(absl::StrCat("no VmHWM in /proc/", pid, "/status"));
 }
 
-absl::Status ResetPeakRss(pid_t pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/clear_refs");
-  std::ofstream out(path);
-  out << "5\n";
-  out.flush();
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write 5 to ", path));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
   const std::string path = absl::StrCat("/proc/", pid, "/stat");
   std::ifstream in(path);

@@ -63,10 +63,6 @@ class Child {
 // Peak resident set (VmHWM) of a live process, bytes; error when /proc cannot tell.
 absl::StatusOr<int64_t> ProcessPeakRssBytes(pid_t pid);
 
-// Resets a live process's VmHWM to its current resident set (writes 5 to /proc/PID/clear_refs),
-// so that ProcessPeakRssBytes then reports the peak from here on; error when /proc refuses.
-absl::Status ResetPeakRss(pid_t pid);
-
 // CPU time (user + system, all threads) a live process has used so far, seconds; error when
 // /proc cannot tell. CPU time, unlike wall time, does not count what other tenants of a shared
 // machine take (steal), so it compares the work per byte of two programs more steadily.
