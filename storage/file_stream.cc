@@ -264,15 +264,21 @@ absl::Status AtomicFileSink::StartBackgroundWrite(size_t n) {
   return absl::OkStatus();
 }
 
-absl::Status AtomicFileSink::FinishBackgroundWrite() {
-  if (!writing_) return absl::OkStatus();
+int AtomicFileSink::AwaitBackgroundWrite(ssize_t* put) {
   const struct aiocb* const list[] = {&aio_};
   int error;
   while ((error = ::aio_error(&aio_)) == EINPROGRESS) {
     (void)::aio_suspend(list, 1, nullptr);  // EINTR: check again
   }
-  const ssize_t put = ::aio_return(&aio_);
+  *put = ::aio_return(&aio_);
   writing_ = false;
+  return error;
+}
+
+absl::Status AtomicFileSink::FinishBackgroundWrite() {
+  if (!writing_) return absl::OkStatus();
+  ssize_t put = 0;
+  const int error = AwaitBackgroundWrite(&put);
   // spare_ holds the bytes written.
   const auto offset = static_cast<int64_t>(aio_.aio_offset);
   const size_t n = aio_.aio_nbytes;
@@ -377,9 +383,10 @@ absl::Status AtomicFileSink::Commit() {
 }
 
 void AtomicFileSink::Abandon() {
-  // A background write still reads spare_ and writes to fd_: wait for it (its error no longer
-  // matters).
-  (void)FinishBackgroundWrite();
+  // A background write still reads spare_ and writes to fd_: wait for it (its result no longer
+  // matters, and nothing more is written).
+  ssize_t put = 0;
+  if (writing_) (void)AwaitBackgroundWrite(&put);
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;

@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -125,6 +124,9 @@ class AtomicFileSink final : public ByteSink {
   // Waits for the background write, if any, and returns its error (a short write's rest is
   // written here).
   absl::Status FinishBackgroundWrite();
+  // Waits for the background write (writing_ must be true) and ends it: its errno value (0 when
+  // it wrote), and in *put what aio_return gave.
+  int AwaitBackgroundWrite(ssize_t* put);
   // Switches the descriptor to buffered I/O (direct I/O refused a write).
   bool StopDirectIo();
   void Abandon();  // closes and unlinks the temporary file (never `path` written in place)
