@@ -1187,8 +1187,13 @@ bool Harness::MeasureTransform(int pass) {
     Error("ckptd peak RSS", peak.status());
     return false;
   }
-  Progress(absl::StrFormat("transform job (export, 8 -> 3 ranks): %.2f s, ckptd VmHWM %.0f MiB",
-                           seconds, *peak / kMiB));
+  const absl::StatusOr<double> cpu_end = ProcessCpuSeconds(server_->pid());
+  const std::optional<double> cpu = cpu_start.ok() && cpu_end.ok()
+                                        ? std::optional<double>(*cpu_end - *cpu_start)
+                                        : std::nullopt;
+  Progress(absl::StrFormat(
+      "transform job (export, 8 -> 3 ranks): %.2f s, ckptd CPU %s, ckptd VmHWM %.0f MiB", seconds,
+      cpu ? absl::StrFormat("%.2f s", *cpu) : std::string("n/a"), *peak / kMiB));
   auto checked = VerifyRankFile(spec_, d3, 1, export_dir + "/rank_1/checkpoint_1.ckpt");
   if (!checked.ok()) {
     Error("verify export", checked.status());
@@ -1196,10 +1201,7 @@ bool Harness::MeasureTransform(int pass) {
   }
   transform_runs_.push_back(seconds);
   transform_rss_mib_ = std::max(transform_rss_mib_.value_or(0), *peak / kMiB);
-  if (const absl::StatusOr<double> cpu_end = ProcessCpuSeconds(server_->pid());
-      cpu_start.ok() && cpu_end.ok()) {
-    transform_cpu_runs_.push_back(*cpu_end - *cpu_start);
-  }
+  if (cpu) transform_cpu_runs_.push_back(*cpu);
   int64_t output_bytes = 0;
   for (int r = 0; r < 3; ++r) {
     const std::string file = absl::StrCat(export_dir, "/rank_", r, "/checkpoint_", r, ".ckpt");
