@@ -1080,6 +1080,7 @@ void Harness::MeasureConcurrent() {
   std::vector<double> pass_gibps;
   int64_t verified = 0;
   CpuTally cpu;  // server + all workers (their own CPU, during their fetch, not their start-up)
+  absl::StatusOr<v1::ServerStats> after_warmup = absl::UnknownError("no warm-up pass");
   for (int pass = -1; pass < kRepeats; ++pass) {
     const bool warmup = pass < 0;
     if (!warmup) TransportPass();  // interleaved: see transport_server_
@@ -1108,6 +1109,7 @@ void Harness::MeasureConcurrent() {
       Progress(absl::StrFormat(
           "concurrent: %d workers, warm-up pass, %.3f GiB = %.2f GiB/s (not measured)", kWorkers,
           bytes / kGiB, *concurrent_warmup_gibps_));
+      after_warmup = Stats();
       continue;
     }
     const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
@@ -1144,10 +1146,13 @@ void Harness::MeasureConcurrent() {
   }
   if (auto stats = Stats(); stats.ok()) {
     concurrent_stats_rss_mib_ = stats->peak_rss_bytes() / kMiB;
-    // A fresh server: its counters are this phase's.
-    if (stats->store_bytes_read() > 0) {
-      concurrent_copied_fraction_ = static_cast<double>(stats->store_bytes_copied()) /
-                                    static_cast<double>(stats->store_bytes_read());
+    // The measured passes' reads: the counters since the warm-up pass.
+    if (after_warmup.ok()) {
+      const int64_t read = stats->store_bytes_read() - after_warmup->store_bytes_read();
+      const int64_t copied = stats->store_bytes_copied() - after_warmup->store_bytes_copied();
+      if (read > 0) {
+        concurrent_copied_fraction_ = static_cast<double>(copied) / static_cast<double>(read);
+      }
     }
   }
   Progress(absl::StrFormat(
