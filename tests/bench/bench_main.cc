@@ -981,7 +981,7 @@ void Harness::MeasureFetch(const FetchCase& c) {
   FetchResult result;
   result.c = c;
   result.ranks = ranks;
-  // Every rank of the case once; the bytes delivered, or false after Error.
+  // Every rank of the case once: the bytes delivered, or nullopt after Error().
   auto fetch_all = [&]() -> std::optional<int64_t> {
     int64_t bytes = 0;
     for (int64_t r = 0; r < ranks; ++r) {
@@ -1008,8 +1008,8 @@ void Harness::MeasureFetch(const FetchCase& c) {
   };
   // One unmeasured pass first, as the transport limit's passes each start with a warm-up stream:
   // the measured passes then find both processes in the state a long-running ckptd and client
-  // are in (the storage limit restarted ckptd just before the first case, and the first pass of
-  // a case found both heaps growing: see README, Performance).
+  // are in (the storage limit restarts ckptd just before the first case, and a page-fault record
+  // of that case's first pass found both processes' heaps growing: see README, Performance).
   {
     const auto start = Clock::now();
     const std::optional<int64_t> bytes = fetch_all();
