@@ -64,17 +64,17 @@ class FileByteSource final : public ByteSource {
 // Commit() removes the temporary file and leaves `path` untouched. Owns its descriptor. Not
 // thread-safe.
 //
-// Bytes are collected in a 4 MiB IoBuffer (huge pages where available) and written with direct
-// I/O (O_DIRECT) where the file system allows it: the disk then reads them straight from the
-// buffer, instead of the kernel copying every byte into freshly allocated page-cache pages and
-// writing those back at the fsync (for multi-GiB outputs that copy cost more CPU than producing
-// the bytes). A full buffer is written in the background (POSIX AIO) while a second one fills, so
-// that the disk is not idle while the caller copies the next 4 MiB; a file smaller than two
-// buffers never allocates the second. An error of a background write is returned by the Write
-// that fills the next buffer, or by Commit. The last block is padded and the file truncated to its exact size. Where
-// direct I/O is refused (tmpfs, some network file systems, unusual block sizes), or the
-// environment sets CKPT_DIRECT_IO=0, the sink writes through the page cache instead, in the
-// caller's thread, and starts the writeback as it goes.
+// Bytes are collected in a 4 MiB IoBuffer (huge pages where available) and written with direct I/O
+// (O_DIRECT) where the file system allows it: the disk then reads them straight from the buffer,
+// instead of the kernel copying every byte into freshly allocated page-cache pages and writing
+// those back at the fsync (for multi-GiB outputs that copy cost more CPU than producing the bytes).
+// A full buffer is written in the background (POSIX AIO) while a second one fills, so that the disk
+// is not idle while the caller copies the next 4 MiB; a file smaller than two buffers never
+// allocates the second. An error of a background write is returned by the Write that fills the next
+// buffer, or by Commit. The last block is padded and the file truncated to its exact size. Where
+// direct I/O is refused (tmpfs, some network file systems, unusual block sizes), or the environment
+// sets CKPT_DIRECT_IO=0, the sink writes through the page cache instead, in the caller's thread,
+// and starts the writeback as it goes.
 //
 // When `path` is a character device or a pipe (/dev/null, /dev/stdout, a named pipe) the bytes are
 // written to it in place: renaming a file over it would replace the device node or the pipe.

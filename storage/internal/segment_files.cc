@@ -142,17 +142,15 @@ struct SegmentFiles::Block {
         lo(at),
         hi(at),
         pool(std::move(pool)),
-        buffer(this->pool->Get()),
-        bytes(buffer.data()) {}
+        buffer(this->pool->Get()) {}
   ~Block() { pool->Put(std::move(buffer)); }
   Block(const Block&) = delete;
   Block& operator=(const Block&) = delete;
 
-  const int64_t start;      // file offset of bytes[0], a multiple of the block size
+  const int64_t start;      // file offset of buffer.data()[0], a multiple of the block size
   int64_t lo, hi;           // the appended bytes in it: [lo, hi) (holes inside are zeroed)
   const std::shared_ptr<BlockBuffers> pool;
-  IoBuffer buffer;          // from pool, returned to it
-  char* const bytes;        // buffer.data(): page-aligned, for direct I/O
+  IoBuffer buffer;          // from pool, returned to it; page-aligned, for direct I/O
   int copying = 0;          // appends copying pieces into it now
   uint64_t last_append = 0;  // File::appends when an append last placed bytes in it
   bool closed = false;      // nothing more can be appended to it (or Sync wants it written)
@@ -389,7 +387,7 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
         }
         const std::shared_ptr<Block>& block = found->second;
         if (at > block->hi) {  // a hole inside the block: zeros, as a hole reads
-          std::memset(block->bytes + (block->hi - block_start), 0,
+          std::memset(block->buffer.data() + (block->hi - block_start), 0,
                       static_cast<size_t>(at - block->hi));
         }
         const int64_t take = std::min(n - done, block_start + b - at);
@@ -448,7 +446,7 @@ absl::StatusOr<std::vector<uint64_t>> SegmentFiles::Append(
     }
   }
   for (const Copy& c : copies) {
-    std::memcpy(c.block->bytes + (c.at - c.block->start), c.bytes.data(), c.bytes.size());
+    std::memcpy(c.block->buffer.data() + (c.at - c.block->start), c.bytes.data(), c.bytes.size());
   }
   {
     std::lock_guard<std::mutex> lock(file->mu);
@@ -478,16 +476,16 @@ absl::Status SegmentFiles::WriteBlocks(File& file,
     bool direct = block->lo == block->start && file.direct_fd >= 0 &&
                   file.use_direct.load(std::memory_order_relaxed);
     if (direct) {
-      std::memset(block->bytes + (block->hi - block->start), 0,
+      std::memset(block->buffer.data() + (block->hi - block->start), 0,
                   static_cast<size_t>(block->lo + direct_bytes - block->hi));
-      s = WriteAll(file.direct_fd, file.path, block->bytes, direct_bytes, block->lo);
+      s = WriteAll(file.direct_fd, file.path, block->buffer.data(), direct_bytes, block->lo);
       if (absl::IsInvalidArgument(s)) {  // direct I/O refused after all: buffered from now on
         file.use_direct.store(false, std::memory_order_relaxed);
         direct = false;
       }
     }
     if (!direct) {
-      s = WriteAll(file.fd, file.path, block->bytes + (block->lo - block->start),
+      s = WriteAll(file.fd, file.path, block->buffer.data() + (block->lo - block->start),
                    block->hi - block->lo, block->lo);
     }
     if (s.ok()) file.NoteSize(block->hi);
@@ -516,8 +514,9 @@ absl::Status SegmentFiles::WriteBlocks(File& file,
 }
 
 absl::Status SegmentFiles::WritePartLocked(File& file, const Block& block) {
-  const absl::Status s = WriteAll(file.fd, file.path, block.bytes + (block.lo - block.start),
-                                  block.hi - block.lo, block.lo);
+  const absl::Status s =
+      WriteAll(file.fd, file.path, block.buffer.data() + (block.lo - block.start),
+               block.hi - block.lo, block.lo);
   if (!s.ok()) {
     file.Fail(s);
     return s;
@@ -814,7 +813,7 @@ absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> SegmentFiles::ReadFrom
     }
     if (buffered_from < to) {
       std::memcpy(out + (buffered_from - at),
-                  it->second->bytes + (buffered_from - block_start),
+                  it->second->buffer.data() + (buffered_from - block_start),
                   static_cast<size_t>(to - buffered_from));
     }
     at = to;
