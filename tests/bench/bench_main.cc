@@ -1395,6 +1395,13 @@ std::string PassesText(const std::vector<double>& gibps) {
   return absl::StrFormat("%d, %.2f-%.2f GiB/s", gibps.size(), *lo, *hi);
 }
 
+// The "passes" row of a phase measured after a warm-up pass: its measured passes, then the
+// warm-up's GiB/s.
+Row WarmedUpPassesRow(const std::vector<double>& gibps, const std::optional<double>& warmup) {
+  return {"  passes (median of; after a warm-up)",
+          absl::StrCat(PassesText(gibps), "; warm-up ", Fmt(warmup, "")), "", ""};
+}
+
 std::string Verdict(const std::optional<bool>& pass) {
   if (!pass) return "n/a";
   return *pass ? "PASS" : "MISS";
@@ -1436,10 +1443,7 @@ std::vector<Row> Harness::Table() const {
                                             : std::nullopt)});
     rows.push_back({kCpuRow, CpuText(f.cpu), "", ""});
     if (!f.passes_gibps.empty()) {
-      rows.push_back({"  passes (median of; after a warm-up)",
-                      absl::StrCat(PassesText(f.passes_gibps), "; warm-up ",
-                                   Fmt(f.warmup_gibps, "")),
-                      "", ""});
+      rows.push_back(WarmedUpPassesRow(f.passes_gibps, f.warmup_gibps));
     }
   }
   if (Selected("concurrent")) {
@@ -1452,10 +1456,7 @@ std::vector<Row> Harness::Table() const {
          Verdict(concurrent_gibps_ && need ? std::optional<bool>(*concurrent_gibps_ >= *need)
                                            : std::nullopt)});
     if (!concurrent_runs_.empty()) {
-      rows.push_back({"  passes (median of; after a warm-up)",
-                      absl::StrCat(PassesText(concurrent_runs_), "; warm-up ",
-                                   Fmt(concurrent_warmup_gibps_, "")),
-                      "", ""});
+      rows.push_back(WarmedUpPassesRow(concurrent_runs_, concurrent_warmup_gibps_));
     }
     rows.push_back({"  CPU per GiB (server + all workers)", CpuText(concurrent_cpu_), "", ""});
     rows.push_back({"  store reads as copies (map budget)", Fmt(concurrent_copied_fraction_, "", 2),
