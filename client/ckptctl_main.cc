@@ -81,8 +81,9 @@ int main(int argc, char** argv) {
   auto* upload = app.add_subcommand(
       "upload", "Upload a checkpoint: a directory of rank_<r>/ files, or one whole-tensor file");
   upload->add_option("CKPT", upload_cmd.checkpoint_id, "Checkpoint id to create")->required();
-  auto* upload_strategy =
-      upload->add_option("--strategy", upload_cmd.strategy, "Registered source strategy");
+  auto* upload_strategy = upload->add_option(
+      "--strategy", upload_cmd.source_strategy,
+      "Registered strategy the checkpoint was saved with (its source strategy)");
   auto* upload_dir = upload->add_option(
       "--dir", upload_cmd.dir, "Directory holding rank_0 .. rank_<N-1> with one .ckpt each");
   upload->add_option("--parallel", upload_cmd.parallel, "Ranks uploaded at once")
@@ -96,8 +97,8 @@ int main(int argc, char** argv) {
   auto* fetch = app.add_subcommand(
       "fetch", "Write one destination rank's tensors (or every tensor whole) as a .ckpt");
   fetch->add_option("CKPT", fetch_cmd.checkpoint_id, "Checkpoint id")->required();
-  auto* fetch_strategy =
-      fetch->add_option("--strategy", fetch_cmd.strategy, "Registered destination strategy");
+  auto* fetch_strategy = fetch->add_option("--dst-strategy", fetch_cmd.destination_strategy,
+                                           "Registered destination strategy to re-shard to");
   auto* fetch_rank = fetch->add_option("--rank", fetch_cmd.rank, "Destination global rank");
   auto* fetch_merged =
       fetch->add_flag("--merged", fetch_cmd.merged, "Every tensor whole (single device)");
@@ -111,21 +112,19 @@ int main(int argc, char** argv) {
                   "Refuse parameters laid out at the source but absent from the destination");
 
   // ------------------------------------------------------------------ deps
-  std::string deps_ckpt, deps_strategy, src_strategy, dst_strategy;
+  std::string deps_ckpt, src_strategy, dst_strategy;
   std::optional<int64_t> rank;
   bool all = false;
   auto* deps = app.add_subcommand(
-      "deps", "Source ranks a destination rank reads: of a stored checkpoint (CKPT --strategy) "
-              "or offline from two strategy files (--src-strategy --dst-strategy)");
+      "deps", "Source ranks a destination rank reads: of a stored checkpoint "
+              "(CKPT --dst-strategy NAME) or offline from two strategy files "
+              "(--src-strategy FILE --dst-strategy FILE)");
   deps->add_option("CKPT", deps_ckpt, "Stored checkpoint id (server form)");
-  auto* deps_strategy_opt =
-      deps->add_option("--strategy", deps_strategy, "Registered destination strategy");
-  auto* src_opt =
-      deps->add_option("--src-strategy", src_strategy, "Source strategy (file or directory)");
-  auto* dst_opt = deps->add_option("--dst-strategy", dst_strategy,
-                                   "Destination strategy (file or directory)");
-  src_opt->excludes(deps_strategy_opt);
-  dst_opt->excludes(deps_strategy_opt);
+  deps->add_option("--src-strategy", src_strategy,
+                   "Offline form: source strategy file or directory of per-stage files");
+  deps->add_option("--dst-strategy", dst_strategy,
+                   "Destination strategy: with CKPT a registered name; offline a strategy file or "
+                   "directory of per-stage files");
   auto* rank_opt = deps->add_option("--rank", rank, "Destination global rank");
   auto* all_opt = deps->add_flag("--all", all, "Every destination rank");
   rank_opt->excludes(all_opt);
@@ -146,7 +145,8 @@ int main(int argc, char** argv) {
       "transform", "Submit a server-side transform job: a new stored checkpoint (--as), an "
                    "export directory (--export-dir) or a merged file (--merged-file)");
   transform->add_option("CKPT", transform_cmd.checkpoint_id, "Source checkpoint id")->required();
-  transform->add_option("--strategy", transform_cmd.strategy, "Registered destination strategy");
+  transform->add_option("--dst-strategy", transform_cmd.destination_strategy,
+                        "Registered destination strategy to re-shard to (not with --merged-file)");
   auto* transform_as = transform->add_option(
       "--as", transform_cmd.new_checkpoint_id, "Store the result as this new checkpoint id");
   auto* transform_dir = transform->add_option(
@@ -184,7 +184,8 @@ int main(int argc, char** argv) {
       "export", "Fetch every destination rank and write DIR/rank_<r>/<prefix><r>.ckpt locally "
                 "(DIR appears only when every rank succeeded)");
   export_sub->add_option("CKPT", export_cmd.checkpoint_id, "Checkpoint id")->required();
-  export_sub->add_option("--strategy", export_cmd.strategy, "Registered destination strategy")
+  export_sub->add_option("--dst-strategy", export_cmd.destination_strategy,
+                         "Registered destination strategy to re-shard to")
       ->required();
   export_sub->add_option("--dir", export_cmd.dir, "Local directory to create (absent or empty)")
       ->required();
@@ -212,8 +213,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Offline subcommands never contact the server.
-  const bool offline_deps = !src_strategy.empty() || !dst_strategy.empty();
+  // Offline subcommands never contact the server. deps is offline unless it names a checkpoint.
+  const bool offline_deps = deps_ckpt.empty();
   absl::Status status;
   if (*inspect) {
     status = ckpt::RunInspect(path, json, std::cout);
@@ -223,10 +224,15 @@ int main(int argc, char** argv) {
     status = ckpt::RunStrategyMerge(inputs, out_path, std::cout);
   } else if (*sample) {
     status = ckpt::RunSample(dir, std::cout);
+  } else if (*deps && !deps_ckpt.empty() && !src_strategy.empty()) {
+    status = absl::InvalidArgumentError(
+        "deps takes either CKPT --dst-strategy NAME (server) or --src-strategy FILE "
+        "--dst-strategy FILE (offline), not both");
   } else if (*deps && offline_deps) {
-    if (!deps_ckpt.empty()) {
+    if (src_strategy.empty() && dst_strategy.empty()) {
       status = absl::InvalidArgumentError(
-          "deps takes either CKPT --strategy NAME or --src-strategy/--dst-strategy, not both");
+          "deps needs CKPT --dst-strategy NAME (server) or --src-strategy FILE --dst-strategy "
+          "FILE (offline)");
     } else if (src_strategy.empty() || dst_strategy.empty()) {
       status = absl::InvalidArgumentError("offline deps needs --src-strategy and --dst-strategy");
     } else if (!rank && !all) {
@@ -234,9 +240,6 @@ int main(int argc, char** argv) {
     } else {
       status = ckpt::RunLocalDeps(src_strategy, dst_strategy, rank, json, std::cout);
     }
-  } else if (*deps && deps_ckpt.empty()) {
-    status = absl::InvalidArgumentError(
-        "deps needs CKPT --strategy NAME (server) or --src-strategy/--dst-strategy (offline)");
   } else {
     absl::StatusOr<std::unique_ptr<ckpt::CkptClient>> client = ckpt::CkptClient::Connect(server);
     if (!client.ok()) return Fail(client.status());
@@ -254,7 +257,7 @@ int main(int argc, char** argv) {
     } else if (*fetch) {
       status = ckpt::RunFetch(c, fetch_cmd, std::cout, std::cerr);
     } else if (*deps) {
-      status = ckpt::RunRemoteDeps(c, deps_ckpt, deps_strategy, rank, all, json, std::cout);
+      status = ckpt::RunRemoteDeps(c, deps_ckpt, dst_strategy, rank, all, json, std::cout);
     } else if (*ls) {
       status = ckpt::RunList(c, std::cout);
     } else if (*describe) {

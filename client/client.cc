@@ -22,6 +22,7 @@
 #include "client/fetch_wire.h"
 #include "client/strategy_files.h"
 #include "core/absl_compat.h"
+#include "core/checksum.h"
 #include "core/ckpt_format.h"
 #include "core/status_macros.h"
 #include "core/tile_band.h"
@@ -291,19 +292,18 @@ class RankFileSender {
   bool broken_ = false;
 };
 
-// Checks the order and sizes of a Fetch stream and verifies each data message's checksum before
-// handing it to the visitor. Not thread-safe (one stream).
+// Checks the order and sizes of a Fetch stream and verifies every part checksum of each data
+// message before handing its bytes to the visitor. Not thread-safe (one stream).
 class FetchChecker {
  public:
-  // `checkpoint` names the fetched checkpoint in checksum errors; `algorithm` is the one the
-  // request named (FetchRequest.checksum).
-  FetchChecker(TensorVisitor* visitor, std::string checkpoint, ChecksumAlgorithm algorithm)
-      : visitor_(visitor), checkpoint_(std::move(checkpoint)), algorithm_(algorithm) {}
+  // `checkpoint` names the fetched checkpoint in checksum errors.
+  FetchChecker(TensorVisitor* visitor, std::string checkpoint)
+      : visitor_(visitor), checkpoint_(std::move(checkpoint)) {}
 
   absl::Status Consume(const FetchWire& message) {
     if (!message.is_data) return Consume(message.message);
-    return OnData(message.data, message.data_bytes, message.xxh64, message.part_bytes,
-                  message.part_xxh64, message.tile_box, message.band_rows);
+    return OnData(message.data, message.data_bytes, message.part_bytes, message.part_checksums,
+                  message.tile_box, message.band_rows);
   }
 
   absl::Status Consume(const v1::FetchResponse& message) {
@@ -380,16 +380,17 @@ class FetchChecker {
 
   absl::Status OnData(const v1::FetchData& data) {
     const std::vector<std::string_view> views = {data.data()};
-    return OnData(views, data.data().size(), data.xxh64(),
+    return OnData(views, data.data().size(),
                   absl::MakeConstSpan(data.part_bytes().data(), data.part_bytes_size()),
-                  absl::MakeConstSpan(data.part_xxh64().data(), data.part_xxh64_size()),
+                  absl::MakeConstSpan(data.part_checksums().data(), data.part_checksums_size()),
                   absl::MakeConstSpan(data.tile_box().data(), data.tile_box_size()),
                   data.band_rows());
   }
 
   // A data message of `size` bytes, the concatenated `views`.
-  absl::Status OnData(const std::vector<std::string_view>& views, uint64_t size, uint64_t xxh64,
-                      absl::Span<const uint64_t> part_bytes, absl::Span<const uint64_t> part_xxh64,
+  absl::Status OnData(const std::vector<std::string_view>& views, uint64_t size,
+                      absl::Span<const uint64_t> part_bytes,
+                      absl::Span<const uint64_t> part_checksums,
                       absl::Span<const int64_t> tile_box, int64_t band_rows) {
     if (!current_) return absl::InternalError("fetch stream sent data outside a tensor");
     if (current_->band && tile_box.empty()) {
@@ -400,33 +401,29 @@ class FetchChecker {
       return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received more than its ",
                                               current_->total, " announced bytes"));
     }
+    // Parts end to end, each with its own checksum (FetchData.part_bytes, part_checksums).
+    if (part_bytes.empty() || part_bytes.size() != part_checksums.size()) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor ", current_->name, ": a data message lists ", part_bytes.size(),
+          " part sizes and ", part_checksums.size(),
+          " part checksums (expected at least one of each, as many of one as of the other)"));
+    }
     ViewCursor cursor(views);
-    if (part_bytes.empty()) {
-      CKPT_RETURN_IF_ERROR(Verify(cursor.Checksum(algorithm_, size), 0, size, xxh64));
-    } else {
-      // Parts end to end, each with its own checksum (FetchRequest.part_checksums).
-      if (part_bytes.size() != part_xxh64.size()) {
-        return absl::DataLossError(absl::StrCat(
-            "tensor ", current_->name, ": a data message lists ", part_bytes.size(),
-            " part sizes but ", part_xxh64.size(), " part checksums"));
+    uint64_t offset = 0;
+    for (size_t i = 0; i < part_bytes.size(); ++i) {
+      const uint64_t part = part_bytes[i];
+      if (part == 0 || part > size - offset) {
+        return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a data message of ",
+                                                size, " bytes lists part ", i, " of ", part,
+                                                " bytes at offset ", offset));
       }
-      uint64_t offset = 0;
-      for (size_t i = 0; i < part_bytes.size(); ++i) {
-        const uint64_t part = part_bytes[i];
-        if (part == 0 || part > size - offset) {
-          return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a data message of ",
-                                                  size, " bytes lists part ", i, " of ", part,
-                                                  " bytes at offset ", offset));
-        }
-        CKPT_RETURN_IF_ERROR(
-            Verify(cursor.Checksum(algorithm_, part), offset, part, part_xxh64[i]));
-        offset += part;
-      }
-      if (offset != size) {
-        return absl::DataLossError(absl::StrCat("tensor ", current_->name,
-                                                ": the parts of a data message cover ", offset,
-                                                " of its ", size, " bytes"));
-      }
+      CKPT_RETURN_IF_ERROR(Verify(cursor.Checksum(part), offset, part, part_checksums[i]));
+      offset += part;
+    }
+    if (offset != size) {
+      return absl::DataLossError(absl::StrCat("tensor ", current_->name,
+                                              ": the parts of a data message cover ", offset,
+                                              " of its ", size, " bytes"));
     }
     if (!tile_box.empty()) return AddTiles(views, part_bytes, tile_box, band_rows);
     current_->received += static_cast<int64_t>(size);
@@ -491,7 +488,7 @@ class FetchChecker {
     // hashing them), so a mismatch may be corruption in the store as well as in transit.
     return absl::DataLossError(absl::StrCat(
         "checkpoint ", checkpoint_, " tensor ", current_->name, ": bytes [", begin, ", ",
-        begin + static_cast<int64_t>(size), ") failed their ", ChecksumAlgorithmName(algorithm_),
+        begin + static_cast<int64_t>(size), ") failed their ", kChecksumName,
         " checksum (received ",
         absl::Hex(actual), ", expected ", absl::Hex(expected),
         "): corrupted in the server's store or in transit"));
@@ -516,7 +513,6 @@ class FetchChecker {
 
   TensorVisitor* visitor_;
   const std::string checkpoint_;
-  const ChecksumAlgorithm algorithm_;
   std::optional<v1::FetchPlanSummary> summary_;
   std::optional<Current> current_;
   int64_t tensors_ = 0;
@@ -773,11 +769,11 @@ absl::Status CkptClient::DeleteStrategy(const std::string& name) {
 // ---------------------------------------------------------------- uploads
 
 absl::StatusOr<v1::UploadResponse> CkptClient::UploadRank(const std::string& checkpoint_id,
-                                                          const std::string& strategy_name,
+                                                          const std::string& source_strategy,
                                                           int64_t rank,
                                                           const std::string& file_path,
                                                           ProgressFn progress) {
-  return UploadRankImpl(checkpoint_id, strategy_name, rank, file_path, progress, nullptr);
+  return UploadRankImpl(checkpoint_id, source_strategy, rank, file_path, progress, nullptr);
 }
 
 absl::StatusOr<v1::UploadResponse> CkptClient::UploadWholeFile(const std::string& checkpoint_id,
@@ -787,7 +783,7 @@ absl::StatusOr<v1::UploadResponse> CkptClient::UploadWholeFile(const std::string
 }
 
 absl::StatusOr<v1::UploadResponse> CkptClient::UploadRankImpl(
-    const std::string& checkpoint_id, const std::string& strategy_name, int64_t rank,
+    const std::string& checkpoint_id, const std::string& source_strategy, int64_t rank,
     const std::string& file_path, const ProgressFn& progress, CancelGroup* group) {
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileByteSource> source, FileByteSource::Open(file_path));
   const int64_t file_size = std::max<int64_t>(source->size(), 0);
@@ -812,7 +808,7 @@ absl::StatusOr<v1::UploadResponse> CkptClient::UploadRankImpl(
 
   v1::UploadHeader header;
   header.set_checkpoint_id(checkpoint_id);
-  header.set_strategy(strategy_name);
+  header.set_source_strategy(source_strategy);
   header.set_rank(rank);
   header.set_source_file(SourceFileLabel(file_path));
   RankFileSender sender(&reader, stream.get(), file_path, file_size, progress);
@@ -835,7 +831,7 @@ absl::StatusOr<v1::UploadResponse> CkptClient::UploadRankImpl(
 }
 
 absl::StatusOr<UploadSummary> CkptClient::UploadDirectory(const std::string& checkpoint_id,
-                                                          const std::string& strategy_name,
+                                                          const std::string& source_strategy,
                                                           const std::string& dir,
                                                           UploadDirectoryOptions options,
                                                           ProgressFn progress) {
@@ -843,10 +839,10 @@ absl::StatusOr<UploadSummary> CkptClient::UploadDirectory(const std::string& che
     return absl::InvalidArgumentError(
         absl::StrCat("upload parallelism must be at least 1, got ", options.parallelism));
   }
-  if (strategy_name.empty()) {
-    return absl::InvalidArgumentError("uploading a rank directory needs a strategy name");
+  if (source_strategy.empty()) {
+    return absl::InvalidArgumentError("uploading a rank directory needs a source strategy name");
   }
-  CKPT_ASSIGN_OR_RETURN(const int64_t world, StrategyWorldSize(strategy_name));
+  CKPT_ASSIGN_OR_RETURN(const int64_t world, StrategyWorldSize(source_strategy));
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ResolveRankFiles(dir, world));
 
   UploadSummary summary;
@@ -882,7 +878,7 @@ absl::StatusOr<UploadSummary> CkptClient::UploadDirectory(const std::string& che
         };
       }
       absl::StatusOr<v1::UploadResponse> response =
-          UploadRankImpl(checkpoint_id, strategy_name, static_cast<int64_t>(r), files[r],
+          UploadRankImpl(checkpoint_id, source_strategy, static_cast<int64_t>(r), files[r],
                          rank_progress, &group);
       if (!response.ok()) {
         {
@@ -931,17 +927,13 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
                                              request.checkpoint_id(),
                                              " not started: another rank failed"));
   }
-  v1::FetchRequest sent = request;
-  sent.set_part_checksums(true);  // FetchChecker verifies them
-  sent.set_tiles(true);           // and assembles tiles
-  sent.set_checksum(v1::CHECKSUM_XXH3_64);
   // As the generated stub's Fetch, but data messages are read in place (client/fetch_wire.h).
   static const grpc::internal::RpcMethod kFetch("/ckpt.v1.CheckpointService/Fetch",
                                                 grpc::internal::RpcMethod::SERVER_STREAMING);
   std::unique_ptr<grpc::ClientReader<FetchWire>> stream(
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
-                                                             sent));
-  FetchChecker checker(&visitor, request.checkpoint_id(), ChecksumAlgorithm::kXxh3);
+                                                             request));
+  FetchChecker checker(&visitor, request.checkpoint_id());
   FetchWire message;
   absl::Status local;
   while (stream->Read(&message)) {
@@ -1221,7 +1213,7 @@ class ExportProgress {
 }  // namespace
 
 absl::StatusOr<ExportSummary> CkptClient::ExportRanks(const std::string& checkpoint_id,
-                                                      const std::string& strategy,
+                                                      const std::string& destination_strategy,
                                                       const std::string& dir,
                                                       const std::vector<int64_t>& ranks,
                                                       const std::string& prefix, int parallelism,
@@ -1230,7 +1222,7 @@ absl::StatusOr<ExportSummary> CkptClient::ExportRanks(const std::string& checkpo
     return absl::InvalidArgumentError(
         absl::StrCat("export parallelism must be at least 1, got ", parallelism));
   }
-  if (strategy.empty()) {
+  if (destination_strategy.empty()) {
     return absl::InvalidArgumentError("export needs a destination strategy name");
   }
   CKPT_RETURN_IF_ERROR(ValidateExportPrefix(prefix));
@@ -1256,7 +1248,7 @@ absl::StatusOr<ExportSummary> CkptClient::ExportRanks(const std::string& checkpo
     }
   }
 
-  CKPT_ASSIGN_OR_RETURN(const int64_t world, StrategyWorldSize(strategy));
+  CKPT_ASSIGN_OR_RETURN(const int64_t world, StrategyWorldSize(destination_strategy));
   std::vector<int64_t> selected = ranks;
   if (selected.empty()) {
     selected.resize(static_cast<size_t>(world));
@@ -1271,7 +1263,8 @@ absl::StatusOr<ExportSummary> CkptClient::ExportRanks(const std::string& checkpo
   for (int64_t r : selected) {
     if (r < 0 || r >= world) {
       return absl::OutOfRangeError(absl::StrCat("destination rank ", r,
-                                                " is outside the world of strategy ", strategy,
+                                                " is outside the world of strategy ",
+                                                destination_strategy,
                                                 " (", world, " ranks)"));
     }
   }
@@ -1307,7 +1300,7 @@ absl::StatusOr<ExportSummary> CkptClient::ExportRanks(const std::string& checkpo
       if (i >= selected.size()) return;
       v1::FetchRequest request;
       request.set_checkpoint_id(checkpoint_id);
-      request.set_strategy(strategy);
+      request.set_destination_strategy(destination_strategy);
       request.set_rank(selected[i]);
       const std::string path =
           (fs::path(temp.path()) / absl::StrCat("rank_", selected[i]) /

@@ -1,5 +1,5 @@
 // C++ client library of ckptd (proto/ckpt.proto): strategies, uploads of MindSpore rank
-// directories, streamed fetches with per-message checksum verification, dependency queries,
+// directories, streamed fetches with checksum verification of every byte, dependency queries,
 // transform jobs, and a client-side export of every rank of a re-sharded checkpoint.
 // Every method returns absl::Status / absl::StatusOr with the server's gRPC code unchanged (the
 // codes are numerically identical), so callers handle one error type.
@@ -168,14 +168,14 @@ class CkptClient {
   // tensor). `progress` gets file bytes consumed / file size. INVALID_ARGUMENT naming the file
   // and tensor for a malformed file.
   absl::StatusOr<v1::UploadResponse> UploadRank(const std::string& checkpoint_id,
-                                                const std::string& strategy_name, int64_t rank,
+                                                const std::string& source_strategy, int64_t rank,
                                                 const std::string& file_path,
                                                 ProgressFn progress = nullptr);
-  // Uploads DIR/rank_<r>/ for every rank r of the strategy's world (see ResolveRankFiles), at
-  // most options.parallelism at a time. The first failure cancels the other streams and is
-  // returned. `progress` (thread-safe) gets the summed file bytes of all ranks.
+  // Uploads DIR/rank_<r>/ for every rank r of the source strategy's world (see
+  // ResolveRankFiles), at most options.parallelism at a time. The first failure cancels the other
+  // streams and is returned. `progress` (thread-safe) gets the summed file bytes of all ranks.
   absl::StatusOr<UploadSummary> UploadDirectory(const std::string& checkpoint_id,
-                                                const std::string& strategy_name,
+                                                const std::string& source_strategy,
                                                 const std::string& dir, UploadDirectoryOptions options = {},
                                                 ProgressFn progress = nullptr);
   // A whole-tensor checkpoint (one file, no strategy): rank 0 with an empty strategy name.
@@ -186,9 +186,9 @@ class CkptClient {
   // ------------------------------------------------------------------------------- fetch
 
   // Streams `request` into `visitor`, verifying the protocol (summary first, data inside a
-  // tensor, byte totals equal to the headers and summary) and every piece's checksum (it asks
-  // for XXH3, whatever `request.checksum` says). DATA_LOSS naming the tensor on a checksum or
-  // size mismatch; the visitor's error if it aborts.
+  // tensor, byte totals equal to the headers and summary) and every part checksum of every data
+  // message, and assembling bands of tiles into rows (proto/ckpt.proto FetchData). DATA_LOSS
+  // naming the tensor on a checksum or size mismatch; the visitor's error if it aborts.
   absl::Status Fetch(const v1::FetchRequest& request, TensorVisitor& visitor);
   // Everything in memory (tests, small checkpoints). `summary` receives the plan when non-null.
   absl::StatusOr<std::vector<FetchedTensor>> FetchAll(const v1::FetchRequest& request,
@@ -230,17 +230,19 @@ class CkptClient {
   // ------------------------------------------------------------------------------- export
 
   // Client-side export for users who cannot reach the server's disk: fetches destination ranks
-  // `ranks` (ascending and distinct; empty = every rank of `strategy`) of `checkpoint_id`,
-  // `parallelism` at a time, and writes MindSpore's layout DIR/rank_<r>/<prefix><r>.ckpt locally.
-  // The files are written into a hidden temporary sibling of DIR (".<name>.ckptctl-export-*"),
-  // which is renamed to DIR only when every rank succeeded: a failed export leaves no DIR (the
-  // temporary is removed). DIR must not exist or be an empty directory (ALREADY_EXISTS
-  // otherwise); its parent is created when missing. The first failing rank cancels the others and
-  // its error is returned. OUT_OF_RANGE for a rank outside the strategy's world. `progress`
-  // (thread-safe) gets the summed tensor bytes received over all ranks and the total, which is
-  // estimated from the ranks whose plan is known until every rank has started.
+  // `ranks` (ascending and distinct; empty = every rank of `destination_strategy`) of
+  // `checkpoint_id`, `parallelism` at a time, and writes MindSpore's layout
+  // DIR/rank_<r>/<prefix><r>.ckpt locally. The files are written into a hidden temporary sibling
+  // of DIR (".<name>.ckptctl-export-*"), which is renamed to DIR only when every rank succeeded:
+  // a failed export leaves no DIR (the temporary is removed). DIR must not exist or be an empty
+  // directory (ALREADY_EXISTS otherwise); its parent is created when missing. The first failing
+  // rank cancels the others and its error is returned. OUT_OF_RANGE for a rank outside the
+  // destination world. `progress` (thread-safe) gets the summed tensor bytes received over all
+  // ranks and the total, which is estimated from the ranks whose plan is known until every rank
+  // has started.
   absl::StatusOr<ExportSummary> ExportRanks(const std::string& checkpoint_id,
-                                            const std::string& strategy, const std::string& dir,
+                                            const std::string& destination_strategy,
+                                            const std::string& dir,
                                             const std::vector<int64_t>& ranks,
                                             const std::string& prefix = kDefaultExportPrefix,
                                             int parallelism = 4, ProgressFn progress = nullptr);
@@ -256,7 +258,7 @@ class CkptClient {
   // UploadRank, registering its stream in `group` (may be null) so that a sibling's failure can
   // cancel it.
   absl::StatusOr<v1::UploadResponse> UploadRankImpl(const std::string& checkpoint_id,
-                                                    const std::string& strategy_name,
+                                                    const std::string& source_strategy,
                                                     int64_t rank, const std::string& file_path,
                                                     const ProgressFn& progress, CancelGroup* group);
   // Fetch / FetchToFile, registering the stream in `group` (may be null) so that a sibling's

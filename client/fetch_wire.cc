@@ -15,14 +15,13 @@ using google::protobuf::io::CodedInputStream;
 // Field numbers and wire types of proto/ckpt.proto.
 constexpr uint32_t kResponseData = (3 << 3) | 2;  // FetchResponse.data
 constexpr uint32_t kDataBytes = (1 << 3) | 2;     // FetchData.data
-constexpr uint32_t kDataXxh64 = (2 << 3) | 0;     // FetchData.xxh64
-constexpr uint32_t kPartBytes = (3 << 3) | 0;     // FetchData.part_bytes, one varint
-constexpr uint32_t kPartBytesPacked = (3 << 3) | 2;
-constexpr uint32_t kPartXxh64 = (4 << 3) | 1;  // FetchData.part_xxh64, one fixed64
-constexpr uint32_t kPartXxh64Packed = (4 << 3) | 2;
-constexpr uint32_t kTileBox = (5 << 3) | 0;  // FetchData.tile_box, one varint
-constexpr uint32_t kTileBoxPacked = (5 << 3) | 2;
-constexpr uint32_t kBandRows = (6 << 3) | 0;  // FetchData.band_rows
+constexpr uint32_t kPartBytes = (2 << 3) | 0;     // FetchData.part_bytes, one varint
+constexpr uint32_t kPartBytesPacked = (2 << 3) | 2;
+constexpr uint32_t kPartChecksum = (3 << 3) | 1;  // FetchData.part_checksums, one fixed64
+constexpr uint32_t kPartChecksumsPacked = (3 << 3) | 2;
+constexpr uint32_t kTileBox = (4 << 3) | 0;  // FetchData.tile_box, one varint
+constexpr uint32_t kTileBoxPacked = (4 << 3) | 2;
+constexpr uint32_t kBandRows = (5 << 3) | 0;  // FetchData.band_rows
 
 // Appends one varint to `out`.
 template <typename T>
@@ -72,19 +71,16 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
         }
         break;
       }
-      case kDataXxh64:
-        if (!in.ReadVarint64(&out->xxh64)) return false;
-        break;
       case kPartBytes:
         if (!ReadVarint(in, &out->part_bytes)) return false;
         break;
       case kPartBytesPacked:
         if (!ReadPackedVarints(in, &out->part_bytes)) return false;
         break;
-      case kPartXxh64: {
+      case kPartChecksum: {
         uint64_t v = 0;
         if (!in.ReadLittleEndian64(&v)) return false;
-        out->part_xxh64.push_back(v);
+        out->part_checksums.push_back(v);
         break;
       }
       case kTileBox:
@@ -99,13 +95,13 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
         out->band_rows = static_cast<int64_t>(v);
         break;
       }
-      case kPartXxh64Packed: {
+      case kPartChecksumsPacked: {
         uint32_t length = 0;
         if (!in.ReadVarint32(&length) || length % 8 != 0) return false;
         for (uint32_t i = 0; i < length / 8; ++i) {
           uint64_t v = 0;
           if (!in.ReadLittleEndian64(&v)) return false;
-          out->part_xxh64.push_back(v);
+          out->part_checksums.push_back(v);
         }
         break;
       }
@@ -139,9 +135,8 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
     out->is_data = false;
     out->data.clear();
     out->data_bytes = 0;
-    out->xxh64 = 0;
     out->part_bytes.clear();
-    out->part_xxh64.clear();
+    out->part_checksums.clear();
     out->tile_box.clear();
     out->band_rows = 0;
   };
@@ -156,9 +151,7 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
   return grpc::SerializationTraits<v1::FetchResponse>::Deserialize(&copy, &out->message);
 }
 
-uint64_t ViewCursor::Checksum(ChecksumAlgorithm algorithm, uint64_t n) {
-  return ckpt::Checksum(algorithm, Next(n));
-}
+uint64_t ViewCursor::Checksum(uint64_t n) { return ckpt::Checksum(Next(n)); }
 
 const std::vector<std::string_view>& ViewCursor::Next(uint64_t n) {
   parts_.clear();

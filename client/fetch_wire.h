@@ -28,9 +28,8 @@ struct FetchWire {
   // FetchData.data as views of the received bytes, in order (no view is empty).
   std::vector<std::string_view> data;
   uint64_t data_bytes = 0;
-  uint64_t xxh64 = 0;
   std::vector<uint64_t> part_bytes;
-  std::vector<uint64_t> part_xxh64;
+  std::vector<uint64_t> part_checksums;
   std::vector<int64_t> tile_box;
   int64_t band_rows = 0;
 
@@ -48,8 +47,8 @@ class ViewCursor {
   explicit ViewCursor(const std::vector<std::string_view>& views) : views_(views) {}
   // The next `n` bytes, as views (valid until the next call); n must not exceed what is left.
   const std::vector<std::string_view>& Next(uint64_t n);
-  // Checksum of the next `n` bytes; n must not exceed what is left.
-  uint64_t Checksum(ChecksumAlgorithm algorithm, uint64_t n);
+  // Checksum (core/checksum.h) of the next `n` bytes; n must not exceed what is left.
+  uint64_t Checksum(uint64_t n);
 
  private:
   const std::vector<std::string_view>& views_;

@@ -73,10 +73,10 @@ std::string DescribeTarget(const v1::SubmitTransformRequest& request) {
   const v1::TransformTarget& target = request.target();
   switch (target.output_case()) {
     case v1::TransformTarget::kNewCheckpointId:
-      return absl::StrCat("checkpoint ", target.new_checkpoint_id(), " (strategy ",
-                          request.strategy(), ")");
+      return absl::StrCat("checkpoint ", target.new_checkpoint_id(), " (destination strategy ",
+                          request.destination_strategy(), ")");
     case v1::TransformTarget::kExportDir: {
-      std::string details = absl::StrCat("strategy ", request.strategy());
+      std::string details = absl::StrCat("destination strategy ", request.destination_strategy());
       if (target.ranks_size() > 0) {
         std::vector<int64_t> ranks(target.ranks().begin(), target.ranks().end());
         std::sort(ranks.begin(), ranks.end());
@@ -330,10 +330,10 @@ absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::os
     return absl::InvalidArgumentError(
         "upload needs either --strategy NAME --dir DIR or --file FULL.ckpt");
   }
-  if (by_dir && command.strategy.empty()) {
+  if (by_dir && command.source_strategy.empty()) {
     return absl::InvalidArgumentError("upload --dir needs --strategy NAME");
   }
-  if (by_file && !command.strategy.empty()) {
+  if (by_file && !command.source_strategy.empty()) {
     return absl::InvalidArgumentError(
         "upload --file takes no --strategy (a whole-tensor checkpoint has none)");
   }
@@ -345,9 +345,9 @@ absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::os
   UploadSummary summary;
   if (by_dir) {
     CKPT_ASSIGN_OR_RETURN(summary, WithProgress(command.progress, [&](ProgressFn progress) {
-                            return client.UploadDirectory(command.checkpoint_id, command.strategy,
-                                                          command.dir, {command.parallel},
-                                                          std::move(progress));
+                            return client.UploadDirectory(command.checkpoint_id,
+                                                          command.source_strategy, command.dir,
+                                                          {command.parallel}, std::move(progress));
                           }));
   } else {
     CKPT_ASSIGN_OR_RETURN(v1::UploadResponse response,
@@ -393,11 +393,12 @@ absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::os
 
 absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostream& out,
                       std::ostream& err) {
-  if (command.merged == !command.strategy.empty()) {
-    return absl::InvalidArgumentError("fetch needs either --strategy NAME --rank R or --merged");
+  if (command.merged == !command.destination_strategy.empty()) {
+    return absl::InvalidArgumentError(
+        "fetch needs either --dst-strategy NAME --rank R or --merged");
   }
   if (!command.merged && !command.rank) {
-    return absl::InvalidArgumentError("fetch --strategy needs --rank R");
+    return absl::InvalidArgumentError("fetch --dst-strategy needs --rank R");
   }
   if (command.merged && command.rank) {
     return absl::InvalidArgumentError("fetch --merged takes no --rank");
@@ -409,7 +410,7 @@ absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostr
   if (command.merged) {
     request.set_merged(true);
   } else {
-    request.set_strategy(command.strategy);
+    request.set_destination_strategy(command.destination_strategy);
     request.set_rank(*command.rank);
   }
   for (const std::string& glob : command.include) request.add_include(glob);
@@ -431,13 +432,15 @@ absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostr
 // ---------------------------------------------------------------- dependencies
 
 absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
-                           const std::string& strategy, std::optional<int64_t> rank, bool all,
-                           bool json, std::ostream& out) {
-  if (strategy.empty()) return absl::InvalidArgumentError("deps CKPT needs --strategy NAME");
+                           const std::string& destination_strategy, std::optional<int64_t> rank,
+                           bool all, bool json, std::ostream& out) {
+  if (destination_strategy.empty()) {
+    return absl::InvalidArgumentError("deps CKPT needs --dst-strategy NAME");
+  }
   if (rank.has_value() == all) return absl::InvalidArgumentError("deps needs --rank R or --all");
   v1::RankDependenciesRequest request;
   request.set_checkpoint_id(checkpoint_id);
-  request.set_destination_strategy(strategy);
+  request.set_destination_strategy(destination_strategy);
   if (rank) {
     request.set_rank(*rank);
   } else {
@@ -462,7 +465,8 @@ absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
 absl::Status RunList(CkptClient& client, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> checkpoints, client.ListCheckpoints());
   for (const v1::CheckpointInfo& c : checkpoints) {
-    out << c.id() << "  strategy=" << (c.strategy().empty() ? "-" : c.strategy())
+    out << c.id() << "  source_strategy="
+        << (c.source_strategy().empty() ? "-" : c.source_strategy())
         << "  ranks=" << c.ranks() << "  tensors=" << c.tensor_count()
         << "  stored_bytes=" << c.stored_bytes() << "  created=" << Created(c.created_unix())
         << "\n";
@@ -474,8 +478,9 @@ absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, s
   CKPT_ASSIGN_OR_RETURN(v1::DescribeCheckpointResponse response,
                         client.DescribeCheckpoint(checkpoint_id));
   const v1::CheckpointInfo& info = response.info();
-  out << "checkpoint " << info.id() << ": strategy "
-      << (info.strategy().empty() ? "(none, whole tensors)" : info.strategy()) << ", "
+  out << "checkpoint " << info.id() << ": source strategy "
+      << (info.source_strategy().empty() ? "(none, whole tensors)" : info.source_strategy())
+      << ", "
       << info.ranks() << " ranks, " << info.tensor_count() << " tensors, "
       << info.logical_bytes() << " logical bytes, " << info.stored_bytes()
       << " stored bytes, created " << Created(info.created_unix()) << "\n";
@@ -600,13 +605,13 @@ absl::Status RunTransform(CkptClient& client, const TransformCommand& command, s
     return absl::InvalidArgumentError(
         "transform needs exactly one of --as NEW_CKPT, --export-dir DIR or --merged-file FILE");
   }
-  if (to_file && !command.strategy.empty()) {
+  if (to_file && !command.destination_strategy.empty()) {
     return absl::InvalidArgumentError(
-        "transform --merged-file takes no --strategy (every tensor is written whole)");
+        "transform --merged-file takes no --dst-strategy (every tensor is written whole)");
   }
-  if (!to_file && command.strategy.empty()) {
+  if (!to_file && command.destination_strategy.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("transform ", to_dir ? "--export-dir" : "--as",
-                                                   " needs --strategy NAME"));
+                                                   " needs --dst-strategy NAME"));
   }
   if (!to_dir && (command.ranks.has_value() || !command.prefix.empty())) {
     return absl::InvalidArgumentError("--ranks and --prefix apply to --export-dir only");
@@ -623,7 +628,7 @@ absl::Status RunTransform(CkptClient& client, const TransformCommand& command, s
   v1::SubmitTransformRequest request;
   request.set_job_id(command.job_id);
   request.set_checkpoint_id(command.checkpoint_id);
-  request.set_strategy(command.strategy);
+  request.set_destination_strategy(command.destination_strategy);
   v1::TransformTarget* target = request.mutable_target();
   if (to_checkpoint) {
     target->set_new_checkpoint_id(command.new_checkpoint_id);
@@ -707,7 +712,9 @@ absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::os
 
 absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::ostream& out,
                        std::ostream& err) {
-  if (command.strategy.empty()) return absl::InvalidArgumentError("export needs --strategy NAME");
+  if (command.destination_strategy.empty()) {
+    return absl::InvalidArgumentError("export needs --dst-strategy NAME");
+  }
   if (command.dir.empty()) return absl::InvalidArgumentError("export needs --dir DIR");
   if (command.parallel < 1) {
     return absl::InvalidArgumentError(
@@ -717,9 +724,10 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
   CKPT_ASSIGN_OR_RETURN(const std::vector<int64_t> ranks, ParseRanksOption(command.ranks));
   CKPT_ASSIGN_OR_RETURN(ExportSummary summary,
                         WithProgress(command.progress, [&](ProgressFn progress) {
-                          return client.ExportRanks(command.checkpoint_id, command.strategy,
-                                                    command.dir, ranks, command.prefix,
-                                                    command.parallel, std::move(progress));
+                          return client.ExportRanks(command.checkpoint_id,
+                                                    command.destination_strategy, command.dir,
+                                                    ranks, command.prefix, command.parallel,
+                                                    std::move(progress));
                         }));
   std::vector<std::string> warnings;
   for (const RankExportResult& r : summary.ranks) {
@@ -729,7 +737,8 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
     warnings.insert(warnings.end(), r.summary.warnings().begin(), r.summary.warnings().end());
   }
   PrintWarnings(warnings, err);
-  out << "exported " << command.checkpoint_id << " as strategy " << command.strategy << ": "
+  out << "exported " << command.checkpoint_id << " to destination strategy "
+      << command.destination_strategy << ": "
       << summary.ranks.size() << " ranks, " << summary.tensors << " tensors, " << summary.bytes
       << " bytes into " << summary.dir << "\n";
   return absl::OkStatus();

@@ -34,8 +34,8 @@ absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, std:
 
 struct UploadCommand {
   std::string checkpoint_id;
-  // Either a rank directory with its strategy...
-  std::string strategy;
+  // Either a rank directory with the strategy it was saved with (--strategy)...
+  std::string source_strategy;
   std::string dir;
   int parallel = 4;
   // ...or one whole-tensor file.
@@ -49,8 +49,8 @@ absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::os
 
 struct FetchCommand {
   std::string checkpoint_id;
-  // Either a destination strategy and rank...
-  std::string strategy;
+  // Either a destination strategy (--dst-strategy) and rank...
+  std::string destination_strategy;
   std::optional<int64_t> rank;
   // ...or every tensor whole.
   bool merged = false;
@@ -60,15 +60,15 @@ struct FetchCommand {
   bool strict = false;
   ProgressOptions progress;
 };
-// `ckptctl fetch CKPT (--strategy NAME --rank R | --merged) --out FILE [--include GLOB]...
+// `ckptctl fetch CKPT (--dst-strategy NAME --rank R | --merged) --out FILE [--include GLOB]...
 // [--exclude GLOB]... [--strict]`. Summary warnings go to `err` as "warning: ..." lines.
 absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostream& out,
                       std::ostream& err);
 
-// `ckptctl deps CKPT --strategy NAME (--rank R | --all) [--json]`: PrintDeps format.
+// `ckptctl deps CKPT --dst-strategy NAME (--rank R | --all) [--json]`: PrintDeps format.
 absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
-                           const std::string& strategy, std::optional<int64_t> rank, bool all,
-                           bool json, std::ostream& out);
+                           const std::string& destination_strategy, std::optional<int64_t> rank,
+                           bool all, bool json, std::ostream& out);
 
 // `ckptctl ls`: one line per checkpoint.
 absl::Status RunList(CkptClient& client, std::ostream& out);
@@ -110,8 +110,8 @@ std::string FormatJobLine(const v1::Job& job);
 
 struct TransformCommand {
   std::string checkpoint_id;
-  // Destination strategy (--strategy); not with merged_file.
-  std::string strategy;
+  // Destination strategy (--dst-strategy); not with merged_file.
+  std::string destination_strategy;
   // Exactly one output: a new stored checkpoint (--as)...
   std::string new_checkpoint_id;
   // ...an export directory on the server's filesystem (absolute) with optional ranks LIST and
@@ -127,7 +127,7 @@ struct TransformCommand {
   bool wait = false;
   JobWaitOptions wait_options;
 };
-// `ckptctl transform CKPT --strategy NAME (--as NEW | --export-dir DIR [--ranks LIST]
+// `ckptctl transform CKPT --dst-strategy NAME (--as NEW | --export-dir DIR [--ranks LIST]
 // [--prefix P]) [--id J] [--wait]` and `transform CKPT --merged-file FILE [--id J] [--wait]`.
 // Prints "submitted job J ..." (or that it already existed); with `wait`, progress, then
 // "job J SUCCEEDED: ...", or returns ABORTED (failed) / CANCELLED with the job's reason.
@@ -147,7 +147,8 @@ absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::os
 
 struct ExportCommand {
   std::string checkpoint_id;
-  std::string strategy;
+  // Destination strategy (--dst-strategy).
+  std::string destination_strategy;
   // Local directory to create (must not exist or be empty).
   std::string dir;
   std::optional<std::string> ranks;
@@ -155,7 +156,7 @@ struct ExportCommand {
   int parallel = 4;
   ProgressOptions progress;
 };
-// `ckptctl export CKPT --strategy NAME --dir DIR [--ranks LIST] [--prefix P] [--parallel N]`:
+// `ckptctl export CKPT --dst-strategy NAME --dir DIR [--ranks LIST] [--prefix P] [--parallel N]`:
 // CkptClient::ExportRanks, then one line per rank and a total.
 absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::ostream& out,
                        std::ostream& err);

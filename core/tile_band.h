@@ -1,6 +1,6 @@
 // Assembles a band of rows of a tensor slice from tiles: boxes of the slice with their row-major
 // bytes, in any order. A Fetch client uses it for bands the server sends as the stored chunks'
-// regions instead of assembling them itself (FetchRequest.tiles): the copy moves from the server,
+// regions instead of assembling them itself (FetchData.tile_box): the copy moves from the server,
 // whose one producer thread per stream is the bottleneck, to the client, and whole stored chunks
 // reach the client with their stored checksums.
 #ifndef CKPT_CORE_TILE_BAND_H_

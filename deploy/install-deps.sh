@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev librocksdb-dev
   libgtest-dev libgmock-dev
-  libcli11-dev nlohmann-json3-dev libxxhash-dev libisal-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   python3 python3-numpy python3-protobuf
 )
 

@@ -128,16 +128,17 @@ run ls
 run describe demo
 
 section "What destination rank 1 reads, then fetch its slices (re-sharded on the fly)"
-run deps demo --strategy dst --rank 1
-run fetch demo --strategy dst --rank 1 --out "$OUT/dst_rank1.ckpt"
+run deps demo --dst-strategy dst --rank 1
+run fetch demo --dst-strategy dst --rank 1 --out "$OUT/dst_rank1.ckpt"
 run inspect "$OUT/dst_rank1.ckpt"
 
 section "Client-side export: every destination rank as MindSpore's rank_<r>/ layout, locally"
-run export demo --strategy dst --dir "$OUT/export"
+run export demo --dst-strategy dst --dir "$OUT/export"
 
 section "Server-side transform jobs: a new stored checkpoint, an export directory, a merged file"
-run transform demo --strategy dst --as demo_dst --wait
-run transform demo --strategy dst --export-dir "$OUT/server-export" --ranks 0,2 --id export-02 --wait
+run transform demo --dst-strategy dst --as demo_dst --wait
+run transform demo --dst-strategy dst --export-dir "$OUT/server-export" --ranks 0,2 \
+  --id export-02 --wait
 run transform demo --merged-file "$OUT/merged.ckpt" --wait
 run jobs ls
 run jobs get export-02
@@ -149,8 +150,8 @@ for r in 0 2; do
 done
 
 section "Errors are one line on stderr and a non-zero exit"
-run fetch demo --strategy dst --rank 3 --out "$OUT/x.ckpt" || true
-run transform demo --strategy dst --export-dir relative/dir || true
+run fetch demo --dst-strategy dst --rank 3 --out "$OUT/x.ckpt" || true
+run transform demo --dst-strategy dst --export-dir relative/dir || true
 
 section "Stop the server (SIGTERM drains in-flight calls and flushes the store)"
 stop_server

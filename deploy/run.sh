@@ -39,8 +39,8 @@ ckptd on $LISTEN, data in $DATA_DIR (Ctrl-C stops it). From another terminal, tr
   $C strategy put src /tmp/ckpt-demo/src_strategy.ckpt
   $C strategy put dst /tmp/ckpt-demo/dst_strategy.json
   $C upload demo --strategy src --dir /tmp/ckpt-demo/checkpoint
-  $C fetch demo --strategy dst --rank 0 --out /tmp/ckpt-demo/dst_rank0.ckpt
-  $C export demo --strategy dst --dir /tmp/ckpt-demo/export
+  $C fetch demo --dst-strategy dst --rank 0 --out /tmp/ckpt-demo/dst_rank0.ckpt
+  $C export demo --dst-strategy dst --dir /tmp/ckpt-demo/export
 
 (make demo runs a whole walkthrough against a temporary server; README.md documents every command.)
 

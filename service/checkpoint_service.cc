@@ -528,10 +528,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         }
       }
       if (!has_next_) {
-        auto more = stream_->NextPiece(&piece_,
-                                       request_.part_checksums() ? FetchChecksums::kParts
-                                                                 : FetchChecksums::kWhole,
-                                       request_.tiles());
+        auto more = stream_->NextPiece(&piece_, FetchReader::kClient);
         if (!more.ok()) {
           EndProducer(more.status());
           return;
@@ -627,7 +624,8 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     LogRpc("Fetch", peer_, status, bytes_, absl::Now() - start_,
            absl::StrCat("checkpoint=", request_.checkpoint_id(), " target=",
                         request_.merged() ? std::string("merged")
-                                          : absl::StrCat(request_.strategy(), "/", request_.rank())));
+                                          : absl::StrCat(request_.destination_strategy(), "/",
+                                                         request_.rank())));
     reactor_->Finish(ToGrpcStatus(status));
   }
 

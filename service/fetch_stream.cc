@@ -4,6 +4,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "core/checksum.h"
 #include "core/chunk_grid.h"
 #include "core/status_macros.h"
 #include "core/strided_copy.h"
@@ -29,13 +30,13 @@ Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
   return out;
 }
 
-// A view of `length` bytes of `chunk` from `offset`, carrying the chunk's checksum when the view
-// is the whole chunk.
+// A view of `length` bytes of `chunk` from `offset`, carrying the chunk's stored checksum when
+// the view is the whole chunk.
 DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offset,
                          size_t length) {
   const std::string_view bytes = chunk->data->bytes();
   DataSegment s{chunk, bytes.substr(offset, length), std::nullopt, chunk};
-  if (offset == 0 && length == bytes.size() && chunk->sendable) s.chunk_xxh64 = chunk->checksum;
+  if (offset == 0 && length == bytes.size()) s.stored_checksum = chunk->checksum;
   return s;
 }
 
@@ -95,8 +96,7 @@ absl::Status FetchStream::Annotate(const absl::Status& s) const {
 
 absl::Status FetchStream::Verify(StreamChunk& chunk) {
   if (chunk.verified) return absl::OkStatus();
-  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.checksum,
-                                   checkpoint_->chunk_checksum);
+  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.checksum);
       !s.ok()) {
     return Annotate(s);
   }
@@ -104,24 +104,24 @@ absl::Status FetchStream::Verify(StreamChunk& chunk) {
   return absl::OkStatus();
 }
 
-// Whole stored chunks of at least min_part_bytes are parts of their own with kParts: the client
+// For kClient, whole stored chunks of at least min_part_bytes are parts of their own: the client
 // verifies them against their stored checksum. Every other stored byte is verified here before
-// it is hashed into a message checksum (or, with kNone, handed on).
-absl::Status FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* out) {
+// it is hashed into a part's checksum (or, for kInProcess, handed on).
+absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
   auto own_part = [&](const DataSegment& s) {
-    return checksums == FetchChecksums::kParts && s.chunk_xxh64 &&
+    return reader == FetchReader::kClient && s.stored_checksum &&
            static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes;
   };
   for (const DataSegment& s : out->segments) {
     if (s.chunk && !own_part(s)) CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
   }
-  if (checksums == FetchChecksums::kNone) return absl::OkStatus();
+  if (reader == FetchReader::kInProcess) return absl::OkStatus();
   // A run of segments hashed together; own parts end a run.
   std::vector<std::string_view> run;
   int64_t run_bytes = 0;
   auto end_run = [&] {
     if (run.empty()) return;
-    out->parts.push_back({run_bytes, Checksum(options_.message_checksum, run)});
+    out->parts.push_back({run_bytes, Checksum(run)});
     run.clear();
     run_bytes = 0;
   };
@@ -129,17 +129,13 @@ absl::Status FetchStream::ChecksumMessage(FetchChecksums checksums, FetchPiece* 
     const auto size = static_cast<int64_t>(s.bytes.size());
     if (own_part(s)) {
       end_run();
-      out->parts.push_back({size, *s.chunk_xxh64});
+      out->parts.push_back({size, *s.stored_checksum});
     } else {
       run.push_back(s.bytes);
       run_bytes += size;
     }
   }
   end_run();
-  if (out->parts.size() == 1) {
-    out->xxh64 = out->parts.front().xxh64;
-    out->parts.clear();
-  }
   return absl::OkStatus();
 }
 
@@ -194,7 +190,6 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
   chunk->address = address;
   chunk->data = std::move(*read);
   chunk->checksum = checksum;
-  chunk->sendable = checkpoint_->chunk_checksum == options_.message_checksum;
   cache_.push_front({key, chunk, row_end});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
@@ -266,9 +261,10 @@ absl::Status FetchStream::CollectPieces(const Box& band_box) {
     local_ = part_;
     ShiftInPlace(&local_, s.blob_lo, -1);
     for (int64_t chunk : s.grid.ChunksOverlapping(local_)) {
-      if (chunk >= s.blob->chunk_xxh64_size()) {
-        return Annotate(absl::DataLossError(absl::StrCat(
-            "manifest lists ", s.blob->chunk_xxh64_size(), " chunks, chunk ", chunk, " needed")));
+      if (chunk >= s.blob->chunk_checksums_size()) {
+        return Annotate(absl::DataLossError(absl::StrCat("manifest lists ",
+                                                         s.blob->chunk_checksums_size(),
+                                                         " chunks, chunk ", chunk, " needed")));
       }
       if (piece_count_ == pieces_.size()) pieces_.emplace_back();
       Piece& p = pieces_[piece_count_];
@@ -276,7 +272,7 @@ absl::Status FetchStream::CollectPieces(const Box& band_box) {
       ShiftInPlace(&p.chunk_box, s.blob_lo, +1);
       auto data = Chunk({data_id, r.tensor_index(), s.blob->blob_index(),
                          static_cast<uint32_t>(chunk)},
-                        s.blob->chunk_xxh64(chunk),
+                        s.blob->chunk_checksums(chunk),
                         p.chunk_box.hi.empty() ? std::numeric_limits<int64_t>::max()
                                                : p.chunk_box.hi[0]);
       if (!data.ok()) return Annotate(data.status());
@@ -317,12 +313,12 @@ absl::Status FetchStream::BuildBand() {
     }
     const records::BlobRecord* b = BlobFor(r, t.ops[0]);
     if (!b) return where(absl::InternalError("no stored copy for the chosen source rank"));
-    if (next_chunk_ >= b->chunk_xxh64_size()) {
+    if (next_chunk_ >= b->chunk_checksums_size()) {
       tensor_done_ = true;
       return absl::OkStatus();
     }
     auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(next_chunk_)},
-                      b->chunk_xxh64(next_chunk_));
+                      b->chunk_checksums(next_chunk_));
     if (!data.ok()) return where(data.status());
     band_.push_back(ChunkSegment(*data, 0, (*data)->data->bytes().size()));
     band_left_ = static_cast<int64_t>((*data)->data->bytes().size());
@@ -358,7 +354,7 @@ absl::Status FetchStream::BuildBand() {
   absl::Cleanup release = [this] { ReleasePieces(); };
   CKPT_RETURN_IF_ERROR(CollectPieces(band_box));
   std::span<Piece> pieces(pieces_.data(), piece_count_);
-  // Tiles (NextPiece's `tiles`) are sent for bands of whole-byte elements that a stack of rows
+  // Tiles (FetchReader::kClient) are sent for bands of whole-byte elements that a stack of rows
   // of chunks cannot supply; a band of them holds at most 16 messages' worth.
   const bool may_tile = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0;
   const int64_t max_tiled_bytes = 16 * options_.max_message_bytes;
@@ -398,7 +394,7 @@ absl::Status FetchStream::BuildBand() {
   const int64_t band_bytes = *ByteSizeOf(t.dtype, *band_box.Volume());
   // Tiles: the pieces as they are stored, for the client to assemble (whole chunks unhashed and
   // uncopied; parts of chunks verified and cut out). Each must fit one message. Bands of one
-  // huge row can be far larger than band_bytes: those are assembled here as before.
+  // huge row can be far larger than band_bytes: those are assembled here.
   bool tiles = may_tile && pieces.size() > 1 && band_bytes <= max_tiled_bytes;
   int64_t covered = 0;
   for (const Piece& p : pieces) {
@@ -447,31 +443,27 @@ absl::Status FetchStream::BuildBand() {
 
 absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
   FetchPiece piece;
-  CKPT_ASSIGN_OR_RETURN(bool more, NextPiece(&piece));
+  CKPT_ASSIGN_OR_RETURN(bool more, NextPiece(&piece, FetchReader::kInProcess));
   if (!more) return false;
   if (piece.segments.empty()) {
     *out = std::move(piece.message);
     return true;
   }
   out->Clear();
-  v1::FetchData* d = out->mutable_data();
-  std::string* bytes = d->mutable_data();
+  std::string* bytes = out->mutable_data()->mutable_data();
   bytes->reserve(static_cast<size_t>(piece.data_bytes));
   for (const DataSegment& s : piece.segments) bytes->append(s.bytes);
-  d->set_xxh64(piece.xxh64);
   return true;
 }
 
-absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums checksums,
-                                            bool tiles) {
+absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader) {
   out->message.Clear();
   out->segments.clear();
-  out->xxh64 = 0;
   out->parts.clear();
   out->data_bytes = 0;
   out->tile_box.clear();
   out->band_rows = 0;
-  tiles_ = tiles && checksums == FetchChecksums::kParts;
+  tiles_ = reader == FetchReader::kClient;
   if (!summary_sent_) {
     summary_sent_ = true;
     v1::FetchPlanSummary* s = out->message.mutable_summary();
@@ -513,11 +505,8 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
         const DataSegment& s = band_[band_segment_];
         const auto size = static_cast<int64_t>(s.bytes.size());
         if (!out->segments.empty() && out->data_bytes + size > options_.max_message_bytes) break;
-        // A whole chunk without a sendable checksum is verified before it is hashed here.
-        if (!s.chunk_xxh64 && s.chunk) CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
         out->segments.push_back(s);
-        out->parts.push_back(
-            {size, s.chunk_xxh64 ? *s.chunk_xxh64 : Checksum(options_.message_checksum, s.bytes)});
+        out->parts.push_back({size, s.stored_checksum ? *s.stored_checksum : Checksum(s.bytes)});
         const Box& tile = band_tiles_[band_segment_];
         out->tile_box.insert(out->tile_box.end(), tile.lo.begin(), tile.lo.end());
         out->tile_box.insert(out->tile_box.end(), tile.hi.begin(), tile.hi.end());
@@ -537,14 +526,16 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
       // A large whole chunk on its own, with its stored checksum; otherwise up to
       // max_message_bytes of the band, as views of its segments.
       const DataSegment& head = band_[band_segment_];
-      if (band_offset_ == 0 && head.chunk_xxh64 &&
+      if (band_offset_ == 0 && head.stored_checksum &&
           static_cast<int64_t>(head.bytes.size()) >= options_.whole_chunk_message_bytes &&
           static_cast<int64_t>(head.bytes.size()) <= options_.max_message_bytes) {
-        // Unless the client verifies stored checksums (kParts), verify the chunk here first.
-        if (checksums != FetchChecksums::kParts) CKPT_RETURN_IF_ERROR(Verify(*head.chunk));
         out->segments.push_back(head);
         out->data_bytes = static_cast<int64_t>(head.bytes.size());
-        if (checksums != FetchChecksums::kNone) out->xxh64 = *head.chunk_xxh64;
+        if (reader == FetchReader::kClient) {
+          out->parts.push_back({out->data_bytes, *head.stored_checksum});  // the client verifies
+        } else {
+          CKPT_RETURN_IF_ERROR(Verify(*head.chunk));
+        }
         ++band_segment_;
         band_left_ -= out->data_bytes;
         if (band_left_ == 0) band_.clear();
@@ -556,7 +547,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
         const DataSegment& s = band_[band_segment_];
         const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
         out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n),
-                                 n == s.bytes.size() ? s.chunk_xxh64 : std::nullopt, s.chunk});
+                                 n == s.bytes.size() ? s.stored_checksum : std::nullopt, s.chunk});
         want -= static_cast<int64_t>(n);
         out->data_bytes += static_cast<int64_t>(n);
         band_offset_ += n;
@@ -567,7 +558,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchChecksums chec
       }
       band_left_ -= out->data_bytes;
       if (band_left_ == 0) band_.clear();  // drop references the message does not hold
-      CKPT_RETURN_IF_ERROR(ChecksumMessage(checksums, out));
+      CKPT_RETURN_IF_ERROR(ChecksumMessage(reader, out));
       bytes_produced_ += out->data_bytes;
       return true;
     }

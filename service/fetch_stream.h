@@ -1,6 +1,8 @@
 // Produces the messages of one Fetch: a plan summary, then per tensor a header and its bytes in
 // ≤ max_message_bytes pieces. Bytes are assembled one band of destination rows at a time from
-// only the stored chunks that overlap, so memory stays bounded whatever the tensor size.
+// only the stored chunks that overlap, so memory stays bounded whatever the tensor size. For a
+// Fetch client (FetchReader::kClient) the messages are those of proto/ckpt.proto FetchData:
+// parts with checksums, and bands of tiles where stored chunks do not stack into rows.
 #ifndef CKPT_SERVICE_FETCH_STREAM_H_
 #define CKPT_SERVICE_FETCH_STREAM_H_
 
@@ -19,7 +21,6 @@
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
-#include "core/checksum.h"
 #include "core/chunk_grid.h"
 #include "core/reshard.h"
 #include "service/loaded_checkpoint.h"
@@ -39,37 +40,33 @@ struct FetchOptions {
   int64_t whole_chunk_message_bytes = int64_t{256} << 10;
   // Recently read chunks kept for the next band (a chunk's rows can span several bands).
   int64_t chunk_cache_bytes = int64_t{16} << 20;
-  // With FetchChecksums::kParts, a whole stored chunk at least this large in a combined message
-  // is a part of its own with its stored checksum; smaller ones are hashed with their neighbours.
+  // FetchReader::kClient: a whole stored chunk at least this large in a combined message is a
+  // part of its own with its stored checksum; smaller ones are hashed with their neighbours.
   int64_t min_part_bytes = int64_t{4} << 10;
-  // The algorithm of the checksums NextPiece gives data messages (FetchRequest.checksum). Whole
-  // stored chunks keep their stored checksum only when the checkpoint's chunks use the same one.
-  ChecksumAlgorithm message_checksum = ChecksumAlgorithm::kXxh64;
 };
 
-// How NextPiece checksums data messages.
-// Every byte a stream produces is verified against its stored checksum, by the stream or, for
-// whole stored chunks with kParts, by the client.
-enum class FetchChecksums {
-  kNone,   // no checksums (in-process readers that do not send the bytes on)
-  kWhole,  // one checksum of each message's bytes
-  // Whole stored chunks (alone, or in a combined message as parts of their own) carry their
-  // manifest checksum (FetchRequest.part_checksums) and are not hashed on the server at all: the
-  // client, which verifies every part, is the one to check them.
-  kParts,
+// Who reads a stream's data messages, which decides how they are checksummed and laid out. Every
+// byte a stream produces is verified against its stored checksum: by the stream, or (whole stored
+// chunks to kClient) by the client.
+enum class FetchReader {
+  // A reader in this process (a transform job): row-major bytes only, no checksums.
+  kInProcess,
+  // A Fetch client (proto/ckpt.proto FetchData): every data message is cut into checksummed
+  // parts. Whole stored chunks (a message, or a part, of their own) carry their stored checksum
+  // and are not hashed here at all: the client, which verifies every part, checks them. A band
+  // that several stored chunks supply without stacking into rows comes as tiles (the chunks'
+  // regions, whole chunks as stored) for the client to assemble.
+  kClient,
 };
 
 // A stored chunk as a stream read it (CheckpointStore::ReadChunkUnverified). It is verified
 // against its manifest checksum, once, before any of its bytes are used or leave the stream
 // without that checksum; bytes that leave with it (a whole chunk as a message or part of its own,
-// to a client that verifies parts) are verified by the client instead.
+// to a client) are verified by the client instead.
 struct StreamChunk {
   ChunkAddress address;
   std::unique_ptr<ChunkData> data;
-  uint64_t checksum = 0;  // from the manifest, in its chunk_checksum algorithm
-  // The checksum is in the data messages' algorithm (FetchOptions::message_checksum), so the
-  // whole chunk can go with it.
-  bool sendable = false;
+  uint64_t checksum = 0;  // from the manifest
   bool verified = false;
 };
 
@@ -78,18 +75,17 @@ struct StreamChunk {
 struct DataSegment {
   std::shared_ptr<const void> owner;
   std::string_view bytes;
-  // Set when `bytes` is a whole stored chunk whose manifest checksum is in the messages'
-  // algorithm: that checksum, so that a message or part of just this chunk needs no pass over its
-  // bytes on the server.
-  std::optional<uint64_t> chunk_xxh64;
+  // Set when `bytes` is a whole stored chunk: its manifest checksum, so that a message or part of
+  // just this chunk needs no pass over its bytes on the server.
+  std::optional<uint64_t> stored_checksum;
   // The stored chunk `bytes` come from; null for an assembled band (verified bytes).
   std::shared_ptr<StreamChunk> chunk;
 };
 
-// A run of a data message's bytes and their checksum (FetchData.part_bytes / part_xxh64).
+// A run of a data message's bytes and their Checksum (FetchData.part_bytes / part_checksums).
 struct ChecksumPart {
   int64_t bytes = 0;
-  uint64_t xxh64 = 0;
+  uint64_t checksum = 0;
 };
 
 // One Fetch message: `message` (the plan summary or a tensor header) when `segments` is empty,
@@ -97,9 +93,8 @@ struct ChecksumPart {
 struct FetchPiece {
   v1::FetchResponse message;
   std::vector<DataSegment> segments;
-  uint64_t xxh64 = 0;  // of the concatenated segments (Checksum), when `parts` is empty
-  // With FetchChecksums::kParts, for a message of more than one part: the parts in order (they
-  // cover the segments exactly) instead of `xxh64`.
+  // FetchReader::kClient: the parts in order, at least one; they cover the segments exactly.
+  // Empty for kInProcess.
   std::vector<ChecksumPart> parts;
   int64_t data_bytes = 0;
   // A message of tiles (FetchData.tile_box, band_rows): one part per tile, each tile's box in
@@ -114,17 +109,14 @@ class FetchStream {
   FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
               CheckpointStore* store, FetchOptions options);
 
-  // Fills `out` with the next message; false when the stream is complete. Errors name the
-  // checkpoint and tensor (DATA_LOSS on a checksum mismatch).
+  // Fills `out` with the next message for `reader`, without copying data: `out->segments`
+  // reference chunk or band memory. False when the stream is complete. Errors name the checkpoint
+  // and tensor (DATA_LOSS on a checksum mismatch). The same `reader` must be passed to every
+  // call.
+  absl::StatusOr<bool> NextPiece(FetchPiece* out, FetchReader reader);
+  // NextPiece for FetchReader::kInProcess with the data copied into `out` (FetchData.data only,
+  // row-major, no checksums): for in-process readers that want messages, and tests.
   absl::StatusOr<bool> Next(v1::FetchResponse* out);
-  // Same, without copying data: `out->segments` reference chunk or band memory, checksummed as
-  // `checksums` says.
-  // With `tiles` (and kParts; FetchRequest.tiles), a band that would be assembled from several
-  // stored chunks is sent as their regions instead (FetchPiece::tile_box), for the client to
-  // assemble. The same `checksums` and `tiles` must be passed to every call.
-  absl::StatusOr<bool> NextPiece(FetchPiece* out,
-                                 FetchChecksums checksums = FetchChecksums::kWhole,
-                                 bool tiles = false);
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }
@@ -166,9 +158,9 @@ class FetchStream {
       int64_t row_end = std::numeric_limits<int64_t>::max());
   // Verifies `chunk` unless done before: DATA_LOSS naming the checkpoint, tensor and chunk.
   absl::Status Verify(StreamChunk& chunk);
-  // Verifies the chunks of segments that leave without their own stored checksum, then sets
-  // out's xxh64 or parts.
-  absl::Status ChecksumMessage(FetchChecksums checksums, FetchPiece* out);
+  // Verifies the chunks of segments that leave without their own stored checksum, then (kClient)
+  // sets out's parts.
+  absl::Status ChecksumMessage(FetchReader reader, FetchPiece* out);
   // `s` prefixed with the checkpoint and the current tensor.
   absl::Status Annotate(const absl::Status& s) const;
   int64_t TensorBytes(const TensorPlan& t) const;
@@ -191,7 +183,7 @@ class FetchStream {
   // The current band: its bytes as segments, and the read position (segment, offset in it).
   std::vector<DataSegment> band_;
   int64_t band_left_ = 0;  // bytes of the band not yet sent
-  bool tiles_ = false;     // NextPiece's `tiles` (with kParts)
+  bool tiles_ = false;     // bands may come as tiles (FetchReader::kClient)
   // For a band of tiles: each segment's box in local coordinates (else empty), and its rows.
   std::vector<Box> band_tiles_;
   int64_t band_rows_ = 0;

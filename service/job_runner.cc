@@ -333,7 +333,7 @@ v1::FetchRequest FetchFor(const v1::SubmitTransformRequest& r, int64_t rank, boo
   if (merged) {
     f.set_merged(true);
   } else {
-    f.set_strategy(r.strategy());
+    f.set_destination_strategy(r.destination_strategy());
     f.set_rank(rank);
   }
   return f;
@@ -501,11 +501,11 @@ absl::Status JobRunner::ValidateRequest(const v1::SubmitTransformRequest& reques
   CKPT_RETURN_IF_ERROR(store_->GetManifest(request.checkpoint_id()).status());
   std::shared_ptr<const Strategy> strategy;
   if (kind != v1::TransformTarget::kMergedFile) {
-    if (request.strategy().empty()) {
+    if (request.destination_strategy().empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(TargetText(target), " needs a destination strategy"));
     }
-    CKPT_ASSIGN_OR_RETURN(strategy, manager_->GetStrategy(request.strategy()));
+    CKPT_ASSIGN_OR_RETURN(strategy, manager_->GetStrategy(request.destination_strategy()));
   }
   // The conflict check below compares cleaned outputs.
   std::string output;
@@ -532,7 +532,7 @@ absl::Status JobRunner::ValidateRequest(const v1::SubmitTransformRequest& reques
       for (int64_t r : target.ranks()) {
         if (r < 0 || r >= strategy->world_size()) {
           return absl::OutOfRangeError(absl::StrCat("rank ", r, " is outside strategy ",
-                                                    request.strategy(), "'s world of ",
+                                                    request.destination_strategy(), "'s world of ",
                                                     strategy->world_size(), " ranks"));
         }
         if (!seen.insert(r).second) {
@@ -627,8 +627,8 @@ absl::StatusOr<SubmitResult> JobRunner::Submit(const v1::SubmitTransformRequest&
     queue_.push_back(job.id());
   }
   queue_cv_.notify_one();
-  Logger()->info("event=job_submit job={} checkpoint={} strategy={} {}", job.id(),
-                 req.checkpoint_id(), req.strategy(), TargetText(req.target()));
+  Logger()->info("event=job_submit job={} checkpoint={} destination_strategy={} {}", job.id(),
+                 req.checkpoint_id(), req.destination_strategy(), TargetText(req.target()));
   return SubmitResult{std::move(job), true};
 }
 
@@ -936,7 +936,7 @@ absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorS
   while (true) {
     CKPT_RETURN_IF_ERROR(Check(e));
     CKPT_RETURN_IF_ERROR(CheckStop(stop));
-    CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, FetchChecksums::kNone));
+    CKPT_ASSIGN_OR_RETURN(bool more, stream->NextPiece(&piece, FetchReader::kInProcess));
     if (!more) break;
     const v1::FetchResponse& msg = piece.message;
     switch (piece.segments.empty() ? msg.kind_case() : v1::FetchResponse::kData) {
@@ -986,7 +986,7 @@ absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorS
 
 absl::Status JobRunner::RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequest& request) {
   const std::string& new_id = request.target().new_checkpoint_id();
-  const std::string& dst = request.strategy();
+  const std::string& dst = request.destination_strategy();
   // Recorded as every rank's source file: proves, after a crash between the commit and the
   // SUCCEEDED record, that an existing checkpoint of this id is this job's output.
   const std::string marker = absl::StrCat("ckptd job ", request.job_id());
@@ -1028,7 +1028,7 @@ absl::Status JobRunner::RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequ
         // write. Skipping such ranks would need an upload API that accepts "same as rank k".
         v1::UploadHeader header;
         header.set_checkpoint_id(new_id);
-        header.set_strategy(dst);
+        header.set_source_strategy(dst);
         header.set_rank(static_cast<int64_t>(r));
         header.set_source_file(marker);
         CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankUpload> upload, uploads.BeginUpload(header));
@@ -1070,7 +1070,7 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
   std::vector<int64_t> ranks(target.ranks().begin(), target.ranks().end());
   if (ranks.empty()) {
     CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const Strategy> s,
-                          manager_->GetStrategy(request.strategy()));
+                          manager_->GetStrategy(request.destination_strategy()));
     for (int64_t r = 0; r < s->world_size(); ++r) ranks.push_back(r);
   }
   std::sort(ranks.begin(), ranks.end());

@@ -3,9 +3,19 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/checksum.h"
 #include "core/status_macros.h"
 
 namespace ckpt {
+namespace {
+
+// The enum value's name, or "unknown" for a number this version does not define.
+std::string ChunkChecksumText(records::ChunkChecksum value) {
+  const std::string& name = records::ChunkChecksum_Name(value);
+  return name.empty() ? "unknown" : name;
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadedCheckpoint::Decode(
     const std::string& bytes) {
@@ -14,14 +24,13 @@ absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadedCheckpoint::Decode
     return absl::DataLossError("a stored checkpoint manifest does not parse");
   }
   const records::CheckpointManifest& m = out->manifest;
-  const std::optional<ChecksumAlgorithm> algorithm =
-      ChecksumAlgorithmFromNumber(m.chunk_checksum());
-  if (!algorithm) {
+  if (m.chunk_checksum() != records::CHUNK_CHECKSUM_XXH3_64) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", m.id(), " was stored with chunk checksum algorithm ", m.chunk_checksum(),
-        ", which this version of ckptd does not know (written by a newer one?)"));
+        "its manifest records chunk checksum algorithm ", static_cast<int>(m.chunk_checksum()),
+        " (", ChunkChecksumText(m.chunk_checksum()),
+        "); this version of ckptd verifies chunks with ", kChecksumName, " only (",
+        static_cast<int>(records::CHUNK_CHECKSUM_XXH3_64), ")"));
   }
-  out->chunk_checksum = *algorithm;
   if (!m.strategy_json().empty()) {
     CKPT_ASSIGN_OR_RETURN(Strategy s, ParseStrategy(m.strategy_json(), StrategyFormat::kJson));
     out->strategy = std::make_shared<const Strategy>(std::move(s));

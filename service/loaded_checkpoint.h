@@ -10,7 +10,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "ckpt_records.pb.h"
-#include "core/checksum.h"
 #include "core/reshard.h"
 #include "core/strategy.h"
 
@@ -21,10 +20,11 @@ struct LoadedCheckpoint {
   std::shared_ptr<const Strategy> strategy;  // null: a single whole-tensor source rank
   absl::flat_hash_map<std::string, int> tensor_by_name;  // -> index in manifest.tensors
   std::vector<TensorInfo> catalog;                        // planner input, manifest order
-  ChecksumAlgorithm chunk_checksum = ChecksumAlgorithm::kXxh64;  // of the chunk checksums
 
   // Decodes and checks a stored manifest: DATA_LOSS when it does not parse, FAILED_PRECONDITION
-  // when its chunks were checksummed with an algorithm this version does not know.
+  // naming the value when it does not record its chunks' checksums as XXH3-64
+  // (records::CHUNK_CHECKSUM_XXH3_64), the only algorithm this version verifies. Messages do not
+  // name the checkpoint: the caller prefixes them.
   static absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> Decode(const std::string& bytes);
 };
 

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt_records.pb.h"
-#include "core/checksum.h"
 #include "core/status_macros.h"
 
 namespace ckpt {
@@ -126,8 +125,8 @@ absl::StatusOr<std::unique_ptr<RankUpload>> CheckpointManager::BeginUpload(
   }
   if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
   std::shared_ptr<const Strategy> strategy;
-  if (!header.strategy().empty()) {
-    CKPT_ASSIGN_OR_RETURN(strategy, GetStrategy(header.strategy()));
+  if (!header.source_strategy().empty()) {
+    CKPT_ASSIGN_OR_RETURN(strategy, GetStrategy(header.source_strategy()));
   }
 
   // A retry that arrives while the server still drops the rank's previous stream waits for it
@@ -159,16 +158,17 @@ absl::StatusOr<std::unique_ptr<RankUpload>> CheckpointManager::BeginUpload(
     if (!pending) {
       CKPT_ASSIGN_OR_RETURN(uint64_t data_id, store_->BeginData());
       pending = std::make_shared<PendingCheckpoint>(
-          id, header.strategy(), strategy,
+          id, header.source_strategy(), strategy,
           strategy ? SerializeStrategy(*strategy, StrategyFormat::kJson) : std::string(), data_id,
           store_, options_.upload);
       pending_[id] = pending;
     }
     // Every rank stream of one checkpoint must name the same strategy.
-    if (header.strategy() != pending->strategy_name()) {
+    if (header.source_strategy() != pending->strategy_name()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", header.rank(), " names strategy \"", header.strategy(), "\" but checkpoint ",
-          id, " is being uploaded with strategy \"", pending->strategy_name(), "\""));
+          "rank ", header.rank(), " names source strategy \"", header.source_strategy(),
+          "\" but checkpoint ", id, " is being uploaded with source strategy \"",
+          pending->strategy_name(), "\""));
     }
     upload = RankUpload::Start(pending, header.rank(), header.source_file());
   }
@@ -223,7 +223,7 @@ v1::CheckpointInfo CheckpointManager::InfoOf(const LoadedCheckpoint& c) const {
   const records::CheckpointManifest& m = c.manifest;
   v1::CheckpointInfo info;
   info.set_id(m.id());
-  info.set_strategy(m.strategy_name());
+  info.set_source_strategy(m.strategy_name());
   info.set_ranks(m.world_size());
   info.set_tensor_count(m.tensors_size());
   int64_t logical = 0, stored = 0;
@@ -307,13 +307,14 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
     const v1::FetchRequest& request, std::shared_ptr<const LoadedCheckpoint> ckpt) {
   std::shared_ptr<const Strategy> dst;
   if (!request.merged()) {
-    if (request.strategy().empty()) {
+    if (request.destination_strategy().empty()) {
       return absl::InvalidArgumentError("fetch needs a destination strategy or merged");
     }
-    CKPT_ASSIGN_OR_RETURN(dst, GetStrategy(request.strategy()));
+    CKPT_ASSIGN_OR_RETURN(dst, GetStrategy(request.destination_strategy()));
   }
   const std::string key = absl::StrCat(
-      request.checkpoint_id(), "\x1f", request.merged() ? "\x01merged" : request.strategy(), "\x1f",
+      request.checkpoint_id(), "\x1f",
+      request.merged() ? "\x01merged" : request.destination_strategy(), "\x1f",
       absl::StrJoin(request.include(), "\x1e"), "\x1f", absl::StrJoin(request.exclude(), "\x1e"),
       "\x1f", request.strict());
   {
@@ -350,18 +351,11 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
 
 absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
     const v1::FetchRequest& request) {
-  FetchOptions options = options_.fetch;
-  const std::optional<ChecksumAlgorithm> checksum = ChecksumAlgorithmFromNumber(request.checksum());
-  if (!checksum) {
-    return absl::InvalidArgumentError(absl::StrCat("FetchRequest.checksum ",
-                                                   static_cast<int>(request.checksum()),
-                                                   " is not a checksum algorithm ckptd knows"));
-  }
-  options.message_checksum = *checksum;
   CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
   CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
   CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
-  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_, options);
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_,
+                                       options_.fetch);
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(
@@ -375,7 +369,7 @@ absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies
     CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
     v1::FetchRequest as_fetch;
     as_fetch.set_checkpoint_id(request.checkpoint_id());
-    as_fetch.set_strategy(request.destination_strategy());
+    as_fetch.set_destination_strategy(request.destination_strategy());
     CKPT_ASSIGN_OR_RETURN(planner, Planner(as_fetch, ckpt));
   } else if (request.source_case() == v1::RankDependenciesRequest::kSourceStrategy) {
     CKPT_ASSIGN_OR_RETURN(auto src, GetStrategy(request.source_strategy()));

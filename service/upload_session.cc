@@ -115,7 +115,7 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
   m.set_strategy_json(strategy_json_);
   m.set_world_size(world_size());
   m.set_data_id(data_id_);
-  m.set_chunk_checksum(static_cast<int32_t>(kStoredChecksum));
+  m.set_chunk_checksum(records::CHUNK_CHECKSUM_XXH3_64);
   m.set_created_unix(absl::ToUnixSeconds(absl::Now()));
   std::vector<const Tensor*> order;
   for (const auto& [name, t] : tensors_) order.push_back(t.get());
@@ -398,7 +398,7 @@ absl::Status RankUpload::FlushBand() {
   std::vector<ChunkWrite> writes;
   for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
     const std::string_view bytes = chunker.chunk(k);
-    c.checksums.push_back(Checksum(kStoredChecksum, bytes));
+    c.checksums.push_back(Checksum(bytes));
     if (c.mode == Mode::kWrite || c.mode == Mode::kBuffer) {
       writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
                          static_cast<uint32_t>(chunker.ChunkIndex(k))},
@@ -426,7 +426,7 @@ absl::Status RankUpload::StoreVerbatim() {
       chunker.Start(band);
       rest.remove_prefix(chunker.Add(rest));
       for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
-        checksums.push_back(Checksum(kStoredChecksum, chunker.chunk(k)));
+        checksums.push_back(Checksum(chunker.chunk(k)));
       }
     }
     chunker.Start(0);
@@ -436,7 +436,7 @@ absl::Status RankUpload::StoreVerbatim() {
     PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
     for (PendingCheckpoint::Blob& v : t.variants) {
       if (v.state == PendingCheckpoint::BlobState::kDone &&
-          std::equal(v.record.chunk_xxh64().begin(), v.record.chunk_xxh64().end(),
+          std::equal(v.record.chunk_checksums().begin(), v.record.chunk_checksums().end(),
                      checksums.begin(), checksums.end())) {
         AddHolder(v.record, rank_);
         return absl::OkStatus();
@@ -458,7 +458,7 @@ absl::Status RankUpload::StoreVerbatim() {
   if (c.chunker) {
     for (int64_t v : c.chunker->grid().tile()) blob.record.add_tile(v);
   }
-  for (uint64_t x : c.checksums) blob.record.add_chunk_xxh64(x);
+  for (uint64_t x : c.checksums) blob.record.add_chunk_checksums(x);
   blob.record.set_total_bytes(c.total);
   AddHolder(blob.record, rank_);
   t.variants.push_back(std::move(blob));
@@ -487,8 +487,8 @@ absl::Status RankUpload::FinishTensor() {
     if (c.chunker) {
       for (int64_t v : c.chunker->grid().tile()) blob->record.add_tile(v);
     }
-    blob->record.clear_chunk_xxh64();
-    for (uint64_t x : c.checksums) blob->record.add_chunk_xxh64(x);
+    blob->record.clear_chunk_checksums();
+    for (uint64_t x : c.checksums) blob->record.add_chunk_checksums(x);
     blob->record.set_total_bytes(c.total);
     AddHolder(blob->record, rank_);
     blob->state = PendingCheckpoint::BlobState::kDone;
@@ -537,7 +537,7 @@ absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
                                              v.box.ToString(), " of ", v.name,
                                              " failed; upload this rank again"));
     }
-    const auto& stored = c->second.record.chunk_xxh64();
+    const auto& stored = c->second.record.chunk_checksums();
     if (!std::equal(stored.begin(), stored.end(), v.checksums.begin(), v.checksums.end())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", v.name, ": rank ", rank_, "'s copy of slice ", v.box.ToString(),

@@ -21,19 +21,18 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
     return grpc::ByteBuffer(&slice, 1);
   }
   // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3, FetchData.data = 1
-  // (length-delimited), FetchData.xxh64 = 2 (varint), FetchData.part_bytes = 3 (packed
-  // varints), FetchData.part_xxh64 = 4 (packed fixed64), FetchData.tile_box = 5 (packed
-  // varints) and FetchData.band_rows = 6 (varint).
+  // (length-delimited), FetchData.part_bytes = 2 (packed varints), FetchData.part_checksums = 3
+  // (packed fixed64), FetchData.tile_box = 4 (packed varints) and FetchData.band_rows = 5
+  // (varint).
   using google::protobuf::io::CodedOutputStream;
   constexpr uint8_t kResponseData = (3 << 3) | 2;
   constexpr uint8_t kDataBytes = (1 << 3) | 2;
-  constexpr uint8_t kDataXxh64 = (2 << 3) | 0;
-  constexpr uint8_t kPartBytes = (3 << 3) | 2;
-  constexpr uint8_t kPartXxh64 = (4 << 3) | 2;
-  constexpr uint8_t kTileBox = (5 << 3) | 2;
-  constexpr uint8_t kBandRows = (6 << 3) | 0;
+  constexpr uint8_t kPartBytes = (2 << 3) | 2;
+  constexpr uint8_t kPartChecksums = (3 << 3) | 2;
+  constexpr uint8_t kTileBox = (4 << 3) | 2;
+  constexpr uint8_t kBandRows = (5 << 3) | 0;
   const auto length = static_cast<uint64_t>(piece.data_bytes);
-  // The fields after the bytes: the checksum, or the parts' sizes and checksums.
+  // The fields after the bytes: the parts' sizes and checksums, then the tiles.
   uint64_t sizes_length = 0;
   for (const ChecksumPart& p : piece.parts) {
     sizes_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(p.bytes));
@@ -45,19 +44,16 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   }
   std::vector<uint8_t> tail(4 * (1 + 10) + sizes_length + sums_length + tiles_length);
   uint8_t* tail_end = tail.data();
-  if (piece.parts.empty()) {
-    *tail_end++ = kDataXxh64;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(piece.xxh64, tail_end);
-  } else {
+  if (!piece.parts.empty()) {
     *tail_end++ = kPartBytes;
     tail_end = CodedOutputStream::WriteVarint64ToArray(sizes_length, tail_end);
     for (const ChecksumPart& p : piece.parts) {
       tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(p.bytes), tail_end);
     }
-    *tail_end++ = kPartXxh64;
+    *tail_end++ = kPartChecksums;
     tail_end = CodedOutputStream::WriteVarint64ToArray(sums_length, tail_end);
     for (const ChecksumPart& p : piece.parts) {
-      tail_end = CodedOutputStream::WriteLittleEndian64ToArray(p.xxh64, tail_end);
+      tail_end = CodedOutputStream::WriteLittleEndian64ToArray(p.checksum, tail_end);
     }
   }
   if (!piece.tile_box.empty()) {

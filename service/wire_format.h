@@ -15,9 +15,10 @@
 
 namespace ckpt {
 
-// Serialises one Fetch message. A data message is written as the wire format of
-// FetchResponse{data: FetchData{data, xxh64 or part_bytes + part_xxh64}} whose bytes are slices
-// that reference the piece's segments (kept alive by their owners until gRPC drops them).
+// Serialises one Fetch message (a piece for FetchReader::kClient). A data message is written as
+// the wire format of FetchResponse{data: FetchData{data, part_bytes, part_checksums, tile_box,
+// band_rows}} whose bytes are slices that reference the piece's segments (kept alive by their
+// owners until gRPC drops them).
 grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece);
 
 // If `buffer` is exactly the wire format of UploadRequest{data} (as the client library writes

@@ -11,21 +11,19 @@ std::string ChunkAddress::ToString() const {
 }
 
 absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
-                         uint64_t expected_checksum, ChecksumAlgorithm algorithm) {
-  const uint64_t actual = Checksum(algorithm, bytes);
+                         uint64_t expected_checksum) {
+  const uint64_t actual = Checksum(bytes);
   if (actual == expected_checksum) return absl::OkStatus();
   return absl::DataLossError(absl::StrFormat(
       "chunk %s failed its %s checksum (expected %016x, got %016x)", address.ToString(),
-      ChecksumAlgorithmName(algorithm), expected_checksum, actual));
+      kChecksumName, expected_checksum, actual));
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> CheckpointStore::ReadChunk(const ChunkAddress& address,
-                                                                      uint64_t expected_checksum,
-                                                                      ChecksumAlgorithm algorithm) {
+                                                                      uint64_t expected_checksum) {
   absl::StatusOr<std::unique_ptr<ChunkData>> data = ReadChunkUnverified(address);
   if (!data.ok()) return data;
-  if (absl::Status s = VerifyChunk(address, (*data)->bytes(), expected_checksum, algorithm);
-      !s.ok()) {
+  if (absl::Status s = VerifyChunk(address, (*data)->bytes(), expected_checksum); !s.ok()) {
     return s;
   }
   return data;

@@ -24,7 +24,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/checksum.h"
 
 namespace ckpt {
 
@@ -58,13 +57,12 @@ class ChunkData {
   virtual std::string_view bytes() const = 0;
 };
 
-// A chunk's Checksum (core/checksum.h) is recorded in its manifest at upload, with the
-// algorithm, and verified on every read: by ReadChunk, or by whoever reads with
-// ReadChunkUnverified (VerifyChunk).
+// A chunk's Checksum (core/checksum.h) is recorded in its manifest at upload and verified on
+// every read: by ReadChunk, or by whoever reads with ReadChunkUnverified (VerifyChunk).
 
-// DATA_LOSS naming `address` when `bytes` do not hash to `expected_checksum` with `algorithm`.
+// DATA_LOSS naming `address` when the Checksum of `bytes` is not `expected_checksum`.
 absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
-                         uint64_t expected_checksum, ChecksumAlgorithm algorithm);
+                         uint64_t expected_checksum);
 
 // Counters for tests and the benchmark (monotonic since open).
 struct StoreStats {
@@ -106,14 +104,13 @@ class CheckpointStore {
   // Writes chunks (unsynced: the commit syncs). FAILED_PRECONDITION when the data id is not live;
   // RESOURCE_EXHAUSTED when free disk would fall below the reserve (nothing is written then).
   virtual absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) = 0;
-  // Reads one chunk and verifies it against `expected_checksum` (of `algorithm`): DATA_LOSS naming
-  // the address on mismatch (never wrong bytes), NOT_FOUND when absent.
+  // Reads one chunk and verifies it against `expected_checksum`: DATA_LOSS naming the address on
+  // mismatch (never wrong bytes), NOT_FOUND when absent.
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,
-                                                       uint64_t expected_checksum,
-                                                       ChecksumAlgorithm algorithm);
+                                                       uint64_t expected_checksum);
   // Reads one chunk as stored, not verified; NOT_FOUND when absent. Only for a reader that
   // verifies the bytes (VerifyChunk) before it uses them, or hands them on together with their
-  // manifest checksum to a reader that verifies them (a Fetch client asking for part checksums):
+  // manifest checksum to a reader that verifies them (a Fetch client, which verifies every part):
   // a Fetch of whole chunks then hashes each byte once, on the client, instead of twice.
   virtual absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
       const ChunkAddress& address) = 0;
@@ -142,7 +139,7 @@ class CheckpointStore {
   // Deletes the chunks of every data id that is neither committed nor live (uploads that never
   // committed, e.g. after a crash: at open no data id is live). Returns the number of data ids
   // collected. Also gives back the disk space of chunks deleted since the last call (RocksDB:
-  // compacts the deleted ranges away, releasing the blob files that held only them).
+  // removes their segment files and compacts their deleted location records away).
   virtual absl::StatusOr<int64_t> CollectGarbage() = 0;
   // Flushes everything to stable storage.
   virtual absl::Status Flush() = 0;

@@ -39,7 +39,6 @@
 #include "spdlog/spdlog.h"
 #include "storage/checkpoint_store.h"
 #include "storage/file_stream.h"
-#include "storage/internal/rocksdb_crc32c.h"
 #include "storage/internal/location_cache.h"
 #include "storage/internal/rocksdb_store_internal.h"
 #include "storage/internal/segment_files.h"
@@ -101,10 +100,7 @@ constexpr char kStrategyPrefix = 's';
 constexpr char kCheckpointPrefix = 'c';
 constexpr char kCommittedPrefix = 'd';
 constexpr char kCounterKey[] = "n";
-
-// Stores written before segment files (the "chunks" family) hold chunk bytes at least this large
-// in blob files; the options stay as they were so that such stores are read as before.
-constexpr uint64_t kMinBlobBytes = 4 << 10;
+constexpr char kFormatKey[] = "v";
 // Shared by all column families; keys, index and filter blocks (chunk bytes live in segment files).
 constexpr size_t kBlockCacheBytes = size_t{64} << 20;
 // Free space is re-measured (statvfs) after this long or this many bytes written, whichever comes
@@ -176,18 +172,6 @@ absl::Status NotLive(uint64_t data_id) {
 
 rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
-// A chunk of a store written before segment files, read straight into RocksDB's buffer: the
-// PinnableSlice either pins a block/memtable entry or owns the value read from a blob file.
-// Must be destroyed before the store (a pin references the store's block cache).
-class RocksChunkData final : public ChunkData {
- public:
-  std::string_view bytes() const override { return std::string_view(value_.data(), value_.size()); }
-  rocksdb::PinnableSlice* value() { return &value_; }
-
- private:
-  rocksdb::PinnableSlice value_;
-};
-
 rocksdb::ColumnFamilyOptions FamilyOptions(const std::shared_ptr<rocksdb::Cache>& block_cache) {
   rocksdb::ColumnFamilyOptions options;
   rocksdb::BlockBasedTableOptions table;
@@ -255,8 +239,7 @@ class RocksDbStore final : public CheckpointStore {
                rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
                std::unique_ptr<segment_internal::SegmentFiles> segments);
 
-  // Deletes every chunk record of `data_id` (locations and chunks written before segment files)
-  // in `batch`.
+  // Deletes every chunk location record of `data_id` in `batch`.
   absl::Status BatchDeleteChunks(rocksdb::WriteBatch* batch, uint64_t data_id,
                                  std::string_view doing);
   // Removes the segment file of a data id whose records are gone; a failure is logged (the file
@@ -269,9 +252,12 @@ class RocksDbStore final : public CheckpointStore {
   // the chunk is then looked up alone).
   std::optional<rocksdb_store_internal::ChunkLocation> ScanBlobLocations(
       const ChunkAddress& address);
-  // CollectGarbage's pass over one chunk family: deletes the records of garbage data ids.
-  absl::StatusOr<int64_t> CollectFamily(rocksdb::ColumnFamilyHandle* family);
+  // CollectGarbage's pass over the chunk locations: deletes the records of garbage data ids.
+  absl::StatusOr<int64_t> CollectLocations();
 
+  // Checks the store's format version (kStoreFormatVersion), recording it in a new, empty store:
+  // FAILED_PRECONDITION naming the problem for any other store.
+  absl::Status CheckFormat();
   absl::Status LoadCounter();
 
   // Value of `key` in `family`; NOT_FOUND (message from the caller's `what`, e.g. "strategy x")
@@ -301,10 +287,9 @@ class RocksDbStore final : public CheckpointStore {
   const StoreOptions options_;
   const std::shared_ptr<rocksdb::Cache> block_cache_;
   rocksdb::DB* const db_;  // owned; closed and deleted by the destructor
-  // owned; default, meta, chunks, jobs, chunk_locations
+  // owned; default, meta, jobs, chunk_locations
   const std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* const meta_;
-  rocksdb::ColumnFamilyHandle* const chunks_;  // chunk bytes of stores written before segments
   rocksdb::ColumnFamilyHandle* const jobs_;
   rocksdb::ColumnFamilyHandle* const locations_;
   const std::unique_ptr<segment_internal::SegmentFiles> segments_;
@@ -353,8 +338,8 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   db_options.IncreaseParallelism(2);
   db_options.max_background_flushes = 2;
   db_options.env->SetBackgroundThreads(2, rocksdb::Env::Priority::HIGH);
-  // Chunk bytes skip the WAL (PutChunks); records still use it. Bound it so idle families (meta,
-  // jobs) get flushed and old WAL files deleted, which also bounds recovery time.
+  // Chunk bytes go to segment files; records and chunk locations use the WAL. Bound it so idle
+  // families (meta, jobs) get flushed and old WAL files deleted, which also bounds recovery time.
   db_options.max_total_wal_size = uint64_t{512} << 20;
   // Sync in the background as data is written, so the synced commit does not stall on a large
   // backlog of dirty pages.
@@ -366,32 +351,13 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   auto block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
   rocksdb::ColumnFamilyOptions record_options = FamilyOptions(block_cache);
   record_options.write_buffer_size = 8 << 20;  // small records: keep memory and replay small
-  // The chunks family holds the chunk bytes of stores written before segment files. Nothing new
-  // is written there (memtables are allocated as written, so these cost nothing now); its options
-  // are those it was written with.
-  rocksdb::ColumnFamilyOptions chunk_options = FamilyOptions(block_cache);
-  chunk_options.write_buffer_size = 64 << 20;
-  // Flushing chunks (copying them into blob files in the page cache) is the largest part of an
-  // upload's store cost: let two memtables flush in parallel while two more fill.
-  chunk_options.max_write_buffer_number = 4;
-  chunk_options.enable_blob_files = true;
-  chunk_options.min_blob_size = kMinBlobBytes;
-  // Tensor bytes (floats) hardly compress; compressing them would only cost CPU on every read.
-  chunk_options.blob_compression_type = rocksdb::kNoCompression;
-  // No blob garbage collection in routine compactions: it relocates (rewrites) the live chunks
-  // of the oldest blob files, which tripled the bytes an upload wrote. Space comes back without
-  // it: the chunks of one data id are written together, so once CollectGarbage has compacted a
-  // deleted range away, blob files holding only deleted chunks are dropped whole.
-  chunk_options.enable_blob_garbage_collection = false;
 
-  using rocksdb_store_internal::kChunksFamily;
   using rocksdb_store_internal::kJobsFamily;
   using rocksdb_store_internal::kLocationsFamily;
   using rocksdb_store_internal::kMetaFamily;
   const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, record_options},
       {kMetaFamily, record_options},
-      {kChunksFamily, chunk_options},
       {kJobsFamily, record_options},
       // 16-byte values, one per chunk: small records.
       {kLocationsFamily, record_options},
@@ -409,6 +375,20 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
     return absl::Status(segments.status().code(),
                         absl::StrCat(doing, ": ", segments.status().message()));
   }
+  // An existing database must have exactly this layout's column families. A "chunks" family
+  // means chunk bytes kept in RocksDB, a layout this version does not read: refused by name
+  // rather than opened (RocksDB would only say that a family was not opened).
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(db_options, dir, &existing).ok()) {
+    if (std::find(existing.begin(), existing.end(), rocksdb_store_internal::kChunkBytesFamily) !=
+        existing.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          doing, ": it has a \"", rocksdb_store_internal::kChunkBytesFamily,
+          "\" column family, which holds chunk bytes in RocksDB: that layout is not readable by "
+          "this version of ckptd, which keeps chunk bytes in segment files (move the directory "
+          "away and upload the checkpoints again)"));
+    }
+  }
   rocksdb::DB* db = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   CKPT_RETURN_IF_ERROR(
@@ -416,20 +396,15 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
 
   std::unique_ptr<RocksDbStore> store(new RocksDbStore(
       dir, options, std::move(block_cache), db, std::move(handles), *std::move(segments)));
+  if (absl::Status format = store->CheckFormat(); !format.ok()) {
+    return absl::Status(format.code(), absl::StrCat(doing, ": ", format.message()));
+  }
   CKPT_RETURN_IF_ERROR(store->LoadCounter());
   // Nothing is live yet, so this removes every upload that was in progress when the previous
   // process stopped.
   CKPT_RETURN_IF_ERROR(store->CollectGarbage().status());
-  // Opening wrote or verified MANIFEST records: RocksDB has computed CRC32Cs by now.
-  const bool fast_crc = rocksdb_store_internal::AcceleratedCrc32cBytes() > 0;
-  if (!fast_crc) {
-    Log()->warn(
-        "event=store_crc32c_slow dir={} detail=\"librocksdb does not call the accelerated "
-        "CRC32C (storage/internal/rocksdb_crc32c.h); chunk flushes use its table-driven code\"",
-        dir);
-  }
-  Log()->info("event=store_open dir={} next_data_id={} crc32c={}", dir, store->next_data_id_,
-              fast_crc ? "isa-l" : "rocksdb-builtin");
+  Log()->info("event=store_open dir={} format={} next_data_id={}", dir,
+              rocksdb_store_internal::kStoreFormatVersion, store->next_data_id_);
   return store;
 }
 
@@ -443,9 +418,8 @@ RocksDbStore::RocksDbStore(std::string dir, StoreOptions options,
       db_(db),
       handles_(std::move(handles)),
       meta_(handles_.at(1)),
-      chunks_(handles_.at(2)),
-      jobs_(handles_.at(3)),
-      locations_(handles_.at(4)),
+      jobs_(handles_.at(2)),
+      locations_(handles_.at(3)),
       segments_(std::move(segments)) {}
 
 RocksDbStore::~RocksDbStore() {
@@ -461,6 +435,41 @@ RocksDbStore::~RocksDbStore() {
   if (!status.ok())
     Log()->warn("event=store_close dir={} error=\"{}\"", dir_, std::string(status.message()));
   delete db_;
+}
+
+absl::Status RocksDbStore::CheckFormat() {
+  using rocksdb_store_internal::kStoreFormatVersion;
+  absl::StatusOr<std::string> value = Get(meta_, kFormatKey, "store format version");
+  if (value.ok()) {
+    if (value->size() != 8) {
+      return absl::DataLossError(
+          absl::StrCat("its format version record has ", value->size(), " bytes, expected 8"));
+    }
+    const uint64_t version = DecodeBigEndian(value->data(), 8);
+    if (version != kStoreFormatVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "it is in store format ", version, "; this version of ckptd reads format ",
+          kStoreFormatVersion, " only"));
+    }
+    return absl::OkStatus();
+  }
+  if (!absl::IsNotFound(value.status())) return value.status();
+  // No version: a new store (or one whose creation stopped before its first record) gets one;
+  // anything else was not written by this version.
+  for (rocksdb::ColumnFamilyHandle* family : {meta_, jobs_, locations_}) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), family));
+    it->SeekToFirst();
+    CKPT_RETURN_IF_ERROR(FromRocks(it->status(), "checking whether the store is new"));
+    if (it->Valid()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "it holds records but no store format version (expected format ", kStoreFormatVersion,
+          "): not a store this version of ckptd can read"));
+    }
+  }
+  rocksdb::WriteBatch batch;
+  CKPT_RETURN_IF_ERROR(FromRocks(batch.Put(meta_, kFormatKey, BigEndian64(kStoreFormatVersion)),
+                                 "batching the store format version"));
+  return Write(&batch, /*sync=*/true, "recording the store format version");
 }
 
 absl::Status RocksDbStore::LoadCounter() {
@@ -688,7 +697,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
   auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
   // Chunks of committed data: their blob's locations, read with one scan for the whole blob.
   // Chunks of data being uploaded may still be added: those are looked up one by one, and so is
-  // a chunk its cached blob lacks (a chunk stored before segment files, or none at all).
+  // a chunk its cached blob lacks (which is then not found).
   const rocksdb_store_internal::LocationCache::Lookup cached = location_cache_.Find(address);
   std::optional<rocksdb_store_internal::ChunkLocation> location = cached.location;
   if (!cached.blob_cached && !IsLive(address.data_id)) location = ScanBlobLocations(address);
@@ -730,23 +739,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> RocksDbStore::ReadChunkUnverified(
     return *std::move(data);
   }
   if (!found.IsNotFound()) return FromRocks(found, what());
-  // Not in a segment file: a chunk of a store written before them, or none at all.
-  auto data = std::make_unique<RocksChunkData>();
-  // The reader verifies every chunk end to end against its manifest checksum
-  // (CheckpointStore::ReadChunk or VerifyChunk), which catches media corruption too; RocksDB's
-  // own blob checksum would only repeat it.
-  rocksdb::ReadOptions read_options;
-  read_options.verify_checksums = false;
-  const rocksdb::Status status =
-      db_->Get(read_options, chunks_, key, data->value());
-  if (status.IsNotFound()) {
-    return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
-  }
-  if (!status.ok()) return FromRocks(status, absl::StrCat("reading chunk ", address.ToString()));
-  chunks_read_.fetch_add(1, std::memory_order_relaxed);
-  chunk_bytes_read_.fetch_add(static_cast<int64_t>(data->bytes().size()),
-                              std::memory_order_relaxed);
-  return std::unique_ptr<ChunkData>(std::move(data));
+  return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
 }
 
 absl::Status RocksDbStore::ClaimLiveData(uint64_t data_id) {
@@ -864,8 +857,7 @@ absl::Status RocksDbStore::DeleteCheckpoint(const std::string& id) {
 absl::Status RocksDbStore::BatchDeleteChunks(rocksdb::WriteBatch* batch, uint64_t data_id,
                                              std::string_view doing) {
   const auto [begin, end] = DataIdRange(data_id);
-  CKPT_RETURN_IF_ERROR(FromRocks(batch->DeleteRange(locations_, begin, end), doing));
-  return FromRocks(batch->DeleteRange(chunks_, begin, end), doing);
+  return FromRocks(batch->DeleteRange(locations_, begin, end), doing);
 }
 
 void RocksDbStore::RemoveSegment(uint64_t data_id) {
@@ -913,11 +905,7 @@ absl::StatusOr<bool> RocksDbStore::IsGarbage(uint64_t data_id) {
 }
 
 absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
-  int64_t collected = 0;
-  for (rocksdb::ColumnFamilyHandle* family : {locations_, chunks_}) {
-    CKPT_ASSIGN_OR_RETURN(const int64_t n, CollectFamily(family));
-    collected += n;
-  }
+  CKPT_ASSIGN_OR_RETURN(const int64_t collected, CollectLocations());
   // Segment files of garbage data ids: uploads that never committed, and files whose records a
   // delete or discard removed before this process stopped or failed to remove the file.
   int64_t files = 0;
@@ -928,20 +916,17 @@ absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
     CKPT_RETURN_IF_ERROR(segments_->Remove(data_id));
     ++files;
   }
-  // Compact deleted ranges away. The chunk families' tables hold only keys and locations (or, in
-  // a store written before segment files, keys and blob references), so this rewrites little;
-  // blob files holding only deleted chunks are then released. Ranges deleted while it runs are
-  // counted again and handled by the next collection.
+  // Compact deleted ranges away. The locations' tables hold only keys and 16-byte values, so
+  // this rewrites little. Ranges deleted while it runs are counted again and handled by the next
+  // collection.
   const int64_t deleted = deleted_ranges_.exchange(0, std::memory_order_relaxed);
   if (deleted > 0) {
     rocksdb::CompactRangeOptions compact;
     compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
-    for (rocksdb::ColumnFamilyHandle* family : {locations_, chunks_}) {
-      const rocksdb::Status s = db_->CompactRange(compact, family, nullptr, nullptr);
-      if (!s.ok()) {
-        deleted_ranges_.fetch_add(deleted, std::memory_order_relaxed);
-        return FromRocks(s, absl::StrCat("compacting deleted chunks in ", dir_));
-      }
+    const rocksdb::Status s = db_->CompactRange(compact, locations_, nullptr, nullptr);
+    if (!s.ok()) {
+      deleted_ranges_.fetch_add(deleted, std::memory_order_relaxed);
+      return FromRocks(s, absl::StrCat("compacting deleted chunk locations in ", dir_));
     }
   }
   Log()->info("event=gc collected={} segment_files_removed={} compacted_deletes={}", collected,
@@ -949,10 +934,10 @@ absl::StatusOr<int64_t> RocksDbStore::CollectGarbage() {
   return collected;
 }
 
-absl::StatusOr<int64_t> RocksDbStore::CollectFamily(rocksdb::ColumnFamilyHandle* family) {
+absl::StatusOr<int64_t> RocksDbStore::CollectLocations() {
   rocksdb::ReadOptions read_options;
   read_options.fill_cache = false;  // a one-off scan: do not evict the hot blocks
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, family));
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, locations_));
   int64_t collected = 0;
   // Visit one key per data id: after deciding on an id, seek to the start of the next one. The
   // iterator's implicit snapshot does not see our own DeleteRange, which is fine: we skip past it.
@@ -968,7 +953,7 @@ absl::StatusOr<int64_t> RocksDbStore::CollectFamily(rocksdb::ColumnFamilyHandle*
     if (garbage) {
       const std::string doing = absl::StrCat("collecting chunks of data id ", data_id);
       rocksdb::WriteBatch batch;
-      CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(family, begin, end), doing));
+      CKPT_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(locations_, begin, end), doing));
       // Unsynced: a lost delete is simply redone by the next collection.
       CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false, doing));
       deleted_ranges_.fetch_add(1, std::memory_order_relaxed);

@@ -19,8 +19,8 @@ LocationCache::Lookup LocationCache::Find(const ChunkAddress& address) {
 }
 
 namespace {
-// What an entry counts against the bound: a blob without locations (chunks stored before segment
-// files, or none) still counts one, so that such entries are bounded too.
+// What an entry counts against the bound: a blob without locations (no chunk stored) still counts
+// one, so that such entries are bounded too.
 size_t Weight(const LocationCache::Locations& locations) {
   return std::max<size_t>(1, locations.size());
 }

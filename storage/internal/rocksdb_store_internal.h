@@ -7,12 +7,12 @@
 //           'c' + checkpoint id           -> 8-byte big-endian data id + manifest
 //           'd' + 8-byte big-endian id    -> "" (the data id is committed: GC must keep it)
 //           'n'                           -> 8-byte big-endian next data id (never reused)
+//           'v'                           -> 8-byte big-endian store format version
+//                                            (kStoreFormatVersion)
 //   chunk_locations
 //           chunk key (below)             -> 8-byte BE offset | 8-byte BE length of the chunk's
 //                                            bytes in its data id's segment file
 //                                            (segment_files.h: <dir>/segments/<id hex>.seg)
-//   chunks  chunk key                     -> raw bytes (stores written before segment files; read,
-//                                            deleted and collected, never written any more)
 //   jobs    job id                        -> job record
 // Chunk key: 8-byte BE data id | 4-byte BE tensor | 4-byte BE blob | 4-byte BE chunk.
 // Big-endian integers make byte order equal numeric order, so one data id (and within it one
@@ -31,14 +31,22 @@
 namespace ckpt::rocksdb_store_internal {
 
 inline constexpr char kMetaFamily[] = "meta";
-inline constexpr char kChunksFamily[] = "chunks";
 inline constexpr char kLocationsFamily[] = "chunk_locations";
 inline constexpr char kSegmentsDir[] = "segments";  // under the store's directory
 inline constexpr char kJobsFamily[] = "jobs";
 
+// The layout above (with the records of proto/ckpt_records.proto it holds) as one number, checked
+// at open: a store recording another one is refused with FAILED_PRECONDITION. Any change to the
+// layout or to the meaning of a record gives it a new number.
+inline constexpr uint64_t kStoreFormatVersion = 1;
+
+// A column family of this name holds chunk bytes in RocksDB itself, a layout this version does
+// not read: a store that has one is refused at open (FAILED_PRECONDITION naming it).
+inline constexpr char kChunkBytesFamily[] = "chunks";
+
 inline constexpr size_t kChunkKeyBytes = 20;
 
-// The chunk key of `address` (chunk_locations and chunks families).
+// The chunk key of `address` (chunk_locations family).
 std::string ChunkKey(const ChunkAddress& address);
 
 // Where a chunk's bytes are in its data id's segment file.

@@ -346,7 +346,7 @@ int WorkerMain(const std::string& server, const std::string& strategy_name, int6
     }
     v1::FetchRequest request;
     request.set_checkpoint_id(kCheckpointId);
-    request.set_strategy(strategy_name);
+    request.set_destination_strategy(strategy_name);
     request.set_rank(rank);
     CheckingVisitor visitor(&spec, &*destination, rank, "");
     const auto start = Clock::now();
@@ -939,9 +939,7 @@ void Harness::MeasureStorageLimit() {
     if (!manifest.ParseFromString(*manifest_bytes)) {
       return Error("manifest", absl::DataLossError("cannot parse the manifest"));
     }
-    const std::optional<ChecksumAlgorithm> algorithm =
-        ChecksumAlgorithmFromNumber(manifest.chunk_checksum());
-    if (!algorithm) {
+    if (manifest.chunk_checksum() != records::CHUNK_CHECKSUM_XXH3_64) {
       return Error("manifest", absl::DataLossError("unknown chunk checksum algorithm"));
     }
     // One thread, in key order, every chunk checksum-verified: what one Fetch stream's producer
@@ -951,10 +949,10 @@ void Harness::MeasureStorageLimit() {
       const auto start = Clock::now();
       for (const records::TensorRecord& t : manifest.tensors()) {
         for (const records::BlobRecord& b : t.blobs()) {
-          for (int c = 0; c < b.chunk_xxh64_size(); ++c) {
+          for (int c = 0; c < b.chunk_checksums_size(); ++c) {
             const ChunkAddress address{manifest.data_id(), t.tensor_index(), b.blob_index(),
                                        static_cast<uint32_t>(c)};
-            auto chunk = (*store)->ReadChunk(address, b.chunk_xxh64(c), *algorithm);
+            auto chunk = (*store)->ReadChunk(address, b.chunk_checksums(c));
             if (!chunk.ok()) return Error("read chunk", chunk.status());
             bytes += static_cast<int64_t>((*chunk)->bytes().size());
           }
@@ -990,7 +988,7 @@ void Harness::MeasureFetch(const FetchCase& c) {
       if (c.strategy.empty()) {
         request.set_merged(true);
       } else {
-        request.set_strategy(c.strategy);
+        request.set_destination_strategy(c.strategy);
         request.set_rank(r);
       }
       if (!c.include_prefix.empty()) request.add_include(c.include_prefix + "*");
@@ -1172,7 +1170,7 @@ bool Harness::MeasureTransform(int pass) {
   v1::SubmitTransformRequest request;
   request.set_job_id(absl::StrCat("bench-export-", getpid(), "-", pass));
   request.set_checkpoint_id(kCheckpointId);
-  request.set_strategy(kThreeName);
+  request.set_destination_strategy(kThreeName);
   request.mutable_target()->set_export_dir(export_dir);
   const auto start = Clock::now();
   const absl::StatusOr<double> cpu_start = ProcessCpuSeconds(server_->pid());

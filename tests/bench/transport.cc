@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "storage/checkpoint_store.h"
+#include "core/checksum.h"
 #include "transport_service.grpc.pb.h"
 #include "transport_service.pb.h"
 
@@ -53,7 +53,8 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       std::string* data = prepared_.mutable_data();
       data->resize(message_bytes_);
       for (size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<char>(i * 131 + 7);
-      prepared_.set_xxh64(0x0123456789abcdefull);
+      prepared_.add_part_bytes(message_bytes_);
+      prepared_.add_part_checksums(0x0123456789abcdefull);
     }
     Next();
   }
@@ -81,7 +82,7 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   // Reads the next message_bytes_ of the files into a fresh slice, continuing where the previous
-  // message ended, and frames it as a StreamChunk with its checksum (ckptd's stored algorithm).
+  // message ended, and frames it as a StreamChunk of one part with its checksum (ckptd's).
   bool ReadMessage() {
     grpc_slice raw = grpc_slice_malloc(message_bytes_);
     grpc::Slice data(raw, grpc::Slice::STEAL_REF);
@@ -109,16 +110,24 @@ class StreamWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       filled += static_cast<size_t>(n);
       offset_ += n;
     }
-    const uint64_t xxh64 = Checksum(kStoredChecksum, std::string_view(out, message_bytes_));
-    // StreamChunk.data = 1 (length-delimited), StreamChunk.xxh64 = 2 (varint).
+    const uint64_t checksum = Checksum(std::string_view(out, message_bytes_));
+    // StreamChunk.data = 1 (length-delimited), StreamChunk.part_bytes = 2 (packed varints),
+    // StreamChunk.part_checksums = 3 (packed fixed64): as ckptd's FetchData.
     using google::protobuf::io::CodedOutputStream;
     uint8_t head[1 + 10];
     head[0] = (1 << 3) | 2;
     const size_t head_size =
         CodedOutputStream::WriteVarint64ToArray(message_bytes_, head + 1) - head;
-    uint8_t tail[1 + 10];
-    tail[0] = (2 << 3) | 0;
-    const size_t tail_size = CodedOutputStream::WriteVarint64ToArray(xxh64, tail + 1) - tail;
+    uint8_t tail[2 * (1 + 10) + 10 + 8];
+    uint8_t* tail_end = tail;
+    *tail_end++ = (2 << 3) | 2;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(
+        CodedOutputStream::VarintSize64(message_bytes_), tail_end);
+    tail_end = CodedOutputStream::WriteVarint64ToArray(message_bytes_, tail_end);
+    *tail_end++ = (3 << 3) | 2;
+    tail_end = CodedOutputStream::WriteVarint64ToArray(8, tail_end);
+    tail_end = CodedOutputStream::WriteLittleEndian64ToArray(checksum, tail_end);
+    const auto tail_size = static_cast<size_t>(tail_end - tail);
     grpc::Slice slices[3] = {grpc::Slice(head, head_size), std::move(data),
                              grpc::Slice(tail, tail_size)};
     message_ = grpc::ByteBuffer(slices, 3);
@@ -216,7 +225,9 @@ absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int
     absl::Status verified;
     while (reader->Read(&chunk)) {
       if (!source_files.empty() && verified.ok() &&
-          Checksum(kStoredChecksum, chunk.data()) != chunk.xxh64()) {
+          (chunk.part_bytes_size() != 1 || chunk.part_bytes(0) != chunk.data().size() ||
+           chunk.part_checksums_size() != 1 ||
+           Checksum(chunk.data()) != chunk.part_checksums(0))) {
         verified = absl::DataLossError(absl::StrFormat(
             "transport message at byte %d failed its checksum", result.bytes));
         context.TryCancel();

@@ -25,8 +25,8 @@ struct TransportResult {
 // Streams `messages` × `message_bytes` from the transport server at `address` through one stream
 // (channel configured like CkptClient's: 8 MiB receive limit), after a short warm-up. With
 // `source_files`, the server reads the bytes from those files and checksums them, and this side
-// verifies every message's checksum (ckptd's stored algorithm) as CkptClient does (DATA_LOSS on a mismatch): the verified-read
-// ceiling of a fetch.
+// verifies every message's checksum (ckptd's, core/checksum.h) as CkptClient does (DATA_LOSS on
+// a mismatch): the verified-read ceiling of a fetch.
 absl::StatusOr<TransportResult> MeasureTransport(const std::string& address, int64_t messages,
                                                  int64_t message_bytes,
                                                  const std::vector<std::string>& source_files = {});

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/sample.h"
@@ -592,6 +593,32 @@ TEST_F(CkptctlTest, UsageErrorsAreOneLine) {
   EXPECT_THAT(RunFails({"deps", "--dst-strategy", "x", "--all"}), HasSubstr("--src-strategy"));
   EXPECT_THAT(RunFails({"deps", "--src-strategy", "x", "--dst-strategy", "y", "--rank", "zero"}),
               HasSubstr("zero"));
+}
+
+// The strategy to re-shard to is --dst-strategy for every command that takes one, with no other
+// spelling; upload's --strategy names the checkpoint's own (source) strategy. All checked before
+// any server is contacted.
+TEST_F(CkptctlTest, DestinationStrategyIsDstStrategyEverywhere) {
+  // Complete commands but for one more option, --strategy: refused by name.
+  const std::vector<std::vector<std::string>> with_strategy = {
+      {"fetch", "c", "--dst-strategy", "d", "--rank", "0", "--out", "x.ckpt", "--strategy", "d"},
+      {"deps", "c", "--dst-strategy", "d", "--all", "--strategy", "d"},
+      {"export", "c", "--dst-strategy", "d", "--dir", "x", "--strategy", "d"},
+      {"transform", "c", "--dst-strategy", "d", "--as", "c2", "--strategy", "d"}};
+  for (const std::vector<std::string>& args : with_strategy) {
+    SCOPED_TRACE(args[0]);
+    EXPECT_THAT(RunFails(args), HasSubstr("--strategy"));
+    const std::string help = absl::AsciiStrToLower(RunOk({args[0], "--help"}));
+    EXPECT_THAT(help, HasSubstr("--dst-strategy"));
+    EXPECT_THAT(help, HasSubstr("destination strategy"));
+  }
+  const std::string upload_help = RunOk({"upload", "--help"});
+  EXPECT_THAT(upload_help, HasSubstr("--strategy"));
+  EXPECT_THAT(upload_help, HasSubstr("source strategy"));
+  EXPECT_THAT(upload_help, ::testing::Not(HasSubstr("--dst-strategy")));
+  EXPECT_THAT(RunFails({"deps", "c", "--src-strategy", "x", "--dst-strategy", "y", "--all"}),
+              HasSubstr("not both"));
+  EXPECT_THAT(RunFails({"deps", "--all"}), HasSubstr("CKPT --dst-strategy NAME"));
 }
 
 }  // namespace

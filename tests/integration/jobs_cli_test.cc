@@ -121,7 +121,8 @@ class JobsCliTest : public ::testing::Test {
     if (rank < 0) {
       CtlOk({"fetch", ckpt, "--merged", "--out", out});
     } else {
-      CtlOk({"fetch", ckpt, "--strategy", strategy, "--rank", absl::StrCat(rank), "--out", out});
+      CtlOk({"fetch", ckpt, "--dst-strategy", strategy, "--rank", absl::StrCat(rank), "--out",
+             out});
     }
     return fs::exists(out) ? testing::ReadFileOrDie(out) : std::string("(fetch failed)");
   }
@@ -156,7 +157,7 @@ class JobsCliTest : public ::testing::Test {
 TEST_F(JobsCliTest, ServerSideExportEqualsFetchByteForByte) {
   UploadDemo();
   const std::string out = dir_ / "server-export";
-  auto r = CtlOk({"transform", "demo", "--strategy", "dst", "--export-dir", out, "--wait"});
+  auto r = CtlOk({"transform", "demo", "--dst-strategy", "dst", "--export-dir", out, "--wait"});
   EXPECT_THAT(r.stdout_text, HasSubstr("submitted job "));
   EXPECT_THAT(r.stdout_text, HasSubstr(" SUCCEEDED: demo -> export " + out));
   EXPECT_EQ(r.stderr_text, "");
@@ -166,13 +167,13 @@ TEST_F(JobsCliTest, ServerSideExportEqualsFetchByteForByte) {
 
   // A subset of the ranks, with another file name prefix.
   const std::string subset = dir_ / "server-subset";
-  CtlOk({"transform", "demo", "--strategy", "dst", "--export-dir", subset, "--ranks", "0,2",
+  CtlOk({"transform", "demo", "--dst-strategy", "dst", "--export-dir", subset, "--ranks", "0,2",
          "--prefix", "net_", "--wait"});
   ExpectExport(subset, "demo", "dst", {0, 2}, "net_");
 
   // The client-side export writes the very same files.
   const std::string local = dir_ / "client-export";
-  CtlOk({"export", "demo", "--strategy", "dst", "--dir", local});
+  CtlOk({"export", "demo", "--dst-strategy", "dst", "--dir", local});
   ASSERT_EQ(FilesUnder(local), FilesUnder(out));
   for (const std::string& file : FilesUnder(local)) {
     EXPECT_TRUE(testing::ReadFileOrDie(local + "/" + file) ==
@@ -183,16 +184,17 @@ TEST_F(JobsCliTest, ServerSideExportEqualsFetchByteForByte) {
 
 TEST_F(JobsCliTest, TransformAsNewCheckpointServesTheSameBytes) {
   UploadDemo();
-  auto r = CtlOk({"transform", "demo", "--strategy", "dst", "--as", "demo3", "--wait"});
-  EXPECT_THAT(r.stdout_text, HasSubstr("SUCCEEDED: demo -> checkpoint demo3 (strategy dst)"));
-  EXPECT_THAT(CtlOk({"ls"}).stdout_text, HasSubstr("demo3  strategy=dst  ranks=3"));
+  auto r = CtlOk({"transform", "demo", "--dst-strategy", "dst", "--as", "demo3", "--wait"});
+  EXPECT_THAT(r.stdout_text,
+              HasSubstr("SUCCEEDED: demo -> checkpoint demo3 (destination strategy dst)"));
+  EXPECT_THAT(CtlOk({"ls"}).stdout_text, HasSubstr("demo3  source_strategy=dst  ranks=3"));
   for (int rank = 0; rank < kDstRanks; ++rank) {
     EXPECT_TRUE(Fetched("demo3", "dst", rank) == Fetched("demo", "dst", rank)) << "rank " << rank;
   }
   // The new checkpoint re-shards onward like any other.
   EXPECT_TRUE(Fetched("demo3", "src", 5) == Fetched("demo", "src", 5));
   // Its id is taken now.
-  ExpectOneLineError({"transform", "demo", "--strategy", "dst", "--as", "demo3"},
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--as", "demo3"},
                      "ALREADY_EXISTS");
 }
 
@@ -209,34 +211,35 @@ TEST_F(JobsCliTest, MergedFileEqualsFetchMerged) {
 TEST_F(JobsCliTest, ClientExportWritesEveryFetchedRankAtomically) {
   UploadDemo();
   const std::string local = dir_ / "local/export";  // the parent is created
-  auto r = CtlOk({"export", "demo", "--strategy", "dst", "--dir", local, "--parallel", "2"});
-  EXPECT_THAT(r.stdout_text, HasSubstr("exported demo as strategy dst: 3 ranks, 33 tensors"));
+  auto r = CtlOk({"export", "demo", "--dst-strategy", "dst", "--dir", local, "--parallel", "2"});
+  EXPECT_THAT(r.stdout_text,
+              HasSubstr("exported demo to destination strategy dst: 3 ranks, 33 tensors"));
   EXPECT_THAT(r.stdout_text, HasSubstr("exported rank 1: 11 tensors"));
   ExpectExport(local, "demo", "dst", {0, 1, 2});
   EXPECT_EQ(EntriesOf(dir_ / "local"), std::set<std::string>{"export"});
 
   // Subset and prefix; an existing empty directory is fine.
   fs::create_directories(dir_ / "local/empty");
-  CtlOk({"export", "demo", "--strategy", "dst", "--dir", dir_ / "local/empty", "--ranks", "2,0",
+  CtlOk({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/empty", "--ranks", "2,0",
          "--prefix", "p-"});
   ExpectExport(dir_ / "local/empty", "demo", "dst", {0, 2}, "p-");
   // Back to the source layout: one file per source rank, equal to the uploaded ranks' fetches.
-  CtlOk({"export", "demo", "--strategy", "src", "--dir", dir_ / "local/src", "--ranks", "4-7"});
+  CtlOk({"export", "demo", "--dst-strategy", "src", "--dir", dir_ / "local/src", "--ranks", "4-7"});
   ExpectExport(dir_ / "local/src", "demo", "src", {4, 5, 6, 7});
 
   // Failures leave nothing that looks like an export, and touch nothing that exists.
-  ExpectOneLineError({"export", "nope", "--strategy", "dst", "--dir", dir_ / "local/nope"},
+  ExpectOneLineError({"export", "nope", "--dst-strategy", "dst", "--dir", dir_ / "local/nope"},
                      "NOT_FOUND");
-  ExpectOneLineError({"export", "demo", "--strategy", "nope", "--dir", dir_ / "local/nope"},
+  ExpectOneLineError({"export", "demo", "--dst-strategy", "nope", "--dir", dir_ / "local/nope"},
                      "NOT_FOUND");
-  ExpectOneLineError({"export", "demo", "--strategy", "dst", "--dir", dir_ / "local/bad",
+  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/bad",
                       "--ranks", "0,3"},
                      "OUT_OF_RANGE");
-  ExpectOneLineError({"export", "demo", "--strategy", "dst", "--dir", local}, "ALREADY_EXISTS");
-  ExpectOneLineError({"export", "demo", "--strategy", "dst", "--dir", dir_ / "local/x",
+  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", local}, "ALREADY_EXISTS");
+  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/x",
                       "--ranks", "1,1"},
                      "listed more than once");
-  ExpectOneLineError({"export", "demo", "--strategy", "dst", "--dir", dir_ / "local/x",
+  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/x",
                       "--prefix", "a/b"},
                      "prefix");
   EXPECT_EQ(EntriesOf(dir_ / "local"), (std::set<std::string>{"empty", "export", "src"}));
@@ -246,14 +249,14 @@ TEST_F(JobsCliTest, ClientExportWritesEveryFetchedRankAtomically) {
 TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   UploadDemo();
   const std::string out = dir_ / "idem";
-  const std::vector<std::string> submit = {"transform", "demo",     "--strategy", "dst",
-                                           "--export-dir", out,     "--id",       "J1"};
+  const std::vector<std::string> submit = {"transform",    "demo", "--dst-strategy", "dst",
+                                           "--export-dir", out,    "--id",           "J1"};
   auto first = CtlOk(submit);
   EXPECT_EQ(SubmittedId(first.stdout_text), "J1") << first.stdout_text;
   auto second = CtlOk(submit);
   EXPECT_THAT(second.stdout_text, HasSubstr("job J1 already exists with this request"));
   // The same id for another request is refused.
-  ExpectOneLineError({"transform", "demo", "--strategy", "dst", "--export-dir", dir_ / "other",
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", dir_ / "other",
                       "--id", "J1"},
                      "ALREADY_EXISTS");
 
@@ -264,7 +267,7 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   EXPECT_THAT(CtlOk({"jobs", "watch", "J1"}).stdout_text, HasSubstr("job J1 SUCCEEDED"));
 
   // A server-chosen id, then the list.
-  auto auto_id = CtlOk({"transform", "demo", "--strategy", "dst", "--as", "demo3", "--wait"});
+  auto auto_id = CtlOk({"transform", "demo", "--dst-strategy", "dst", "--as", "demo3", "--wait"});
   const std::string id2 = SubmittedId(auto_id.stdout_text);
   ASSERT_FALSE(id2.empty()) << auto_id.stdout_text;
   EXPECT_NE(id2, "J1");
@@ -272,9 +275,11 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   const std::vector<std::string> lines = testing::SplitLines(ls.stdout_text);
   ASSERT_EQ(lines.size(), 2u) << ls.stdout_text;
   EXPECT_THAT(ls.stdout_text,
-              HasSubstr("J1  SUCCEEDED  demo -> export " + out + " (strategy dst)  100%"));
+              HasSubstr("J1  SUCCEEDED  demo -> export " + out +
+                        " (destination strategy dst)  100%"));
   EXPECT_THAT(ls.stdout_text,
-              HasSubstr(id2 + "  SUCCEEDED  demo -> checkpoint demo3 (strategy dst)  100%"));
+              HasSubstr(id2 +
+                        "  SUCCEEDED  demo -> checkpoint demo3 (destination strategy dst)  100%"));
 
   auto get = CtlOk({"jobs", "get", "J1"});
   EXPECT_THAT(get.stdout_text, HasSubstr("job J1: SUCCEEDED\n"));
@@ -302,26 +307,26 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
 
 TEST_F(JobsCliTest, BadInputsGetOneLineErrors) {
   UploadDemo();
-  ExpectOneLineError({"transform", "demo", "--strategy", "dst", "--export-dir", "relative/dir"},
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "relative/dir"},
                      "--export-dir must be an absolute path on the server");
   ExpectOneLineError({"transform", "demo", "--merged-file", "merged.ckpt"},
                      "--merged-file must be an absolute path on the server");
-  ExpectOneLineError({"transform", "nope", "--strategy", "dst", "--export-dir", dir_ / "x",
+  ExpectOneLineError({"transform", "nope", "--dst-strategy", "dst", "--export-dir", dir_ / "x",
                       "--wait"},
                      "nope");
-  ExpectOneLineError({"transform", "demo", "--strategy", "nope", "--export-dir", dir_ / "x"},
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "nope", "--export-dir", dir_ / "x"},
                      "nope");
   for (const char* bad : {"", "a", "0,,1", "-1", "2-1", "0,0", "1-2-3"}) {
-    ExpectOneLineError({"transform", "demo", "--strategy", "dst", "--export-dir", dir_ / "x",
+    ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", dir_ / "x",
                         "--ranks", bad},
                        "--ranks");
   }
-  ExpectOneLineError({"transform", "demo", "--strategy", "dst", "--export-dir", dir_ / "x",
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", dir_ / "x",
                       "--ranks", "0,7"},
                      "OUT_OF_RANGE");
-  ExpectOneLineError({"transform", "demo", "--strategy", "dst"}, "exactly one of");
-  ExpectOneLineError({"transform", "demo", "--export-dir", dir_ / "x"}, "needs --strategy");
-  ExpectOneLineError({"transform", "demo", "--strategy", "dst", "--as", "d4", "--ranks", "0"},
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst"}, "exactly one of");
+  ExpectOneLineError({"transform", "demo", "--export-dir", dir_ / "x"}, "needs --dst-strategy");
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--as", "d4", "--ranks", "0"},
                      "--export-dir only");
   EXPECT_FALSE(fs::exists(dir_ / "x"));
   // None of these created a job (a job for an unknown checkpoint may be recorded as FAILED).
@@ -353,7 +358,7 @@ TEST_F(JobsCliTest, CrashDuringExportResumesOrFailsCleanly) {
   ASSERT_NO_FATAL_FAILURE(UploadBigSample(*client_, dir_ / "big"));
   const std::string out = dir_ / "crash-export";
 
-  auto submitted = CtlOk({"transform", "big", "--strategy", "bigdst", "--export-dir", out,
+  auto submitted = CtlOk({"transform", "big", "--dst-strategy", "bigdst", "--export-dir", out,
                           "--id", "crash"});
   EXPECT_EQ(SubmittedId(submitted.stdout_text), "crash");
 
@@ -374,7 +379,7 @@ TEST_F(JobsCliTest, CrashDuringExportResumesOrFailsCleanly) {
 
   // A worker's fetch is not queued behind the job nor held to its bandwidth.
   const auto fetch_start = std::chrono::steady_clock::now();
-  CtlOk({"fetch", "big", "--strategy", "bigdst", "--rank", "1", "--out", dir_ / "during.ckpt"});
+  CtlOk({"fetch", "big", "--dst-strategy", "bigdst", "--rank", "1", "--out", dir_ / "during.ckpt"});
   const auto fetch_time = std::chrono::steady_clock::now() - fetch_start;
   EXPECT_LT(fetch_time, std::chrono::seconds(5));
   auto still = client_->GetJob("crash");
@@ -448,7 +453,7 @@ TEST_F(JobsCliTest, CancelledJobFailsTheWaiterAndLeavesNoOutput) {
     EXPECT_EQ(cancel.exit_code, 0) << cancel.stderr_text;
     EXPECT_THAT(cancel.stdout_text, HasSubstr("victim"));
   });
-  auto wait = Ctl({"transform", "big", "--strategy", "bigdst", "--export-dir", out, "--id",
+  auto wait = Ctl({"transform", "big", "--dst-strategy", "bigdst", "--export-dir", out, "--id",
                    "victim", "--wait"});
   canceller.join();
   EXPECT_NE(wait.exit_code, 0) << wait.stdout_text;

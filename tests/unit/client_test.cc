@@ -397,15 +397,8 @@ class ScriptedFetchService final : public v1::CheckpointService::Service {
   explicit ScriptedFetchService(std::vector<v1::FetchData> data, Shape local = {})
       : data_(std::move(data)), local_(std::move(local)) {}
 
-  grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest* request,
+  grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*,
                      grpc::ServerWriter<v1::FetchResponse>* writer) override {
-    part_checksums_requested_ = request->part_checksums();
-    tiles_requested_ = request->tiles();
-    // The scripted messages are checksummed with xxh3: a client asking for another algorithm
-    // would (rightly) reject them all.
-    if (request->checksum() != v1::CHECKSUM_XXH3_64) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the client did not ask for xxh3");
-    }
     int64_t total = 0;
     for (const v1::FetchData& d : data_) total += static_cast<int64_t>(d.data().size());
     if (!local_.empty()) total = *NumElements(local_);
@@ -430,20 +423,14 @@ class ScriptedFetchService final : public v1::CheckpointService::Service {
     return grpc::Status::OK;
   }
 
-  bool part_checksums_requested() const { return part_checksums_requested_; }
-  bool tiles_requested() const { return tiles_requested_; }
 
  private:
   std::vector<v1::FetchData> data_;
   const Shape local_;
-  std::atomic<bool> part_checksums_requested_{false};
-  std::atomic<bool> tiles_requested_{false};
 };
 
 // Fetches `data` from a ScriptedFetchService; the bytes delivered, or the client's error.
-absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data,
-                                          bool* part_checksums_requested = nullptr,
-                                          Shape local = {}, bool* tiles_requested = nullptr) {
+absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data, Shape local = {}) {
   ScriptedFetchService service(std::move(data), std::move(local));
   grpc::ServerBuilder builder;
   int port = 0;
@@ -458,19 +445,10 @@ absl::StatusOr<std::string> FetchScripted(std::vector<v1::FetchData> data,
   request.set_merged(true);
   auto got = (*client)->FetchAll(request);
   server->Shutdown();
-  if (part_checksums_requested) *part_checksums_requested = service.part_checksums_requested();
-  if (tiles_requested) *tiles_requested = service.tiles_requested();
   if (!got.ok()) return got.status();
   std::string bytes;
   for (const FetchedTensor& t : *got) bytes += t.data;
   return bytes;
-}
-
-v1::FetchData WholeChecksummed(const std::string& bytes) {
-  v1::FetchData d;
-  d.set_data(bytes);
-  d.set_xxh64(Checksum(ChecksumAlgorithm::kXxh3, bytes));
-  return d;
 }
 
 // `bytes` in parts of `sizes`, each with its own checksum.
@@ -481,19 +459,19 @@ v1::FetchData InParts(const std::string& bytes, const std::vector<uint64_t>& siz
   for (uint64_t n : sizes) {
     d.add_part_bytes(n);
     const std::string part = bytes.substr(std::min(offset, bytes.size()), n);
-    d.add_part_xxh64(Checksum(ChecksumAlgorithm::kXxh3, part));
+    d.add_part_checksums(Checksum(part));
     offset += n;
   }
   return d;
 }
 
-TEST(CkptClientTest, DataMessagesInWholeOrInPartsAreVerified) {
-  bool requested = false;
-  auto got = FetchScripted({WholeChecksummed("abcdef"), InParts("ghijklmnop", {3, 1, 6})},
-                           &requested);
+// `bytes` as one part.
+v1::FetchData OnePart(const std::string& bytes) { return InParts(bytes, {bytes.size()}); }
+
+TEST(CkptClientTest, DataMessagesOfOneOrSeveralPartsAreVerified) {
+  auto got = FetchScripted({OnePart("abcdef"), InParts("ghijklmnop", {3, 1, 6})});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "abcdefghijklmnop");
-  EXPECT_TRUE(requested) << "the client must ask for part checksums";
 }
 
 // Tiles `boxes` of the row-major UInt8 array `array` of shape `local`, one part each, in a band
@@ -511,7 +489,7 @@ v1::FetchData Tiles(const std::string& array, const Shape& local, const std::vec
     } while (NextIndex(index, box.lo, box.hi));
     *d.mutable_data() += tile;
     d.add_part_bytes(tile.size());
-    d.add_part_xxh64(Checksum(ChecksumAlgorithm::kXxh3, tile));
+    d.add_part_checksums(Checksum(tile));
     for (int64_t v : box.lo) d.add_tile_box(v);
     for (int64_t v : box.hi) d.add_tile_box(v);
   }
@@ -528,19 +506,17 @@ TEST(CkptClientTest, BandsOfTilesAreAssembledInPlace) {
   const Box left{{1, 0}, {3, 4}}, right{{1, 4}, {3, 6}};
   for (bool one_message : {true, false}) {
     SCOPED_TRACE(one_message ? "one message" : "two messages");
-    std::vector<v1::FetchData> script = {WholeChecksummed(array.substr(0, 6))};
+    std::vector<v1::FetchData> script = {OnePart(array.substr(0, 6))};
     if (one_message) {
       script.push_back(Tiles(array, local, {right, left}, 2));
     } else {
       script.push_back(Tiles(array, local, {right}, 2));
       script.push_back(Tiles(array, local, {left}, 2));
     }
-    script.push_back(WholeChecksummed(array.substr(18)));
-    bool tiles_requested = false;
-    auto got = FetchScripted(script, nullptr, local, &tiles_requested);
+    script.push_back(OnePart(array.substr(18)));
+    auto got = FetchScripted(script, local);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, array);
-    EXPECT_TRUE(tiles_requested) << "the client must ask for tiles";
   }
 }
 
@@ -572,7 +548,7 @@ TEST(CkptClientTest, BadBandsOfTilesAreDataLoss) {
                    {Tiles(array, local, {left}, 2), Tiles(array, local, {right}, 1)},
                    "a band of 2 rows continues as one of 1"});
   cases.push_back({"row-major data inside a band",
-                   {Tiles(array, local, {left}, 2), WholeChecksummed(array.substr(0, 4))},
+                   {Tiles(array, local, {left}, 2), OnePart(array.substr(0, 4))},
                    "row-major data inside a band of tiles"});
   cases.push_back({"a tensor ending inside a band",
                    {Tiles(array, local, {left}, 2)},
@@ -580,13 +556,13 @@ TEST(CkptClientTest, BadBandsOfTilesAreDataLoss) {
   {
     v1::FetchData d = Tiles(array, local, {left, right}, 2);
     (*d.mutable_data())[9] = 'y';
-    cases.push_back({"a corrupted tile", {d}, "bytes [14, 18) failed their xxh3 checksum"});
+    cases.push_back({"a corrupted tile", {d}, "bytes [14, 18) failed their XXH3-64 checksum"});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
-    std::vector<v1::FetchData> script = {WholeChecksummed(array.substr(0, 6))};
+    std::vector<v1::FetchData> script = {OnePart(array.substr(0, 6))};
     script.insert(script.end(), c.after_row_0.begin(), c.after_row_0.end());
-    auto got = FetchScripted(script, nullptr, local);
+    auto got = FetchScripted(script, local);
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
     EXPECT_THAT(Msg(got.status()), AllOf(HasSubstr("tensor w"), HasSubstr(c.error)));
@@ -601,19 +577,24 @@ TEST(CkptClientTest, CorruptOrMalformedDataMessagesAreDataLoss) {
   };
   std::vector<Case> cases;
   {
-    v1::FetchData d = WholeChecksummed("abcdef");
+    v1::FetchData d = OnePart("abcdef");
     d.set_data("abcdeF");
-    cases.push_back({"flipped byte", d, "bytes [4, 10) failed their xxh3 checksum"});
+    cases.push_back({"flipped byte", d, "bytes [4, 10) failed their XXH3-64 checksum"});
   }
   {
     v1::FetchData d = InParts("abcdefghij", {4, 6});
     d.set_data("abcdefghiJ");
-    cases.push_back({"flipped byte in the second part", d, "bytes [8, 14) failed their xxh3"});
+    cases.push_back({"flipped byte in the second part", d, "bytes [8, 14) failed their XXH3-64"});
   }
   {
     v1::FetchData d = InParts("abcdefghij", {4, 6});
     d.add_part_bytes(1);
-    cases.push_back({"more sizes than checksums", d, "lists 3 part sizes but 2 part checksums"});
+    cases.push_back({"more sizes than checksums", d, "lists 3 part sizes and 2 part checksums"});
+  }
+  {
+    v1::FetchData d;
+    d.set_data("abcdefghij");
+    cases.push_back({"no parts", d, "lists 0 part sizes and 0 part checksums"});
   }
   cases.push_back({"an empty part", InParts("abcdefghij", {4, 0, 6}), "part 1 of 0 bytes"});
   cases.push_back({"parts beyond the data", InParts("abcdefghij", {4, 7}),
@@ -625,7 +606,7 @@ TEST(CkptClientTest, CorruptOrMalformedDataMessagesAreDataLoss) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     // After 4 good bytes: positions in errors count from the start of the tensor.
-    auto got = FetchScripted({WholeChecksummed("0123"), c.data});
+    auto got = FetchScripted({OnePart("0123"), c.data});
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
     EXPECT_THAT(Msg(got.status()), AllOf(HasSubstr("tensor w"), HasSubstr(c.error)));
@@ -637,7 +618,7 @@ TEST(ServerCommandsTest, FetchArgumentCombinations) {
   std::ostringstream out, err;
   FetchCommand both;
   both.checkpoint_id = "c1";
-  both.strategy = "dst";
+  both.destination_strategy = "dst";
   both.rank = 0;
   both.merged = true;
   both.out_path = "x.ckpt";
@@ -647,7 +628,7 @@ TEST(ServerCommandsTest, FetchArgumentCombinations) {
   no_rank.rank.reset();
   EXPECT_EQ(RunFetch(*client, no_rank, out, err).code(), absl::StatusCode::kInvalidArgument);
   FetchCommand neither = no_rank;
-  neither.strategy.clear();
+  neither.destination_strategy.clear();
   EXPECT_EQ(RunFetch(*client, neither, out, err).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out.str(), "");
 }
@@ -657,7 +638,7 @@ TEST(ServerCommandsTest, UploadArgumentCombinations) {
   std::ostringstream out, err;
   UploadCommand both;
   both.checkpoint_id = "c1";
-  both.strategy = "s";
+  both.source_strategy = "s";
   both.dir = "d";
   both.file = "f.ckpt";
   EXPECT_EQ(RunUpload(*client, both, out, err).code(), absl::StatusCode::kInvalidArgument);
@@ -669,7 +650,7 @@ TEST(ServerCommandsTest, UploadArgumentCombinations) {
   UploadCommand file_with_strategy;
   file_with_strategy.checkpoint_id = "c1";
   file_with_strategy.file = "f.ckpt";
-  file_with_strategy.strategy = "s";
+  file_with_strategy.source_strategy = "s";
   EXPECT_EQ(RunUpload(*client, file_with_strategy, out, err).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out.str(), "");
@@ -681,7 +662,7 @@ TEST(ServerCommandsTest, TransformArgumentCombinations) {
   auto run = [&](TransformCommand command) { return RunTransform(*client, command, out); };
   TransformCommand base;
   base.checkpoint_id = "c1";
-  base.strategy = "dst";
+  base.destination_strategy = "dst";
 
   TransformCommand none = base;
   EXPECT_EQ(run(none).code(), absl::StatusCode::kInvalidArgument);
@@ -703,12 +684,12 @@ TEST(ServerCommandsTest, TransformArgumentCombinations) {
 
   TransformCommand merged_with_strategy = base;
   merged_with_strategy.merged_file = "/srv/merged.ckpt";
-  EXPECT_THAT(Msg(run(merged_with_strategy)), HasSubstr("takes no --strategy"));
+  EXPECT_THAT(Msg(run(merged_with_strategy)), HasSubstr("takes no --dst-strategy"));
 
   TransformCommand as_without_strategy;
   as_without_strategy.checkpoint_id = "c1";
   as_without_strategy.new_checkpoint_id = "c2";
-  EXPECT_THAT(Msg(run(as_without_strategy)), HasSubstr("needs --strategy"));
+  EXPECT_THAT(Msg(run(as_without_strategy)), HasSubstr("needs --dst-strategy"));
 
   TransformCommand ranks_with_as = base;
   ranks_with_as.new_checkpoint_id = "c2";
@@ -730,7 +711,7 @@ TEST(ServerCommandsTest, ExportChecksArgumentsAndTargetBeforeAnyRpc) {
   std::ostringstream out, err;
   ExportCommand base;
   base.checkpoint_id = "c1";
-  base.strategy = "dst";
+  base.destination_strategy = "dst";
   base.dir = (dir.path() / "export").string();
 
   ExportCommand bad_prefix = base;
@@ -839,21 +820,21 @@ TEST(FormatJobLineTest, ShowsStateTargetProgressAndReason) {
   job.set_id("j1");
   job.set_state(v1::JOB_STATE_RUNNING);
   job.mutable_request()->set_checkpoint_id("demo");
-  job.mutable_request()->set_strategy("dst");
+  job.mutable_request()->set_destination_strategy("dst");
   job.mutable_request()->mutable_target()->set_export_dir("/srv/out");
   job.mutable_request()->mutable_target()->add_ranks(2);
   job.mutable_request()->mutable_target()->add_ranks(0);
   job.mutable_progress()->set_bytes_done(999);
   job.mutable_progress()->set_bytes_total(4000);
   EXPECT_EQ(FormatJobLine(job),
-            "j1  RUNNING  demo -> export /srv/out (strategy dst, ranks 0,2)  24%");
+            "j1  RUNNING  demo -> export /srv/out (destination strategy dst, ranks 0,2)  24%");
 
   job.set_state(v1::JOB_STATE_FAILED);
   job.set_reason("disk full\nwhile writing");
   job.set_attempts(2);
   EXPECT_EQ(FormatJobLine(job),
-            "j1  FAILED  demo -> export /srv/out (strategy dst, ranks 0,2)  24%  attempts=2  "
-            "reason: disk full while writing");
+            "j1  FAILED  demo -> export /srv/out (destination strategy dst, ranks 0,2)  24%  "
+            "attempts=2  reason: disk full while writing");
 
   v1::Job merged;
   merged.set_id("m");
@@ -864,9 +845,10 @@ TEST(FormatJobLineTest, ShowsStateTargetProgressAndReason) {
 
   v1::Job stored = merged;
   stored.set_state(v1::JOB_STATE_SUCCEEDED);
-  stored.mutable_request()->set_strategy("dst");
+  stored.mutable_request()->set_destination_strategy("dst");
   stored.mutable_request()->mutable_target()->set_new_checkpoint_id("demo3");
-  EXPECT_EQ(FormatJobLine(stored), "m  SUCCEEDED  demo -> checkpoint demo3 (strategy dst)  100%");
+  EXPECT_EQ(FormatJobLine(stored),
+            "m  SUCCEEDED  demo -> checkpoint demo3 (destination strategy dst)  100%");
 }
 
 TEST(JobStateTest, NamesAndTerminalStates) {

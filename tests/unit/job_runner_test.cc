@@ -219,7 +219,7 @@ class JobRunnerTest : public ::testing::Test {
                           const Strategy* strategy, int64_t rank) {
     v1::UploadHeader h;
     h.set_checkpoint_id(id);
-    h.set_strategy(strategy_name);
+    h.set_source_strategy(strategy_name);
     h.set_rank(rank);
     auto upload = manager_->BeginUpload(h);
     if (!upload.ok()) return upload.status();
@@ -281,7 +281,7 @@ class JobRunnerTest : public ::testing::Test {
   Fetched FetchRank(const std::string& ckpt, const std::string& strategy, int64_t rank) {
     v1::FetchRequest req;
     req.set_checkpoint_id(ckpt);
-    req.set_strategy(strategy);
+    req.set_destination_strategy(strategy);
     req.set_rank(rank);
     return FetchAll(req);
   }
@@ -299,7 +299,7 @@ class JobRunnerTest : public ::testing::Test {
     v1::SubmitTransformRequest req;
     req.set_job_id(job_id);
     req.set_checkpoint_id("ck");
-    req.set_strategy("dst");
+    req.set_destination_strategy("dst");
     req.mutable_target()->set_export_dir(dir);
     for (int64_t r : ranks) req.mutable_target()->add_ranks(r);
     req.mutable_target()->set_prefix(prefix);
@@ -321,7 +321,7 @@ class JobRunnerTest : public ::testing::Test {
     v1::SubmitTransformRequest req;
     req.set_job_id(job_id);
     req.set_checkpoint_id("ck");
-    req.set_strategy("dst");
+    req.set_destination_strategy("dst");
     req.mutable_target()->set_new_checkpoint_id(new_id);
     return req;
   }
@@ -524,7 +524,7 @@ TEST_F(JobRunnerTest, NewCheckpointServesTheSameBytes) {
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   auto described = manager_->DescribeCheckpoint("ck3");
   ASSERT_TRUE(described.ok()) << described.status();
-  EXPECT_EQ(described->info().strategy(), "dst");
+  EXPECT_EQ(described->info().source_strategy(), "dst");
   EXPECT_EQ(described->info().ranks(), 3);
   const Strategy dst = DemoDestinationStrategy();
   for (int64_t r = 0; r < dst.world_size(); ++r) {
@@ -633,9 +633,9 @@ TEST_F(JobRunnerTest, SubmissionIsValidated) {
   EXPECT_EQ(s.status().code(), C::kFailedPrecondition);
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("not empty"));
   auto no_strategy = ExportRequest("a", tmp_ + "/out");
-  no_strategy.set_strategy("");
+  no_strategy.set_destination_strategy("");
   EXPECT_EQ(code(no_strategy), C::kInvalidArgument);
-  no_strategy.set_strategy("unknown");
+  no_strategy.set_destination_strategy("unknown");
   EXPECT_EQ(code(no_strategy), C::kNotFound);
   EXPECT_EQ(code(MergedRequest("a", "unknown", tmp_ + "/m.ckpt")), C::kNotFound);
   std::ofstream(tmp_ + "/exists.ckpt") << "x";

@@ -112,7 +112,7 @@ class CorruptingStore final : public testing::ForwardingStore {
 v1::UploadHeader Header(const std::string& id, const std::string& strategy, int64_t rank) {
   v1::UploadHeader h;
   h.set_checkpoint_id(id);
-  h.set_strategy(strategy);
+  h.set_source_strategy(strategy);
   h.set_rank(rank);
   return h;
 }
@@ -201,11 +201,10 @@ class ManagerTest : public ::testing::Test {
     v1::FetchPlanSummary summary;
     std::vector<std::pair<v1::FetchTensorHeader, std::string>> tensors;
   };
-  // Fetches through Next (copies, one checksum per message) with checksums_ == kWhole, else
-  // through NextPiece as the service does, checking each message's checksum or parts; with
-  // tiles_, bands of tiles are assembled with TileBand as the client library does.
-  absl::StatusOr<Fetched> Fetch(v1::FetchRequest req) {
-    req.set_checksum(static_cast<v1::ChecksumAlgorithm>(message_checksum_));
+  // Fetches through NextPiece for reader_, as the service (kClient) or a transform job
+  // (kInProcess) does, checking each message's parts; bands of tiles are assembled with TileBand
+  // as the client library does.
+  absl::StatusOr<Fetched> Fetch(const v1::FetchRequest& req) {
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     Fetched out;
@@ -214,56 +213,46 @@ class ManagerTest : public ::testing::Test {
     std::unique_ptr<TileBand> band;
     while (true) {
       std::string data;
-      if (checksums_ == FetchChecksums::kWhole) {
-        auto more = (*stream)->Next(&msg);
-        if (!more.ok()) return more.status();
-        if (!*more) break;
-        if (msg.has_data()) {
-          data = msg.data().data();
-          EXPECT_EQ(msg.data().xxh64(), Checksum(message_checksum_, data));
+      auto more = (*stream)->NextPiece(&piece, reader_);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      msg = piece.message;
+      for (const DataSegment& s : piece.segments) data += s.bytes;
+      EXPECT_EQ(static_cast<int64_t>(data.size()), piece.data_bytes);
+      if (!piece.segments.empty()) CheckPieceChecksums(piece, data);
+      if (!piece.tile_box.empty()) {
+        EXPECT_EQ(reader_, FetchReader::kClient);
+        ++tile_messages_;
+        // Tiles of a band: assemble it; its bytes count once it is complete.
+        const v1::FetchTensorHeader& h = out.tensors.back().first;
+        const Shape local(h.local_shape().begin(), h.local_shape().end());
+        const size_t rank = local.size();
+        if (!band) {
+          const int64_t row_bytes = static_cast<int64_t>(h.total_bytes()) / local[0];
+          auto started = TileBand::Start(*ParseDType(h.dtype()), local,
+                                         out.tensors.back().second.size() / row_bytes,
+                                         piece.band_rows, int64_t{1} << 30);
+          if (!started.ok()) return started.status();
+          band = std::move(*started);
         }
-      } else {
-        auto more = (*stream)->NextPiece(&piece, checksums_, tiles_);
-        if (!more.ok()) return more.status();
-        if (!*more) break;
-        msg = piece.message;
-        for (const DataSegment& s : piece.segments) data += s.bytes;
-        EXPECT_EQ(static_cast<int64_t>(data.size()), piece.data_bytes);
-        if (!piece.segments.empty()) CheckPieceChecksums(piece, data);
-        if (!piece.tile_box.empty()) {
-          EXPECT_TRUE(tiles_);
-          ++tile_messages_;
-          // Tiles of a band: assemble it; its bytes count once it is complete.
-          const v1::FetchTensorHeader& h = out.tensors.back().first;
-          const Shape local(h.local_shape().begin(), h.local_shape().end());
-          const size_t rank = local.size();
-          if (!band) {
-            const int64_t row_bytes = static_cast<int64_t>(h.total_bytes()) / local[0];
-            auto started = TileBand::Start(*ParseDType(h.dtype()), local,
-                                           out.tensors.back().second.size() / row_bytes,
-                                           piece.band_rows, int64_t{1} << 30);
-            if (!started.ok()) return started.status();
-            band = std::move(*started);
+        EXPECT_EQ(piece.band_rows, band->box().extent(0));
+        EXPECT_EQ(piece.tile_box.size(), 2 * rank * piece.parts.size());
+        size_t offset = 0;
+        for (size_t i = 0; i < piece.parts.size(); ++i) {
+          const auto at = piece.tile_box.begin() + static_cast<std::ptrdiff_t>(2 * rank * i);
+          const Box tile{{at, at + static_cast<std::ptrdiff_t>(rank)},
+                         {at + static_cast<std::ptrdiff_t>(rank),
+                          at + static_cast<std::ptrdiff_t>(2 * rank)}};
+          const auto n = static_cast<size_t>(piece.parts[i].bytes);
+          if (auto s = band->Add(tile, {std::string_view(data).substr(offset, n)}); !s.ok()) {
+            return s;
           }
-          EXPECT_EQ(piece.band_rows, band->box().extent(0));
-          EXPECT_EQ(piece.tile_box.size(), 2 * rank * piece.parts.size());
-          size_t offset = 0;
-          for (size_t i = 0; i < piece.parts.size(); ++i) {
-            const auto at = piece.tile_box.begin() + static_cast<std::ptrdiff_t>(2 * rank * i);
-            const Box tile{{at, at + static_cast<std::ptrdiff_t>(rank)},
-                           {at + static_cast<std::ptrdiff_t>(rank),
-                            at + static_cast<std::ptrdiff_t>(2 * rank)}};
-            const auto n = static_cast<size_t>(piece.parts[i].bytes);
-            if (auto s = band->Add(tile, {std::string_view(data).substr(offset, n)}); !s.ok()) {
-              return s;
-            }
-            offset += n;
-          }
-          data.clear();
-          if (band->complete()) {
-            out.tensors.back().second += band->bytes();
-            band.reset();
-          }
+          offset += n;
+        }
+        data.clear();
+        if (band->complete()) {
+          out.tensors.back().second += band->bytes();
+          band.reset();
         }
       }
       if (msg.has_summary()) out.summary = msg.summary();
@@ -280,26 +269,20 @@ class ManagerTest : public ::testing::Test {
     return out;
   }
 
+  // kClient: the parts (at least one) cover the message and their checksums match its bytes.
+  // kInProcess: no parts.
   void CheckPieceChecksums(const FetchPiece& piece, const std::string& data) {
-    if (checksums_ == FetchChecksums::kNone) {
-      EXPECT_EQ(piece.xxh64, 0u);
+    if (reader_ == FetchReader::kInProcess) {
       EXPECT_TRUE(piece.parts.empty());
       return;
     }
-    if (piece.parts.empty()) {
-      EXPECT_EQ(piece.xxh64, Checksum(message_checksum_, data));
-      return;
-    }
-    ++part_messages_;
-    if (piece.tile_box.empty()) {  // else one part per tile, maybe one
-      EXPECT_GE(piece.parts.size(), 2u);
-    }
+    ASSERT_FALSE(piece.parts.empty());
+    if (piece.parts.size() > 1 && piece.tile_box.empty()) ++part_messages_;
     size_t offset = 0;
     for (const ChecksumPart& p : piece.parts) {
       ASSERT_GT(p.bytes, 0);
       ASSERT_LE(offset + static_cast<size_t>(p.bytes), data.size());
-      EXPECT_EQ(p.xxh64,
-                Checksum(message_checksum_, std::string_view(data).substr(offset, p.bytes)))
+      EXPECT_EQ(p.checksum, Checksum(std::string_view(data).substr(offset, p.bytes)))
           << "part at " << offset;
       offset += static_cast<size_t>(p.bytes);
     }
@@ -311,7 +294,7 @@ class ManagerTest : public ::testing::Test {
                          int64_t rank, const std::vector<SampleTensor>& tensors) {
     v1::FetchRequest req;
     req.set_checkpoint_id(id);
-    req.set_strategy(dst_name);
+    req.set_destination_strategy(dst_name);
     req.set_rank(rank);
     auto got = Fetch(req);
     ASSERT_TRUE(got.ok()) << got.status();
@@ -366,10 +349,9 @@ class ManagerTest : public ::testing::Test {
   }
 
   // Stores checkpoint `from` again as `to`, through the store's API: its chunks copied to a new
-  // data id, and its manifest recording chunk checksum algorithm number `number` with every
-  // chunk checksum computed again in `algorithm` (as a checkpoint stored before xxh3 has them).
-  void StoreCopy(const std::string& from, const std::string& to, int32_t number,
-                 ChecksumAlgorithm algorithm) {
+  // data id, and its manifest recording chunk checksum algorithm `algorithm`.
+  void StoreCopy(const std::string& from, const std::string& to,
+                 records::ChunkChecksum algorithm) {
     auto bytes = store_->GetManifest(from);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     records::CheckpointManifest m;
@@ -378,21 +360,20 @@ class ManagerTest : public ::testing::Test {
     ASSERT_TRUE(id.ok()) << id.status();
     for (records::TensorRecord& t : *m.mutable_tensors()) {
       for (records::BlobRecord& b : *t.mutable_blobs()) {
-        for (int c = 0; c < b.chunk_xxh64_size(); ++c) {
+        for (int c = 0; c < b.chunk_checksums_size(); ++c) {
           ChunkAddress address{m.data_id(), t.tensor_index(), b.blob_index(),
                                static_cast<uint32_t>(c)};
-          auto data = store_->ReadChunk(address, b.chunk_xxh64(c), kStoredChecksum);
+          auto data = store_->ReadChunk(address, b.chunk_checksums(c));
           ASSERT_TRUE(data.ok()) << data.status();
           const std::string chunk((*data)->bytes());
           address.data_id = *id;
           ASSERT_TRUE(store_->PutChunks({{address, chunk}}).ok());
-          b.set_chunk_xxh64(c, Checksum(algorithm, chunk));
         }
       }
     }
     m.set_id(to);
     m.set_data_id(*id);
-    m.set_chunk_checksum(number);
+    m.set_chunk_checksum(algorithm);
     ASSERT_TRUE(store_->CommitCheckpoint(to, m.SerializeAsString(), *id).ok());
   }
 
@@ -400,11 +381,8 @@ class ManagerTest : public ::testing::Test {
   CorruptingStore* corrupting_ = nullptr;  // store_
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
-  FetchChecksums checksums_ = FetchChecksums::kWhole;
-  bool tiles_ = false;          // NextPiece's `tiles`
-  // FetchRequest.checksum of Fetch's requests: by default the stored one, as the client asks.
-  ChecksumAlgorithm message_checksum_ = kStoredChecksum;
-  int64_t part_messages_ = 0;  // data messages checked that had parts
+  FetchReader reader_ = FetchReader::kClient;  // of Fetch's streams
+  int64_t part_messages_ = 0;  // data messages of rows checked that had several parts
   int64_t tile_messages_ = 0;  // data messages of tiles
   v1::UploadResponse last_response_;  // of UploadRank's last successful rank
 };
@@ -434,56 +412,39 @@ TEST_F(ManagerTest, WholeChunkMessagesKeepEveryByteAndChecksum) {
   UploadDemoAndExpectEveryReSplit();
 }
 
-// With part checksums, messages that combine whole stored chunks carry the chunks' stored
-// checksums as parts: they must cover the message exactly and match its bytes, for every re-split
-// and for merged fetches, whether messages hold whole bands (512) or cut bands and chunks (100).
-// With tiles too, bands that would be assembled from several stored chunks come as the chunks'
-// regions instead, assembled here as the client does. Without checksums nothing is hashed, and
-// tiles are not sent.
-// Messages in another algorithm than the stored one (FetchRequest.checksum) can carry no stored
-// checksum: their bytes are all hashed on the server, in runs or per tile.
+// To a client, messages that combine whole stored chunks carry the chunks' stored checksums as
+// parts: they must cover the message exactly and match its bytes, for every re-split and for
+// merged fetches, whether messages hold whole bands (512) or cut bands and chunks (100). Bands
+// that would be assembled from several stored chunks come as the chunks' regions instead,
+// assembled here as the client does. In process, nothing is hashed and no tiles are sent.
 TEST_F(ManagerTest, PartChecksumsAndTilesMatchEveryByteOfEveryMessage) {
-  for (ChecksumAlgorithm algorithm : {kStoredChecksum, ChecksumAlgorithm::kXxh64}) {
-    for (int64_t max_message_bytes : {512, 100}) {
-      for (FetchChecksums mode : {FetchChecksums::kParts, FetchChecksums::kNone}) {
-        for (bool tiles : {false, true}) {
-          message_checksum_ = algorithm;
-          SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
-                                    static_cast<int>(mode), tiles ? " tiles" : "", " checksum ",
-                                    ChecksumAlgorithmName(algorithm)));
-          ManagerOptions options = SmallOptions();
-          options.fetch.max_message_bytes = max_message_bytes;
-          options.fetch.min_part_bytes = 16;
-          Restart(options);
-          checksums_ = mode;
-          tiles_ = tiles;
-          part_messages_ = 0;
-          tile_messages_ = 0;
-          UploadDemoAndExpectEveryReSplit();
-          if (mode == FetchChecksums::kParts && algorithm == kStoredChecksum) {
-            EXPECT_GT(part_messages_, 0);
-          }
-          if (mode == FetchChecksums::kParts && tiles) {
-            EXPECT_GT(tile_messages_, 0);
-          } else {
-            EXPECT_EQ(tile_messages_, 0);
-          }
-        }
+  for (int64_t max_message_bytes : {512, 100}) {
+    for (FetchReader reader : {FetchReader::kClient, FetchReader::kInProcess}) {
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " reader ",
+                                static_cast<int>(reader)));
+      ManagerOptions options = SmallOptions();
+      options.fetch.max_message_bytes = max_message_bytes;
+      options.fetch.min_part_bytes = 16;
+      Restart(options);
+      reader_ = reader;
+      part_messages_ = 0;
+      tile_messages_ = 0;
+      UploadDemoAndExpectEveryReSplit();
+      if (reader == FetchReader::kClient) {
+        EXPECT_GT(part_messages_, 0);
+        EXPECT_GT(tile_messages_, 0);
+      } else {
+        EXPECT_EQ(tile_messages_, 0);
       }
     }
   }
 }
 
-// Checkpoints stored before xxh3 (manifests without chunk_checksum, chunks with xxh64 checksums)
-// are served byte for byte in both message algorithms: with xxh64 their stored checksums go on
-// the wire as parts, with xxh3 the server verifies each chunk's xxh64 and hashes it again. A
-// manifest naming an algorithm this version does not know is refused, naming the checkpoint.
-TEST_F(ManagerTest, CheckpointsStoredWithXxh64AreServedInEitherAlgorithm) {
-  ManagerOptions options = SmallOptions();
-  options.fetch.max_message_bytes = 512;
-  options.fetch.whole_chunk_message_bytes = 32;  // whole chunks alone, or
-  options.fetch.min_part_bytes = 16;             // as parts of their own
-  Restart(options);
+// New uploads record their chunk checksums as XXH3-64. A manifest recording anything else (no
+// algorithm, as a manifest without the field reads, or one this version does not define) is
+// refused with FAILED_PRECONDITION naming the checkpoint and the value, for fetches, describe and
+// list alike, never served.
+TEST_F(ManagerTest, CheckpointsRecordingAnotherChecksumAlgorithmAreRefused) {
   const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
   PutStrategy("src", src);
   PutStrategy("dst", dst);
@@ -493,45 +454,37 @@ TEST_F(ManagerTest, CheckpointsStoredWithXxh64AreServedInEitherAlgorithm) {
     ASSERT_TRUE(bytes.ok());
     records::CheckpointManifest m;
     ASSERT_TRUE(m.ParseFromString(*bytes));
-    EXPECT_EQ(m.chunk_checksum(), static_cast<int32_t>(ChecksumAlgorithm::kXxh3))
-        << "new uploads record xxh3";
+    EXPECT_EQ(m.chunk_checksum(), records::CHUNK_CHECKSUM_XXH3_64) << "new uploads record xxh3";
   }
-  ASSERT_NO_FATAL_FAILURE(StoreCopy("ck", "legacy", 0, ChecksumAlgorithm::kXxh64));
-  checksums_ = FetchChecksums::kParts;
-  tiles_ = true;
-  for (ChecksumAlgorithm algorithm : {ChecksumAlgorithm::kXxh64, ChecksumAlgorithm::kXxh3}) {
-    SCOPED_TRACE(ChecksumAlgorithmName(algorithm));
-    message_checksum_ = algorithm;
-    part_messages_ = 0;
-    for (int64_t r = 0; r < dst.world_size(); ++r) {
-      SCOPED_TRACE(r);
-      ExpectRankMatches("legacy", "dst", dst, r, DemoTensors());
-    }
-    if (algorithm == ChecksumAlgorithm::kXxh64) {
-      EXPECT_GT(part_messages_, 0) << "stored xxh64 checksums were not sent as parts";
-    }
+  for (const auto& [id, value, text] :
+       {std::tuple{"none", 0, "chunk checksum algorithm 0 (CHUNK_CHECKSUM_UNSPECIFIED)"},
+        std::tuple{"other", 9, "chunk checksum algorithm 9 (unknown)"}}) {
+    SCOPED_TRACE(id);
+    ASSERT_NO_FATAL_FAILURE(StoreCopy("ck", id, static_cast<records::ChunkChecksum>(value)));
+    v1::FetchRequest req;
+    req.set_checkpoint_id(id);
+    req.set_destination_strategy("dst");
+    auto stream = manager_->OpenFetch(req);
+    ASSERT_EQ(stream.status().code(), absl::StatusCode::kFailedPrecondition) << stream.status();
+    EXPECT_THAT(std::string(stream.status().message()),
+                AllOf(HasSubstr(absl::StrCat("checkpoint ", id, ": its manifest records ", text)),
+                      HasSubstr("verifies chunks with XXH3-64 only (1)")));
+    auto described = manager_->DescribeCheckpoint(id);
+    EXPECT_EQ(described.status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(manager_->DeleteCheckpoint(id).ok());
   }
-
-  ASSERT_NO_FATAL_FAILURE(StoreCopy("ck", "future", 9, ChecksumAlgorithm::kXxh3));
-  v1::FetchRequest req;
-  req.set_checkpoint_id("future");
-  req.set_merged(true);
-  auto stream = manager_->OpenFetch(req);
-  ASSERT_EQ(stream.status().code(), absl::StatusCode::kFailedPrecondition) << stream.status();
-  EXPECT_THAT(std::string(stream.status().message()),
-              HasSubstr("checkpoint future was stored with chunk checksum algorithm 9"));
-  req.set_checkpoint_id("ck");
-  req.set_checksum(static_cast<v1::ChecksumAlgorithm>(9));
-  stream = manager_->OpenFetch(req);
-  ASSERT_EQ(stream.status().code(), absl::StatusCode::kInvalidArgument) << stream.status();
-  EXPECT_THAT(std::string(stream.status().message()), HasSubstr("FetchRequest.checksum 9"));
+  // The original is served as ever.
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    SCOPED_TRACE(r);
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
 }
 
 // A stream verifies every stored byte before it leaves, except whole chunks that go to a client
-// verifying their stored checksums (kParts), which the server sends without hashing them. With
-// any one chunk corrupted, no message may therefore carry wrong bytes under checksums that match
-// them: with kParts the client catches each one, with kWhole and kNone none leaves at all (the
-// stream ends with DATA_LOSS naming the chunk first).
+// (kClient) with their stored checksums, which the server sends without hashing them. With any
+// one chunk corrupted, no message may therefore carry wrong bytes under checksums that match
+// them: the client catches each one, and in process none leaves at all (the stream ends with
+// DATA_LOSS naming the chunk first).
 TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
   const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
   std::vector<v1::FetchRequest> requests;
@@ -539,7 +492,7 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
     for (int64_t r = 0; r < strategy->world_size(); ++r) {
       v1::FetchRequest& req = requests.emplace_back();
       req.set_checkpoint_id("ck");
-      req.set_strategy(name);
+      req.set_destination_strategy(name);
       req.set_rank(r);
     }
   }
@@ -551,103 +504,86 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
     bool checksums_match = true;
   };
   // The data messages of `req` until the stream ends or fails (its status).
-  auto run = [&](v1::FetchRequest req, FetchChecksums mode, bool tiles,
+  auto run = [&](const v1::FetchRequest& req, FetchReader reader,
                  std::vector<Message>* out) -> absl::Status {
-    req.set_checksum(static_cast<v1::ChecksumAlgorithm>(message_checksum_));
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     FetchPiece piece;
     while (true) {
-      auto more = (*stream)->NextPiece(&piece, mode, tiles);
+      auto more = (*stream)->NextPiece(&piece, reader);
       if (!more.ok()) return more.status();
       if (!*more) return absl::OkStatus();
       if (piece.segments.empty()) continue;
       Message& m = out->emplace_back();
       for (const DataSegment& seg : piece.segments) m.bytes += seg.bytes;
-      if (mode == FetchChecksums::kNone) continue;
-      if (piece.parts.empty()) {
-        m.checksums_match = piece.xxh64 == Checksum(message_checksum_, m.bytes);
-        continue;
-      }
       size_t offset = 0;
       for (const ChecksumPart& p : piece.parts) {
         const std::string_view part = std::string_view(m.bytes).substr(offset, p.bytes);
-        m.checksums_match = m.checksums_match && p.xxh64 == Checksum(message_checksum_, part);
+        m.checksums_match = m.checksums_match && p.checksum == Checksum(part);
         offset += static_cast<size_t>(p.bytes);
       }
     }
   };
 
-  // With messages in another algorithm than the stored one (a client asking for xxh64 of a
-  // checkpoint stored with xxh3), stored checksums cannot go on the wire: the server verifies
-  // every chunk, so the corruption never leaves.
-  for (ChecksumAlgorithm algorithm : {kStoredChecksum, ChecksumAlgorithm::kXxh64}) {
-    for (int64_t max_message_bytes : {512, 100}) {
-      for (auto [mode, tiles] : {std::pair{FetchChecksums::kParts, false},
-                                 std::pair{FetchChecksums::kParts, true},
-                                 std::pair{FetchChecksums::kWhole, false},
-                                 std::pair{FetchChecksums::kNone, false}}) {
-        message_checksum_ = algorithm;
-        const bool stored_on_wire = algorithm == kStoredChecksum && mode == FetchChecksums::kParts;
-        SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ",
-                                  static_cast<int>(mode), tiles ? " tiles" : "", " checksum ",
-                                  ChecksumAlgorithmName(algorithm)));
-        ManagerOptions options = SmallOptions();
-        options.fetch.max_message_bytes = max_message_bytes;
-        options.fetch.whole_chunk_message_bytes = 32;
-        options.fetch.min_part_bytes = 16;
-        Restart(options);
-        PutStrategy("src", src);
-        PutStrategy("dst", dst);
-        UploadAll("ck", "src", src, DemoTensors());
-        int64_t runs = 0, caught_by_client = 0, failed_streams = 0;
-        for (const v1::FetchRequest& req : requests) {
-          SCOPED_TRACE(req.ShortDebugString());
-          std::vector<Message> truth;
-          corrupting_->Corrupt(std::nullopt);
-          corrupting_->TakeReads();
-          ASSERT_TRUE(run(req, mode, tiles, &truth).ok());
-          const std::vector<ChunkAddress> read = corrupting_->TakeReads();
-          ASSERT_FALSE(read.empty());
-          // Up to 12 of the chunks the stream reads, spread over it.
-          for (size_t k = 0; k < read.size(); k += std::max<size_t>(1, read.size() / 12)) {
-            SCOPED_TRACE(read[k].ToString());
-            ++runs;
-            std::vector<Message> got;
-            corrupting_->Corrupt(read[k]);
-            const absl::Status status = run(req, mode, tiles, &got);
-            bool caught = false;
-            ASSERT_LE(got.size(), truth.size());
-            for (size_t i = 0; i < got.size(); ++i) {
-              if (got[i].bytes == truth[i].bytes) continue;
-              ASSERT_FALSE(got[i].checksums_match) << "message " << i << " has wrong bytes";
-              caught = true;
-            }
-            caught_by_client += caught;
-            if (status.ok()) {
-              EXPECT_TRUE(caught) << "the corrupted chunk went unnoticed";
-            } else {
-              ++failed_streams;
-              EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-              EXPECT_THAT(std::string(status.message()),
-                          HasSubstr(absl::StrCat("checkpoint ck tensor ")));
-              EXPECT_THAT(std::string(status.message()),
-                          HasSubstr(absl::StrCat(read[k].ToString(), " failed its ",
-                                                 ChecksumAlgorithmName(kStoredChecksum),
-                                                 " checksum")));
-            }
+  for (int64_t max_message_bytes : {512, 100}) {
+    for (FetchReader reader : {FetchReader::kClient, FetchReader::kInProcess}) {
+      const bool stored_on_wire = reader == FetchReader::kClient;
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " reader ",
+                                static_cast<int>(reader)));
+      ManagerOptions options = SmallOptions();
+      options.fetch.max_message_bytes = max_message_bytes;
+      options.fetch.whole_chunk_message_bytes = 32;
+      options.fetch.min_part_bytes = 16;
+      Restart(options);
+      PutStrategy("src", src);
+      PutStrategy("dst", dst);
+      UploadAll("ck", "src", src, DemoTensors());
+      int64_t runs = 0, caught_by_client = 0, failed_streams = 0;
+      for (const v1::FetchRequest& req : requests) {
+        SCOPED_TRACE(req.ShortDebugString());
+        std::vector<Message> truth;
+        corrupting_->Corrupt(std::nullopt);
+        corrupting_->TakeReads();
+        ASSERT_TRUE(run(req, reader, &truth).ok());
+        const std::vector<ChunkAddress> read = corrupting_->TakeReads();
+        ASSERT_FALSE(read.empty());
+        // Up to 12 of the chunks the stream reads, spread over it.
+        for (size_t k = 0; k < read.size(); k += std::max<size_t>(1, read.size() / 12)) {
+          SCOPED_TRACE(read[k].ToString());
+          ++runs;
+          std::vector<Message> got;
+          corrupting_->Corrupt(read[k]);
+          const absl::Status status = run(req, reader, &got);
+          bool caught = false;
+          ASSERT_LE(got.size(), truth.size());
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (got[i].bytes == truth[i].bytes) continue;
+            ASSERT_FALSE(got[i].checksums_match) << "message " << i << " has wrong bytes";
+            caught = true;
+          }
+          caught_by_client += caught;
+          if (status.ok()) {
+            EXPECT_TRUE(caught) << "the corrupted chunk went unnoticed";
+          } else {
+            ++failed_streams;
+            EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+            EXPECT_THAT(std::string(status.message()),
+                        HasSubstr(absl::StrCat("checkpoint ck tensor ")));
+            EXPECT_THAT(std::string(status.message()),
+                        HasSubstr(absl::StrCat(read[k].ToString(),
+                                               " failed its XXH3-64 checksum")));
           }
         }
-        if (stored_on_wire) {
-          // With 100-byte messages the demo's chunks (up to 256 bytes) are mostly cut.
-          if (max_message_bytes == 512) {
-            EXPECT_GT(caught_by_client, 0) << "whole chunks were hashed on the server";
-          }
-          EXPECT_GT(failed_streams, 0) << "assembled chunks were not verified on the server";
-        } else {
-          EXPECT_EQ(caught_by_client, 0);
-          EXPECT_EQ(failed_streams, runs);
+      }
+      if (stored_on_wire) {
+        // With 100-byte messages the demo's chunks (up to 256 bytes) are mostly cut.
+        if (max_message_bytes == 512) {
+          EXPECT_GT(caught_by_client, 0) << "whole chunks were hashed on the server";
         }
+        EXPECT_GT(failed_streams, 0) << "assembled chunks were not verified on the server";
+      } else {
+        EXPECT_EQ(caught_by_client, 0);
+        EXPECT_EQ(failed_streams, runs);
       }
     }
   }
@@ -870,17 +806,17 @@ TEST_F(ManagerTest, FetchErrors) {
   UploadAll("ck", "src", src, DemoTensors());
   v1::FetchRequest req;
   req.set_checkpoint_id("ck");
-  req.set_strategy("dst");
+  req.set_destination_strategy("dst");
   req.set_rank(3);
   EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kOutOfRange);
   req.set_checkpoint_id("nope");
   req.set_rank(0);
   EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
   req.set_checkpoint_id("ck");
-  req.set_strategy("missing");
+  req.set_destination_strategy("missing");
   EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
   // Include/exclude globs.
-  req.set_strategy("dst");
+  req.set_destination_strategy("dst");
   req.add_include("layers.0.*");
   req.add_exclude("*.bias");
   auto got = Fetch(req);
@@ -927,7 +863,7 @@ TEST_F(ManagerTest, ZeroElementVerbatimTensorsRoundTrip) {
   }
   v1::FetchRequest req;
   req.set_checkpoint_id("ck");
-  req.set_strategy("dst");
+  req.set_destination_strategy("dst");
   req.set_rank(2);
   auto got = Fetch(req);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -1046,7 +982,7 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
     for (int64_t r = 0; r < c.dst.world_size(); ++r) {
       v1::FetchRequest req;
       req.set_checkpoint_id(ck);
-      req.set_strategy(ck + "dst");
+      req.set_destination_strategy(ck + "dst");
       req.set_rank(r);
       auto stream = manager.OpenFetch(req);
       ASSERT_TRUE(stream.ok()) << stream.status();

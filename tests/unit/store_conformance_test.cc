@@ -1,6 +1,5 @@
 // One conformance suite for every CheckpointStore (DESIGN.md §5), plus tests only the RocksDB
 // store can pass (persistence, on-disk corruption, the directory lock).
-#include <dlfcn.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <set>
@@ -21,18 +21,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "storage/checkpoint_store.h"
-#include "storage/internal/rocksdb_crc32c.h"
 #include "storage/internal/rocksdb_store_internal.h"
 #include "storage/internal/segment_files.h"
 
 namespace ckpt {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -131,7 +132,7 @@ class StoreFixture : public ::testing::Test {
   // Reads a chunk, verified and unverified, and checks its bytes.
   void ExpectChunk(const ChunkAddress& address, const std::string& bytes) {
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, Checksum(kStoredChecksum, bytes), kStoredChecksum);
+        store_->ReadChunk(address, Checksum(bytes));
     ASSERT_TRUE(data.ok()) << address.ToString() << ": " << data.status();
     EXPECT_TRUE((*data)->bytes() == bytes) << address.ToString() << ": " << (*data)->bytes().size()
                                            << " bytes read, " << bytes.size() << " expected";
@@ -142,7 +143,7 @@ class StoreFixture : public ::testing::Test {
 
   void ExpectNoChunk(const ChunkAddress& address) {
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, 0, kStoredChecksum);
+        store_->ReadChunk(address, 0);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound)
         << address.ToString() << ": " << data.status();
     data = store_->ReadChunkUnverified(address);
@@ -250,8 +251,7 @@ TEST_P(StoreConformanceTest, ChunkDataStaysValidAfterLaterWrites) {
   const uint64_t id = Upload(&chunks);
   ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<ChunkData> data,
-      store_->ReadChunk(chunks[0].first, Checksum(kStoredChecksum, chunks[0].second),
-                        kStoredChecksum));
+      store_->ReadChunk(chunks[0].first, Checksum(chunks[0].second)));
   for (uint32_t i = 1; i < 50; ++i) {
     ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, i), RandomBytes(20000, i)}}));
   }
@@ -263,15 +263,15 @@ TEST_P(StoreConformanceTest, ReadChunkVerifiesChecksum) {
       {Addr(0, 3, 1, 12), RandomBytes(5000, 5)}, {Addr(0, 3, 1, 13), "tiny"}};
   const uint64_t id = Upload(&chunks);
   for (const auto& [address, bytes] : chunks) {
-    const uint64_t wrong = Checksum(kStoredChecksum, bytes + "x");
+    const uint64_t wrong = Checksum(bytes + "x");
     absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, wrong, kStoredChecksum);
+        store_->ReadChunk(address, wrong);
     ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
     EXPECT_THAT(Msg(data.status()),
-                HasSubstr("chunk " + address.ToString() + " failed its xxh3 checksum"));
+                HasSubstr("chunk " + address.ToString() + " failed its XXH3-64 checksum"));
   }
   absl::StatusOr<std::unique_ptr<ChunkData>> absent =
-      store_->ReadChunk(Addr(id, 3, 1, 14), Checksum(kStoredChecksum, ""), kStoredChecksum);
+      store_->ReadChunk(Addr(id, 3, 1, 14), Checksum(""));
   EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound) << absent.status();
   EXPECT_THAT(Msg(absent.status()), HasSubstr(Addr(id, 3, 1, 14).ToString()));
   ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id + 1, 3, 1, 12)));
@@ -582,7 +582,7 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
         if (!put.ok()) return fail("PutChunks", put);
         // Read back what this thread wrote so far while the others keep writing.
         absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(
-            Addr(*id, 0, c % 2, c), Checksum(kStoredChecksum, payloads[c]), kStoredChecksum);
+            Addr(*id, 0, c % 2, c), Checksum(payloads[c]));
         if (!data.ok()) return fail("ReadChunk", data.status());
       }
       // Every other thread throws its upload away; the rest commit.
@@ -595,7 +595,7 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
       if (!commit.ok()) return fail("CommitCheckpoint", commit);
       for (uint32_t k = 0; k < kChunks; ++k) {
         absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(
-            Addr(*id, 0, k % 2, k), Checksum(kStoredChecksum, payloads[k]), kStoredChecksum);
+            Addr(*id, 0, k % 2, k), Checksum(payloads[k]));
         if (!data.ok()) return fail("ReadChunk after commit", data.status());
       }
     });
@@ -642,8 +642,7 @@ TEST_P(StoreConformanceTest, StreamsOfOneUploadReadBack) {
           return;
         }
         for (uint32_t k = 0; k < c + 4; ++k) {
-          auto data = store_->ReadChunk(Addr(id, t, 0, k), Checksum(kStoredChecksum, payload(t, k)),
-                                        kStoredChecksum);
+          auto data = store_->ReadChunk(Addr(id, t, 0, k), Checksum(payload(t, k)));
           if (!data.ok()) {
             errors[t] = data.status().ToString();
             return;
@@ -658,8 +657,7 @@ TEST_P(StoreConformanceTest, StreamsOfOneUploadReadBack) {
   for (uint32_t t = 0; t < kStreams; ++t) {
     for (uint32_t k = 0; k < kChunks; ++k) {
       ASSERT_OK_AND_ASSIGN(auto data, store_->ReadChunk(Addr(id, t, 0, k),
-                                                        Checksum(kStoredChecksum, payload(t, k)),
-                                                        kStoredChecksum));
+                                                        Checksum(payload(t, k))));
       EXPECT_EQ(data->bytes(), payload(t, k)) << "stream " << t << " chunk " << k;
     }
   }
@@ -687,7 +685,7 @@ TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
       {Addr(0, 1, 0, 0), ""}};
   const uint64_t id = Upload(&chunks);
   ASSERT_OK(store_->CommitCheckpoint("ckpt", "manifest", id));
-  // Part before a Flush (in SST and blob files), part only in the WAL.
+  // Part before a Flush (in SST files), part only in the WAL.
   ASSERT_OK(store_->Flush());
   ASSERT_OK(store_->PutStrategy("tp2", "strategy2", false));
   ASSERT_OK(store_->PutJob("job-1", "done"));
@@ -718,62 +716,6 @@ TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
   for (const auto& [address, bytes] : more) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
   ASSERT_OK_AND_ASSIGN(const uint64_t next, store_->BeginData());
   EXPECT_GT(next, id2);
-}
-
-// The CRC32C that replaces librocksdb's (storage/internal/rocksdb_crc32c.h) gives the values of
-// the library's own code, which the dynamic linker still finds behind the replacement, and the
-// published check values.
-TEST(RocksDbCrc32cTest, AcceleratedCrc32cEqualsRocksDbsOwnCode) {
-  using Extend = uint32_t (*)(uint32_t, const char*, size_t);
-  const auto rocksdb_own =
-      reinterpret_cast<Extend>(dlsym(RTLD_NEXT, "_ZN7rocksdb6crc32c6ExtendEjPKcm"));
-  ASSERT_NE(rocksdb_own, nullptr) << "librocksdb exports no rocksdb::crc32c::Extend: " << dlerror();
-  using rocksdb_store_internal::ExtendCrc32c;
-
-  // RFC 3720 B.4 (iSCSI) and the common "123456789" check value.
-  EXPECT_EQ(ExtendCrc32c(0, std::string(32, '\0').data(), 32), 0x8a9136aau);
-  EXPECT_EQ(ExtendCrc32c(0, std::string(32, '\xff').data(), 32), 0x62a8ab43u);
-  std::string ascending(32, '\0');
-  for (int i = 0; i < 32; ++i) ascending[i] = static_cast<char>(i);
-  EXPECT_EQ(ExtendCrc32c(0, ascending.data(), 32), 0x46dd794eu);
-  EXPECT_EQ(ExtendCrc32c(0, "123456789", 9), 0xe3069283u);
-  EXPECT_EQ(ExtendCrc32c(0x12345678, "", 0), 0x12345678u);
-
-  const std::string bytes = RandomBytes(300000, 21);
-  std::mt19937_64 rng(22);
-  for (int trial = 0; trial < 400; ++trial) {
-    const size_t offset = rng() % 64;  // any alignment
-    const size_t n = trial < 200 ? rng() % 300 : rng() % (bytes.size() - offset);
-    const uint32_t init = trial % 3 == 0 ? 0 : static_cast<uint32_t>(rng());
-    ASSERT_EQ(ExtendCrc32c(init, bytes.data() + offset, n),
-              rocksdb_own(init, bytes.data() + offset, n))
-        << "offset " << offset << " length " << n << " init " << init;
-  }
-  // Extending piece by piece equals one pass.
-  const uint32_t whole = ExtendCrc32c(0, bytes.data(), bytes.size());
-  uint32_t pieces = 0;
-  for (size_t at = 0; at < bytes.size(); at += 7919) {
-    pieces = ExtendCrc32c(pieces, bytes.data() + at, std::min<size_t>(7919, bytes.size() - at));
-  }
-  EXPECT_EQ(pieces, whole);
-}
-
-// RocksDB computes its checksums with the replacement: opening a store already did (MANIFEST
-// records), and every record written to the WAL goes through it. Fails if a librocksdb build
-// stops binding its calls to the executable's definition.
-TEST_F(RocksDbStoreTest, RocksDbChecksumsWithTheAcceleratedCrc32c) {
-  EXPECT_GT(rocksdb_store_internal::AcceleratedCrc32cBytes(), 0u);
-  const uint64_t before = rocksdb_store_internal::AcceleratedCrc32cBytes();
-  ASSERT_OK(store_->PutJob("big", RandomBytes(1 << 20, 22)));
-  EXPECT_GE(rocksdb_store_internal::AcceleratedCrc32cBytes() - before, 1u << 20);
-  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
-      {Addr(0, 0, 0, 0), RandomBytes(1 << 20, 23)}, {Addr(0, 0, 0, 1), RandomBytes(70000, 24)}};
-  const uint64_t id = Upload(&chunks);
-  ASSERT_OK(store_->CommitCheckpoint("ckpt", "manifest", id));
-  ASSERT_OK(store_->Flush());
-  // And reads the values back as its own (RocksDB verifies table blocks when it opens them).
-  ASSERT_NO_FATAL_FAILURE(Reopen());
-  for (const auto& [address, bytes] : chunks) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
 }
 
 // Bytes of the store's segment files (chunk bytes) under the store directory `dir`.
@@ -847,26 +789,20 @@ TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
 
   ASSERT_NO_FATAL_FAILURE(Open());
   absl::StatusOr<std::unique_ptr<ChunkData>> data =
-      store_->ReadChunk(chunks[0].first, Checksum(kStoredChecksum, original), kStoredChecksum);
+      store_->ReadChunk(chunks[0].first, Checksum(original));
   ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
   EXPECT_THAT(Msg(data.status()),
-              HasSubstr("chunk " + chunks[0].first.ToString() + " failed its xxh3 checksum"));
+              HasSubstr("chunk " + chunks[0].first.ToString() + " failed its XXH3-64 checksum"));
   // Unverified, the stored bytes come back as they are: their reader must verify them.
   data = store_->ReadChunkUnverified(chunks[0].first);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ((*data)->bytes().size(), original.size());
   EXPECT_NE((*data)->bytes(), original);
   EXPECT_TRUE(absl::IsDataLoss(VerifyChunk(chunks[0].first, (*data)->bytes(),
-                                           Checksum(kStoredChecksum, original), kStoredChecksum)));
+                                           Checksum(original))));
   EXPECT_TRUE(
-      VerifyChunk(chunks[0].first, original, Checksum(kStoredChecksum, original), kStoredChecksum)
+      VerifyChunk(chunks[0].first, original, Checksum(original))
           .ok());
-  // The algorithm is the manifest's: chunks stored before xxh3 verify against xxh64, and a
-  // checksum checked with the wrong algorithm fails, naming the one it was checked with.
-  const uint64_t xxh64 = Checksum(ChecksumAlgorithm::kXxh64, original);
-  EXPECT_TRUE(VerifyChunk(chunks[0].first, original, xxh64, ChecksumAlgorithm::kXxh64).ok());
-  EXPECT_THAT(Msg(VerifyChunk(chunks[0].first, original, xxh64, ChecksumAlgorithm::kXxh3)),
-              HasSubstr("failed its xxh3 checksum"));
 }
 
 TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
@@ -890,7 +826,7 @@ TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
 
   std::filesystem::remove(path);
   ASSERT_NO_FATAL_FAILURE(Open());
-  data = store_->ReadChunk(chunks[0].first, Checksum(kStoredChecksum, bytes), kStoredChecksum);
+  data = store_->ReadChunk(chunks[0].first, Checksum(bytes));
   ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
   EXPECT_THAT(Msg(data.status()), HasSubstr(path));
   EXPECT_THAT(Msg(data.status()), HasSubstr("missing"));
@@ -919,40 +855,121 @@ TEST_F(RocksDbStoreTest, SegmentFilesOfUploadsThatNeverCommittedAreCollectedAtOp
   for (const auto& [address, bytes] : kept) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
 }
 
-// Stores written before segment files kept chunk bytes in the "chunks" family: still read,
-// deleted and collected.
-TEST_F(RocksDbStoreTest, ChunksOfStoresWrittenBeforeSegmentFilesAreStillServed) {
-  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
-  ASSERT_OK(store_->CommitCheckpoint("old", "m", id));  // no chunks through the new path
-  store_.reset();
-  const std::string legacy = RandomBytes(20000, 51);
-  const ChunkAddress address = Addr(id, 0, 0, 0);
-  {
-    namespace internal = rocksdb_store_internal;
-    rocksdb::DBOptions options;
-    std::vector<std::string> names;
-    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, db_dir_, &names).ok());
-    std::vector<rocksdb::ColumnFamilyDescriptor> families;
-    for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* raw = nullptr;
-    rocksdb::Status s = rocksdb::DB::Open(options, db_dir_, families, &handles, &raw);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] != internal::kChunksFamily) continue;
-      s = raw->Put(rocksdb::WriteOptions(), handles[i], internal::ChunkKey(address), legacy);
-      EXPECT_TRUE(s.ok()) << s.ToString();
-    }
-    for (rocksdb::ColumnFamilyHandle* h : handles)
-      EXPECT_TRUE(raw->DestroyColumnFamilyHandle(h).ok());
-    EXPECT_TRUE(raw->Close().ok());
-    delete raw;
+// Opens the RocksDB database of the closed store in `dir` directly, with every column family it
+// has, and calls `fn(db, names, handles)`.
+template <typename Fn>
+void WithRawDb(const std::string& dir, Fn fn) {
+  rocksdb::DBOptions options;
+  std::vector<std::string> names;
+  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status s = rocksdb::DB::Open(options, dir, families, &handles, &raw);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  fn(raw, names, handles);
+  for (rocksdb::ColumnFamilyHandle* h : handles) {
+    EXPECT_TRUE(raw->DestroyColumnFamilyHandle(h).ok());
   }
+  EXPECT_TRUE(raw->Close().ok());
+  delete raw;
+}
+
+// The handle of column family `name` (null when absent).
+rocksdb::ColumnFamilyHandle* Family(const std::vector<std::string>& names,
+                                    const std::vector<rocksdb::ColumnFamilyHandle*>& handles,
+                                    const std::string& name) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return handles[i];
+  }
+  return nullptr;
+}
+
+// A database with a column family of chunk bytes (a layout this version does not read) is refused
+// at open with FAILED_PRECONDITION naming the family and the directory, and left as it is.
+TEST_F(RocksDbStoreTest, StoresWithAChunkBytesColumnFamilyAreRefused) {
+  ASSERT_OK(store_->PutStrategy("s", "strategy", false));
+  store_.reset();
+  WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>&,
+                         const std::vector<rocksdb::ColumnFamilyHandle*>&) {
+    rocksdb::ColumnFamilyHandle* chunks = nullptr;
+    ASSERT_TRUE(db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(),
+                                       rocksdb_store_internal::kChunkBytesFamily, &chunks)
+                    .ok());
+    EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), chunks,
+                        rocksdb_store_internal::ChunkKey(Addr(1, 0, 0, 0)), "bytes")
+                    .ok());
+    EXPECT_TRUE(db->DestroyColumnFamilyHandle(chunks).ok());
+  });
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenRocksDbStore(db_dir_, options_);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(Msg(refused.status()),
+              AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
+                    HasSubstr("has a \"chunks\" column family"),
+                    HasSubstr("keeps chunk bytes in segment files")));
+  // Nothing was changed: the family is still there, with its record.
+  WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                         const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    rocksdb::ColumnFamilyHandle* chunks =
+        Family(names, handles, rocksdb_store_internal::kChunkBytesFamily);
+    ASSERT_NE(chunks, nullptr);
+    std::string value;
+    EXPECT_TRUE(db->Get(rocksdb::ReadOptions(), chunks,
+                        rocksdb_store_internal::ChunkKey(Addr(1, 0, 0, 0)), &value)
+                    .ok());
+  });
+}
+
+// A new store records its format version; a store recording another version, or holding records
+// without one, is refused at open with FAILED_PRECONDITION naming the problem.
+TEST_F(RocksDbStoreTest, OpenChecksTheStoreFormatVersion) {
+  ASSERT_OK(store_->PutStrategy("s", "strategy", false));
+  store_.reset();
+  const std::string key = "v";
+  auto set_version = [&](std::optional<uint64_t> version) {
+    WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                           const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+      rocksdb::ColumnFamilyHandle* meta =
+          Family(names, handles, rocksdb_store_internal::kMetaFamily);
+      ASSERT_NE(meta, nullptr);
+      if (!version) {
+        EXPECT_TRUE(db->Delete(rocksdb::WriteOptions(), meta, key).ok());
+        return;
+      }
+      std::string value;
+      for (int shift = 56; shift >= 0; shift -= 8) {
+        value.push_back(static_cast<char>((*version >> shift) & 0xff));
+      }
+      EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), meta, key, value).ok());
+    });
+  };
+  WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                         const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    std::string value;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
+                        Family(names, handles, rocksdb_store_internal::kMetaFamily), key, &value)
+                    .ok());
+    EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\1", 8));
+  });
+  EXPECT_EQ(rocksdb_store_internal::kStoreFormatVersion, 1u);
+
+  set_version(2);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenRocksDbStore(db_dir_, options_);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(Msg(refused.status()),
+              AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
+                    HasSubstr("it is in store format 2; this version of ckptd reads format 1")));
+
+  set_version(std::nullopt);
+  refused = OpenRocksDbStore(db_dir_, options_);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("it holds records but no store format version"));
+
+  set_version(1);
   ASSERT_NO_FATAL_FAILURE(Open());
-  ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, legacy));
-  ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, legacy));  // its blob has no locations to keep
-  ASSERT_OK(store_->DeleteCheckpoint("old"));
-  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
+  ASSERT_OK_AND_ASSIGN(std::string got, store_->GetStrategy("s"));
+  EXPECT_EQ(got, "strategy");
 }
 
 // Chunks are views of mapped segment files while the map budget allows, copies beyond it: the
@@ -969,7 +986,7 @@ TEST_F(RocksDbStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
     for (const auto& [address, bytes] : chunks) {
       ASSERT_OK_AND_ASSIGN(
           std::unique_ptr<ChunkData> data,
-          store_->ReadChunk(address, Checksum(kStoredChecksum, bytes), kStoredChecksum));
+          store_->ReadChunk(address, Checksum(bytes)));
       EXPECT_EQ(data->bytes(), bytes);
       held.push_back(std::move(data));
     }

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "ckpt.pb.h"
+#include "core/checksum.h"
 #include "gtest/gtest.h"
 #include "tests/testing/byte_buffers.h"
-#include "storage/checkpoint_store.h"
 
 namespace ckpt {
 namespace {
@@ -53,7 +53,7 @@ TEST(WireFormatTest, FetchMessagesWithoutDataAreProtobufs) {
   EXPECT_EQ(got.SerializeAsString(), piece.message.SerializeAsString());
 }
 
-TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
+TEST(WireFormatTest, FetchDataOfPartsAndTilesParsesAsProtobuf) {
   // Sizes around varint boundaries of the lengths (127/128, 16383/16384) and a large message.
   for (const std::vector<size_t>& sizes : std::vector<std::vector<size_t>>{
            {0}, {1}, {127}, {60, 68}, {16383}, {8192, 8192}, {100, 1 << 20, 5}, {3, 5, 7, 9}}) {
@@ -63,18 +63,16 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
       parts.push_back(Bytes(n, static_cast<char>(parts.size())));
       all += parts.back();
     }
-    for (int mode : {0, 1, 2}) {  // one checksum, parts, parts as tiles
-      const bool with_parts = mode > 0;
+    for (int mode : {0, 1, 2}) {  // one part, a part per segment, a tile per segment
       SCOPED_TRACE(::testing::Message() << all.size() << " bytes, mode " << mode);
       std::shared_ptr<std::string> owner;
       FetchPiece piece = DataPiece(parts, &owner);
-      if (with_parts) {
-        for (const std::string& p : parts) {
-          piece.parts.push_back(
-              {static_cast<int64_t>(p.size()), Checksum(ChecksumAlgorithm::kXxh3, p)});
-        }
+      if (mode == 0) {
+        piece.parts.push_back({static_cast<int64_t>(all.size()), Checksum(all)});
       } else {
-        piece.xxh64 = Checksum(ChecksumAlgorithm::kXxh3, all);
+        for (const std::string& p : parts) {
+          piece.parts.push_back({static_cast<int64_t>(p.size()), Checksum(p)});
+        }
       }
       if (mode == 2) {  // made-up boxes, with values around the varint boundaries
         for (size_t i = 0; i < parts.size(); ++i) {
@@ -93,13 +91,12 @@ TEST(WireFormatTest, FetchDataWithOneChecksumOrPartsParsesAsProtobuf) {
                   expected_tiles);
         EXPECT_EQ(got.data().band_rows(), mode == 2 ? 300 : 0);
         EXPECT_TRUE(got.data().data() == all);
-        EXPECT_EQ(got.data().xxh64(), with_parts ? 0 : Checksum(ChecksumAlgorithm::kXxh3, all));
         ASSERT_EQ(got.data().part_bytes_size(), static_cast<int>(expected_parts.size()));
-        ASSERT_EQ(got.data().part_xxh64_size(), static_cast<int>(expected_parts.size()));
+        ASSERT_EQ(got.data().part_checksums_size(), static_cast<int>(expected_parts.size()));
         for (size_t i = 0; i < expected_parts.size(); ++i) {
           EXPECT_EQ(got.data().part_bytes(static_cast<int>(i)),
                     static_cast<uint64_t>(expected_parts[i].bytes));
-          EXPECT_EQ(got.data().part_xxh64(static_cast<int>(i)), expected_parts[i].xxh64);
+          EXPECT_EQ(got.data().part_checksums(static_cast<int>(i)), expected_parts[i].checksum);
         }
       }
       piece = FetchPiece();
