@@ -1116,17 +1116,6 @@ absl::Status ValidateExportPrefix(std::string_view prefix) {
 
 namespace {
 
-// fsyncs a directory so that the entries created or renamed in it survive a crash.
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "open", dir);
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(error, "fsync", dir);
-  return absl::OkStatus();
-}
-
 // Creates `parent`/`stem`<random> with mode 0777 minus the umask (mkdtemp's 0700 would be kept
 // by the final rename and surprise users sharing the export).
 absl::StatusOr<std::string> MakeUniqueDirectory(const fs::path& parent, const std::string& stem) {

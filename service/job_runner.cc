@@ -225,16 +225,6 @@ absl::Status MakeDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-// Makes renames and new entries in `dir` durable.
-absl::Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "open directory", dir);
-  absl::Status s;
-  if (::fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync directory", dir);
-  ::close(fd);
-  return s;
-}
-
 // Best effort: a leftover is logged, and removed again by the next start.
 void RemoveTree(const std::string& path) {
   std::error_code ec;
@@ -244,18 +234,6 @@ void RemoveTree(const std::string& path) {
   } else if (removed > 0 && removed != static_cast<std::uintmax_t>(-1)) {
     Logger()->info("event=job_cleanup path={} removed_entries={}", path, removed);
   }
-}
-
-// Renames `from` to `to`, refusing to replace an existing `to` where the filesystem can say so
-// atomically (renameat2 RENAME_NOREPLACE); elsewhere after an existence check.
-absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
-    return absl::OkStatus();
-  }
-  if (errno != EINVAL && errno != ENOSYS) return ErrnoToStatus(errno, "rename", to);
-  if (Exists(to)) return ErrnoToStatus(EEXIST, "rename", to);
-  if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoToStatus(errno, "rename", to);
-  return absl::OkStatus();
 }
 
 std::string NewJobId() {
@@ -1121,12 +1099,12 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
           });
           return absl::OkStatus();
         }));
-    CKPT_RETURN_IF_ERROR(FsyncDir(partial));  // the rank_<r> entries
+    CKPT_RETURN_IF_ERROR(SyncDirectory(partial));  // the rank_<r> entries
     CKPT_RETURN_IF_ERROR(Check(e));
     // rename(2) replaces an empty directory atomically and refuses a non-empty one, which is
     // exactly the submission rule.
     if (::rename(partial.c_str(), dir.c_str()) != 0) return ErrnoToStatus(errno, "rename", dir);
-    return FsyncDir(ParentOf(dir));
+    return SyncDirectory(ParentOf(dir));
   }();
   if (!status.ok()) RemoveTree(partial);
   return status;
@@ -1162,7 +1140,7 @@ absl::Status JobRunner::RunMerged(Entry* e, const v1::SubmitTransformRequest& re
            [](v1::Job* j) { j->mutable_progress()->set_ranks_done(1); });
     CKPT_RETURN_IF_ERROR(Check(e));
     CKPT_RETURN_IF_ERROR(RenameNoReplace(staged, path));
-    return FsyncDir(ParentOf(path));
+    return SyncDirectory(ParentOf(path));
   }();
   RemoveTree(partial);  // empty after success
   return status;

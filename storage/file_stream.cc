@@ -22,27 +22,6 @@
 namespace ckpt {
 namespace {
 
-absl::StatusCode CodeForErrno(int error_number) {
-  switch (error_number) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::StatusCode::kNotFound;
-    case EACCES:
-    case EPERM:
-      return absl::StatusCode::kPermissionDenied;
-    case EISDIR:
-      return absl::StatusCode::kInvalidArgument;
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-      return absl::StatusCode::kResourceExhausted;
-    case EEXIST:
-      return absl::StatusCode::kAlreadyExists;
-    default:
-      return absl::ErrnoToStatusCode(error_number);
-  }
-}
-
 // "dir" part of a path, for fsync after rename and for the temporary file's location.
 std::string DirName(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -59,12 +38,6 @@ std::string RandomSuffix() {
 }
 
 }  // namespace
-
-absl::Status ErrnoToStatus(int error_number, std::string_view op, std::string_view path) {
-  // absl's message uses a thread-safe strerror.
-  const absl::Status base = absl::ErrnoToStatus(error_number, absl::StrCat(Sv(op), " ", Sv(path)));
-  return absl::Status(CodeForErrno(error_number), base.message());
-}
 
 // ---------------------------------------------------------------------------------------------
 // FileByteSource
@@ -374,12 +347,7 @@ absl::Status AtomicFileSink::Commit() {
   committed_ = true;
   // Make the rename durable: without syncing the directory a crash may lose the new entry.
   const std::string dir = DirName(path_);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return ErrnoToStatus(errno, "open directory", dir);
-  absl::Status synced = absl::OkStatus();
-  if (::fsync(dir_fd) != 0) synced = ErrnoToStatus(errno, "fsync directory", dir);
-  ::close(dir_fd);
-  return synced;
+  return SyncDirectory(dir);
 }
 
 void AtomicFileSink::Abandon() {

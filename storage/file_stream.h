@@ -16,14 +16,9 @@
 #include "absl/status/statusor.h"
 #include "core/byte_stream.h"
 #include "storage/io_buffer.h"
+#include "storage/posix_io.h"
 
 namespace ckpt {
-
-// Maps an errno value from operation `op` ("open", "rename", ...) on `path` to a status whose
-// message reads "<op> <path>: <strerror>". ENOENT/ENOTDIR → NOT_FOUND, EACCES/EPERM →
-// PERMISSION_DENIED, EISDIR → INVALID_ARGUMENT, ENOSPC/EDQUOT/EFBIG → RESOURCE_EXHAUSTED (disk or
-// quota, as DESIGN.md §5 asks), EEXIST → ALREADY_EXISTS; others as absl::ErrnoToStatusCode.
-absl::Status ErrnoToStatus(int error_number, std::string_view op, std::string_view path);
 
 // Reads a file sequentially through a 1 MiB buffer (reads at least that large bypass it).
 // Owns its descriptor. Not thread-safe.
