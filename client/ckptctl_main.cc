@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   CLI::App app{"ckptctl - client of ckptd, the sharded-checkpoint service"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  // CKPT_VERSION is the CMake project version (client/CMakeLists.txt).
+  app.set_version_flag("--version", "ckptctl " CKPT_VERSION, "Print the version and exit");
   // Lets global options such as --server also follow the subcommand; subcommands created below
   // inherit this setting.
   app.fallthrough();
@@ -206,6 +208,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line in the common format; exit 2 marks a usage error, as most tools do.

@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
 
   CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};
+  // CKPT_VERSION is the CMake project version (service/CMakeLists.txt).
+  app.set_version_flag("--version", "ckptd " CKPT_VERSION, "Print the version and exit");
   app.add_option("--listen", options.listen, "Address to listen on (port 0: any free port)")
       ->envname("CKPTD_LISTEN")
       ->capture_default_str();
