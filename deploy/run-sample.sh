@@ -112,7 +112,8 @@ if [ ! -s "$SERVER_TMP/port" ]; then
   echo "run-sample: ckptd did not start within 30 s" >&2
   exit 1
 fi
-export CKPT_SERVER="127.0.0.1:$(cat "$SERVER_TMP/port")"
+CKPT_SERVER="127.0.0.1:$(cat "$SERVER_TMP/port")"
+export CKPT_SERVER
 echo "ckptd is listening on $CKPT_SERVER (ckptctl reads \$CKPT_SERVER)"
 
 # Absolute paths for the server: it writes transform outputs on its own filesystem.
