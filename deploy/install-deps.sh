@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   python3 python3-numpy python3-protobuf
-  python3-grpcio python3-xxhash python3-pytest openssl
+  python3-grpcio python3-xxhash python3-pytest python3-pip python3-venv openssl
 )
 
 missing=()
