@@ -167,6 +167,16 @@ def value_count(path):
         return len(ms.Checkpoint.FromString(f.read()).value)
 
 
+def fetch_data(data=b"", checksum=0, part_bytes=(), part_checksums=(), tile_box=(),
+               band_rows=0):
+    """A FetchResponse{data: FetchData} as the server sends it, serialized (for crafted
+    streams): the only place the tests name FetchData's checksum fields."""
+    from ckptd._proto import ckpt_pb2 as pb
+    return pb.FetchResponse(data=pb.FetchData(
+        data=data, xxh64=checksum, part_bytes=list(part_bytes), part_xxh64=list(part_checksums),
+        tile_box=list(tile_box), band_rows=band_rows)).SerializeToString()
+
+
 def layout(dev_matrix, tensor_map, opt_shard_size=0):
     """One parameter of a MindSpore JSON strategy."""
     return {"dev_matrix": list(dev_matrix), "tensor_map": list(tensor_map), "field": 0,

@@ -41,13 +41,12 @@ def header(name, dtype, shape, nbytes):
 def rows_message(data, parts=None):
     """Row-major bytes: one checksum, or parts of the given sizes with their own."""
     if parts is None:
-        return pb.FetchResponse(data=pb.FetchData(data=data, xxh64=h(data))).SerializeToString()
+        return T.fetch_data(data, checksum=h(data))
     sums, offset = [], 0
     for n in parts:
         sums.append(h(data[offset:offset + n]))
         offset += n
-    return pb.FetchResponse(data=pb.FetchData(data=data, part_bytes=parts,
-                                              part_xxh64=sums)).SerializeToString()
+    return T.fetch_data(data, part_bytes=parts, part_checksums=sums)
 
 
 def tiles_message(array, boxes, band_rows):
@@ -59,9 +58,8 @@ def tiles_message(array, boxes, band_rows):
         sizes.append(len(tile))
         sums.append(h(tile))
         coords += list(lo) + list(hi)
-    return pb.FetchResponse(data=pb.FetchData(
-        data=data, part_bytes=sizes, part_xxh64=sums, tile_box=coords,
-        band_rows=band_rows)).SerializeToString()
+    return T.fetch_data(data, part_bytes=sizes, part_checksums=sums, tile_box=coords,
+                        band_rows=band_rows)
 
 
 def receive(messages, checkpoint="ck"):
@@ -88,9 +86,8 @@ def grid_boxes(first, rows, shape, tile):
 
 def test_data_messages_are_read_in_place():
     data = bytes(range(256)) * 5
-    message = pb.FetchResponse(data=pb.FetchData(
-        data=data, part_bytes=[1000, 280], part_xxh64=[1, 2 ** 64 - 1],
-        tile_box=[0, 0, 3, 4], band_rows=7)).SerializeToString()
+    message = T.fetch_data(data, part_bytes=[1000, 280], part_checksums=[1, 2 ** 64 - 1],
+                           tile_box=[0, 0, 3, 4], band_rows=7)
     parsed = _wire.parse_data_message(message)
     assert bytes(parsed.data) == data and parsed.data.obj is message  # a view, no copy
     assert (parsed.part_bytes, parsed.part_checksums, parsed.tile_box, parsed.band_rows) == \
@@ -98,7 +95,7 @@ def test_data_messages_are_read_in_place():
     assert _wire.parse_data_message(summary(1, 2)) is None
     assert _wire.parse_data_message(message[:-1]) is None  # truncated
     # The data field after the others: not the in-place layout, parsed by protobuf instead.
-    rest = pb.FetchData(xxh64=h(b"abc")).SerializeToString()
+    rest = T.fetch_data(checksum=h(b"abc"))[2:]  # FetchData's fields without the data
     reordered = rest + b"\x0a\x03abc"
     reordered = b"\x1a" + bytes([len(reordered)]) + reordered
     assert _wire.parse_data_message(reordered) is None
@@ -147,9 +144,8 @@ def test_tiles_in_any_order_assemble_the_slice(shape, tile, band_rows):
 def test_checksum_mismatch_names_tensor_and_byte_range():
     raw = bytes(range(200))
     good = _wire.parse_data_message(rows_message(raw[100:], parts=[40, 60]))
-    bad = pb.FetchResponse(data=pb.FetchData(
-        data=raw[100:], part_bytes=[40, 60],
-        part_xxh64=[good.part_checksums[0], good.part_checksums[1] ^ 1])).SerializeToString()
+    bad = T.fetch_data(raw[100:], part_bytes=[40, 60],
+                       part_checksums=[good.part_checksums[0], good.part_checksums[1] ^ 1])
     with pytest.raises(ckptd.DataLoss) as error:
         receive([summary(1, 200), header("w", "UInt8", [200], 200), rows_message(raw[:100]), bad],
                 checkpoint="run-1")

@@ -436,14 +436,12 @@ class FetchReceiver:
         if not ((lo[:, 0] == lo0 + (t // gj) * h).all() and
                 (lo[:, 1] == lo1 + (t % gj) * w).all()):
             return False
-        target = band.target
-        if lo1 + gj * w > target.shape[1]:
-            return False
-        row_stride = target.strides[0]
-        corner = target[lo0 - band.first:, lo1:]
-        dest = np.lib.stride_tricks.as_strided(
-            corner, shape=(gi, gj, h, w * itemsize),
-            strides=(h * row_stride, w * itemsize, row_stride, 1), writeable=True)
+        row_stride = band.target.strides[0]
+        # The grid as (grid row, grid column, tile row, tile row's bytes) over the band's bytes;
+        # NumPy checks that it stays inside them.
+        dest = np.ndarray((gi, gj, h, w * itemsize), np.uint8, band.flat,
+                          (lo0 - band.first) * row_stride + lo1 * itemsize,
+                          (h * row_stride, w * itemsize, row_stride, 1))
         dest[...] = np.frombuffer(data, np.uint8).reshape(gi, gj, h, w * itemsize)
         return True
 
