@@ -13,7 +13,11 @@ arrays at a time, and prints one JSON object on stdout:
    "warmup_gibps":     the unmeasured first pass,
    "cpu_seconds_per_gib": this process's CPU (user + system) per GiB over the measured passes,
    "baseline_rss_bytes":  resident set after importing and connecting, before any fetch,
-   "peak_rss_bytes":      peak resident set of the process (getrusage ru_maxrss)}
+   "peak_rss_bytes":      peak resident set of the process (getrusage ru_maxrss),
+   "malloc_tuning":       whether ckptd.malloc_tuning.tune_malloc_for_streaming() was applied}
+
+The allocator policy the C++ client's ckptctl applies (ckptd.malloc_tuning) is applied first,
+as a program that fetches repeatedly would; `--no-malloc-tuning` leaves glibc's defaults.
 
 `--mode fetch` (default) measures Client.fetch (one pre-allocated array per tensor);
 `--mode iter` measures Client.iter_fetch, dropping each array as it completes; `--mode file`
@@ -21,7 +25,7 @@ measures Client.fetch_to_file into --out (default /dev/null).
 
 Usage: python_fetch_bench.py --server HOST:PORT --checkpoint ID
            (--dst-strategy NAME --ranks 0,1,2 | --merged) [--passes 3] [--mode fetch]
-           [--pythonpath build/python]
+           [--pythonpath build/python] [--no-malloc-tuning]
 """
 
 import argparse
@@ -61,10 +65,14 @@ def main():
     parser.add_argument("--mode", choices=("fetch", "iter", "file"), default="fetch")
     parser.add_argument("--out", default="/dev/null")
     parser.add_argument("--pythonpath", help="directory holding the ckptd package")
+    parser.add_argument("--no-malloc-tuning", action="store_true")
     args = parser.parse_args()
     if args.pythonpath:
         sys.path.insert(0, args.pythonpath)
     import ckptd
+    import ckptd.malloc_tuning
+
+    tuned = not args.no_malloc_tuning and ckptd.malloc_tuning.tune_malloc_for_streaming()
 
     if args.merged == bool(args.dst_strategy):
         parser.error("give either --dst-strategy with --ranks, or --merged")
@@ -115,6 +123,7 @@ def main():
         "cpu_seconds_per_gib": cpu / gib if gib > 0 else None,
         "baseline_rss_bytes": baseline_rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "malloc_tuning": bool(tuned),
     }, sys.stdout)
     sys.stdout.write("\n")
     client.close()

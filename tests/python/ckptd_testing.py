@@ -159,12 +159,24 @@ def decode_ckpt(path):
 
 
 def value_count(path):
-    """Number of Values (chunks) in a .ckpt."""
-    if PY_PROTO_DIR not in sys.path:
-        sys.path.insert(0, PY_PROTO_DIR)
-    import mindspore_checkpoint_pb2 as ms
+    """Number of Values (chunks) in a .ckpt without a trailer: walks the outer framing (key 0x0a,
+    varint length) and skips each Value's bytes."""
+    count = 0
     with open(path, "rb") as f:
-        return len(ms.Checkpoint.FromString(f.read()).value)
+        size = os.fstat(f.fileno()).st_size
+        while f.tell() < size:
+            assert f.read(1) == b"\x0a", f"{path}: not a Checkpoint.value at {f.tell() - 1}"
+            length, shift = 0, 0
+            while True:
+                byte = f.read(1)[0]
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if byte < 0x80:
+                    break
+            f.seek(length, os.SEEK_CUR)
+            count += 1
+        assert f.tell() == size, f"{path}: the last Value runs past the end"
+    return count
 
 
 def fetch_data(data=b"", checksum=0, part_bytes=(), part_checksums=(), tile_box=(),

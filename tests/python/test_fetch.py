@@ -199,3 +199,24 @@ def test_fetch_to_file_writes_into_a_pipe_in_place(demo, client, tmp_path):
     reference = tmp_path / "r.ckpt"
     T.ctl_fetch(demo.server, "demo", reference, dst_strategy="d3", rank=0)
     assert received[0] == reference.read_bytes()
+
+
+def test_python_fetch_bench_reports_what_it_fetched(demo, client):
+    """tests/bench/python_fetch_bench.py (the bench harness's Python row) keeps working."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
+                          "python_fetch_bench.py")
+    expected = [sum(a.nbytes for a in client.fetch("demo", "d3", r).values()) for r in range(3)]
+    for mode in ("fetch", "iter", "file"):
+        run = subprocess.run([sys.executable, script, "--server", demo.server.address,
+                              "--checkpoint", "demo", "--dst-strategy", "d3", "--ranks", "0-2",
+                              "--passes", "1", "--mode", mode],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        report = json.loads(run.stdout)
+        assert report["ranks"] == [0, 1, 2] and report["mode"] == mode
+        assert report["bytes"] == sum(expected) and report["max_rank_bytes"] == max(expected)
+        assert report["gibps"] > 0 and len(report["passes_gibps"]) == 1
+        assert report["peak_rss_bytes"] >= report["baseline_rss_bytes"] > 0
+        assert report["malloc_tuning"] is True

@@ -19,7 +19,10 @@ def test_pip_installs_the_package_with_generated_stubs(tmp_path):
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     shutil.copytree(os.path.join(SOURCE, "proto"), tree / "proto")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+    # No pip of its own: the system one (python3-pip), run by the venv's interpreter, installs
+    # into the venv.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv],
+                   check=True)
     python = venv / "bin" / "python"
     install = subprocess.run(
         [python, "-m", "pip", "install", "--no-build-isolation", "--no-index",

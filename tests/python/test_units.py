@@ -370,3 +370,10 @@ def test_rank_files_are_found_as_the_cpp_client_finds_them(tmp_path):
     (tmp_path / "rank_2").mkdir()
     with pytest.raises(ckptd.NotFound, match="holds no .ckpt"):
         resolve_rank_files(str(tmp_path), 3)
+
+
+def test_malloc_tuning_applies_on_glibc():
+    import subprocess
+    run = subprocess.run([sys.executable, "-c", "import ckptd.malloc_tuning as m; "
+                          "print(m.tune_malloc_for_streaming())"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr

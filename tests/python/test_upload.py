@@ -1,9 +1,11 @@
 """Uploads, strategies and checkpoints from Python, checked against ckptctl; every MindSpore dtype
 and the 512 MiB chunking of fetch_to_file."""
 
-import hashlib
 import json
 import os
+import pathlib
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -86,27 +88,36 @@ def test_fetch_to_file_splits_tensors_over_512_mib_as_ckptctl(server, client, tm
     rows, cols = 130, 1 << 20
     source = tmp_path / "big.ckpt"
     from ckptd._ckpt_file import CkptWriter
-    pattern = np.arange(cols, dtype=np.uint32)
+    row = np.arange(cols, dtype=np.uint32) * np.uint32(2654435761)
     with open(source, "wb") as f:
         writer = CkptWriter(f)
         writer.begin_tensor("big.weight", "Float32", [rows, cols], rows * cols * 4)
         for r in range(rows):
-            writer.append((pattern * 2654435761 + r).astype(np.uint32).data)
+            row[0] = r  # rows differ, so that a misplaced chunk shows
+            writer.append(row.data)
         writer.finish()
     client.upload_file("big", source)
     os.unlink(source)
-    reference = tmp_path / "reference.ckpt"
-    mine = tmp_path / "mine.ckpt"
-    T.ctl_fetch(server, "big", reference, merged=True)
-    client.fetch_to_file("big", merged=True, path=mine)
-    assert os.path.getsize(mine) == os.path.getsize(reference) > 512 << 20
-    with open(reference, "rb") as a, open(mine, "rb") as b:
-        while True:
-            x = a.read(64 << 20)
-            assert x == b.read(64 << 20)
-            if not x:
-                break
-    assert T.value_count(mine) == 2
+    # The two 520 MiB outputs go to memory when there is room (nothing here is about the disk).
+    out = tmp_path
+    if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 4 << 30:
+        out = pathlib.Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        reference = out / "reference.ckpt"
+        mine = out / "mine.ckpt"
+        T.ctl_fetch(server, "big", reference, merged=True)
+        client.fetch_to_file("big", merged=True, path=mine)
+        assert os.path.getsize(mine) == os.path.getsize(reference) > 512 << 20
+        with open(reference, "rb") as a, open(mine, "rb") as b:
+            while True:
+                x = a.read(64 << 20)
+                assert x == b.read(64 << 20)
+                if not x:
+                    break
+        assert T.value_count(mine) == 2
+    finally:
+        if out != tmp_path:
+            shutil.rmtree(out)
     client.delete_checkpoint("big")
 
 
@@ -124,11 +135,18 @@ def test_upload_dir_equals_ckptctl_upload(server, client, sample_dir, tmp_path):
     assert progress[-1] == (summary.file_bytes, summary.file_bytes)
     T.ctl_upload_dir(server, "ctl", "src", sample_dir / "checkpoint")
     mine, theirs = client.describe("py"), client.describe("ctl")
-    assert mine.tensors == theirs.tensors
+
+    def stable(t):
+        # The server de-duplicates equal verbatim values of ranks uploaded at the same time
+        # racily (ckptctl's uploads also store 1 or 2 copies of the sample's learning_rate), so
+        # only a sharded tensor's stored slices are compared.
+        return t if t.kind == "sharded" else (t.name, t.dtype, t.global_shape, t.layout)
+
+    assert [stable(t) for t in mine.tensors] == [stable(t) for t in theirs.tensors]
     assert (mine.info.source_strategy, mine.info.ranks, mine.info.tensor_count,
-            mine.info.logical_bytes, mine.info.stored_bytes) == \
+            mine.info.logical_bytes) == \
         (theirs.info.source_strategy, theirs.info.ranks, theirs.info.tensor_count,
-         theirs.info.logical_bytes, theirs.info.stored_bytes)
+         theirs.info.logical_bytes)
     assert summary.bytes_stored == mine.info.stored_bytes
     for rank in range(3):
         a, b = tmp_path / "a.ckpt", tmp_path / "b.ckpt"
