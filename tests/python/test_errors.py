@@ -3,9 +3,8 @@ killed mid-fetch, an unreachable server, bad arguments; TLS and token options.""
 
 import os
 import re
-import signal
 import subprocess
-import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -291,3 +290,22 @@ def test_tls_and_token_options_and_their_environment_variables(tmp_path, monkeyp
             ckptd.Client(timeout=5).list_strategies()
     finally:
         server.stop(None)
+
+
+def test_dropping_an_unfinished_iter_fetch_cancels_its_stream(tmp_path):
+    server = T.Server(tmp_path / "data").start()
+    try:
+        source = tmp_path / "big.ckpt"
+        _big_whole_file(source)
+        T.ctl(server, "upload", "big", "--file", source)
+        client = ckptd.Client(server.address)
+        stream = client.iter_fetch("big", merged=True)
+        next(stream)
+        assert client.stats()["fetch_streams"] == 1
+        del stream  # no close(): the last reference goes
+        deadline = time.monotonic() + 10
+        while client.stats()["fetch_streams"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.stats()["fetch_streams"] == 0
+    finally:
+        server.kill()

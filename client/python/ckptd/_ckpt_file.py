@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 import zlib
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import numpy as np
 

@@ -19,7 +19,7 @@ from ckptd._fetch import ArraySink, FetchReceiver, FetchSummary, TensorInfo
 from ckptd._proto import ckpt_pb2 as pb
 from ckptd._proto import ckpt_pb2_grpc
 from ckptd._rank_files import resolve_rank_files
-from ckptd.errors import Cancelled, Error, Internal, InvalidArgument, Unavailable, \
+from ckptd.errors import Cancelled, Internal, InvalidArgument, Unavailable, \
     from_rpc_error
 from ckptd.models import CheckpointDescription, CheckpointInfo, Job, RankUpload, Strategy, \
     StrategyInfo, TensorDescription, UploadResult, UploadSummary
@@ -62,8 +62,11 @@ class FetchIterator:
         self._address = address
         self._upcast = upcast
         self._ready = collections.deque()
+        # The sink holds the deque, not the iterator: dropping the iterator then frees it (and
+        # cancels the stream) at once rather than at the next garbage collection.
+        ready = self._ready
         self._receiver: FetchReceiver = receiver_factory(
-            ArraySink(lambda info, array: self._ready.append((info, array))))
+            ArraySink(lambda info, array: ready.append((info, array))))
         self._done = False
         self.info: Dict[str, TensorInfo] = {}
 
