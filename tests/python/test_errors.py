@@ -309,3 +309,27 @@ def test_dropping_an_unfinished_iter_fetch_cancels_its_stream(tmp_path):
         assert client.stats()["fetch_streams"] == 0
     finally:
         server.kill()
+
+
+def test_a_fetch_holds_its_arrays_and_a_bounded_remainder(tmp_path):
+    """Peak memory of a fetch (measured by the bench script in its own process): the arrays
+    returned plus a bounded amount, not a buffer growing with the server's lead."""
+    import json
+    import sys
+    server = T.Server(tmp_path / "data").start()
+    try:
+        source = tmp_path / "big.ckpt"
+        _big_whole_file(source)  # 128 MiB
+        T.ctl(server, "upload", "big", "--file", source)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
+                              "python_fetch_bench.py")
+        run = subprocess.run([sys.executable, script, "--server", server.address,
+                              "--checkpoint", "big", "--merged", "--passes", "1"],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        report = json.loads(run.stdout)
+        assert report["max_rank_bytes"] == 128 << 20
+        growth = report["peak_rss_bytes"] - report["baseline_rss_bytes"]
+        assert growth <= 1.1 * report["max_rank_bytes"] + (32 << 20), report
+    finally:
+        server.kill()
