@@ -18,7 +18,7 @@ CKPTCTL = os.environ.get("CKPTCTL_BIN", "")
 PY_PROTO_DIR = os.environ.get("CKPT_PY_PROTO_DIR", "")
 
 # ckptctl's flag naming the destination strategy of fetch, deps, export and transform.
-DST_STRATEGY_FLAG = "--strategy"
+DST_STRATEGY_FLAG = "--dst-strategy"
 # ckptctl's flag naming the source strategy of upload.
 SRC_STRATEGY_FLAG = "--strategy"
 
@@ -179,13 +179,12 @@ def value_count(path):
     return count
 
 
-def fetch_data(data=b"", checksum=0, part_bytes=(), part_checksums=(), tile_box=(),
-               band_rows=0):
+def fetch_data(data=b"", part_bytes=(), part_checksums=(), tile_box=(), band_rows=0):
     """A FetchResponse{data: FetchData} as the server sends it, serialized (for crafted
-    streams): the only place the tests name FetchData's checksum fields."""
+    streams): the only place the tests name FetchData's fields."""
     from ckptd._proto import ckpt_pb2 as pb
     return pb.FetchResponse(data=pb.FetchData(
-        data=data, xxh64=checksum, part_bytes=list(part_bytes), part_xxh64=list(part_checksums),
+        data=data, part_bytes=list(part_bytes), part_checksums=list(part_checksums),
         tile_box=list(tile_box), band_rows=band_rows)).SerializeToString()
 
 

@@ -39,9 +39,9 @@ def header(name, dtype, shape, nbytes):
 
 
 def rows_message(data, parts=None):
-    """Row-major bytes: one checksum, or parts of the given sizes with their own."""
+    """Row-major bytes in parts of the given sizes (default: one part), each with its checksum."""
     if parts is None:
-        return T.fetch_data(data, checksum=h(data))
+        parts = [len(data)]
     sums, offset = [], 0
     for n in parts:
         sums.append(h(data[offset:offset + n]))
@@ -95,7 +95,7 @@ def test_data_messages_are_read_in_place():
     assert _wire.parse_data_message(summary(1, 2)) is None
     assert _wire.parse_data_message(message[:-1]) is None  # truncated
     # The data field after the others: not the in-place layout, parsed by protobuf instead.
-    rest = T.fetch_data(checksum=h(b"abc"))[2:]  # FetchData's fields without the data
+    rest = T.fetch_data(part_bytes=[3], part_checksums=[h(b"abc")])[2:]  # all but the data
     reordered = rest + b"\x0a\x03abc"
     reordered = b"\x1a" + bytes([len(reordered)]) + reordered
     assert _wire.parse_data_message(reordered) is None
@@ -172,6 +172,12 @@ def test_malformed_streams_are_refused():
         receive(start + [tiles_message(values, [([0, 0], [3, 4])], 2)])
     with pytest.raises(ckptd.DataLoss, match="incomplete"):
         receive(start + [tiles_message(values, [([0, 0], [2, 2])], 2)])
+    with pytest.raises(ckptd.DataLoss, match="0 part sizes and 0 part checksums"):
+        receive(start + [T.fetch_data(bytes(16))])
+    with pytest.raises(ckptd.DataLoss, match="1 part sizes and 2 part checksums"):
+        receive(start + [T.fetch_data(bytes(16), part_bytes=[16], part_checksums=[1, 2])])
+    with pytest.raises(ckptd.DataLoss, match="the parts of a data message cover 8 of its 16"):
+        receive(start + [T.fetch_data(bytes(16), part_bytes=[8], part_checksums=[h(bytes(8))])])
     with pytest.raises(ckptd.DataLoss, match="more than its 16 announced bytes"):
         receive(start + [rows_message(bytes(17))])
     with pytest.raises(ckptd.DataLoss, match="received 8 of 16 bytes"):

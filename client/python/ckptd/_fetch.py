@@ -272,30 +272,26 @@ class FetchReceiver:
         if size > c.info.nbytes - c.received:
             raise DataLoss(f"tensor {name}: received more than its {c.info.nbytes} "
                            f"announced bytes")
+        # Parts end to end, each with its own checksum.
         part_bytes = m.part_bytes
-        if not part_bytes:
-            actual = _xxh3(data)
-            if actual != m.checksum:
-                self._checksum_error(actual, 0, size, m.checksum)
-        else:
-            # Parts end to end, each with its own checksum.
-            part_checksums = m.part_checksums
-            if len(part_bytes) != len(part_checksums):
-                raise DataLoss(f"tensor {name}: a data message lists {len(part_bytes)} part "
-                               f"sizes but {len(part_checksums)} part checksums")
-            offset = 0
-            for i, part in enumerate(part_bytes):
-                if part == 0 or part > size - offset:
-                    raise DataLoss(f"tensor {name}: a data message of {size} bytes lists part "
-                                   f"{i} of {part} bytes at offset {offset}")
-                end = offset + part
-                actual = _xxh3(data[offset:end])
-                if actual != part_checksums[i]:
-                    self._checksum_error(actual, offset, part, part_checksums[i])
-                offset = end
-            if offset != size:
-                raise DataLoss(f"tensor {name}: the parts of a data message cover {offset} of "
-                               f"its {size} bytes")
+        part_checksums = m.part_checksums
+        if not part_bytes or len(part_bytes) != len(part_checksums):
+            raise DataLoss(f"tensor {name}: a data message lists {len(part_bytes)} part sizes "
+                           f"and {len(part_checksums)} part checksums (expected at least one of "
+                           f"each, as many of one as of the other)")
+        offset = 0
+        for i, part in enumerate(part_bytes):
+            if part == 0 or part > size - offset:
+                raise DataLoss(f"tensor {name}: a data message of {size} bytes lists part {i} "
+                               f"of {part} bytes at offset {offset}")
+            end = offset + part
+            actual = _xxh3(data[offset:end])
+            if actual != part_checksums[i]:
+                self._checksum_error(actual, offset, part, part_checksums[i])
+            offset = end
+        if offset != size:
+            raise DataLoss(f"tensor {name}: the parts of a data message cover {offset} of its "
+                           f"{size} bytes")
         if m.tile_box:
             self._add_tiles(m)
             return

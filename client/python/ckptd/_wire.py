@@ -1,7 +1,7 @@
 """Every place the client touches a field of proto/ckpt.proto whose name or number may change
-between API versions: the Fetch request and its data messages (read in place, by field number),
-the strategy fields of uploads, checkpoints and transform jobs. The rest of the package goes
-through these functions and never names those fields itself.
+between API versions: the Fetch request and its data messages (read in place), the strategy
+fields of uploads, checkpoints and transform jobs. The rest of the package goes through these
+functions and never names those fields itself.
 """
 
 from __future__ import annotations
@@ -16,19 +16,14 @@ from ckptd._proto import ckpt_pb2 as pb
 def fetch_request(checkpoint_id: str, dst_strategy: Optional[str], rank: Optional[int],
                   merged: bool, include: Sequence[str], exclude: Sequence[str],
                   strict: bool) -> pb.FetchRequest:
-    """The FetchRequest of one destination rank (or every tensor whole, `merged`), in the mode
-    the C++ client library uses: per-part XXH3-64 checksums and bands of tiles, which this client
-    verifies and assembles."""
+    """The FetchRequest of one destination rank (or every tensor whole, `merged`)."""
     request = pb.FetchRequest(checkpoint_id=checkpoint_id, include=list(include),
                               exclude=list(exclude), strict=strict)
     if merged:
         request.merged = True
     else:
-        request.strategy = dst_strategy
+        request.destination_strategy = dst_strategy
         request.rank = rank
-    request.part_checksums = True
-    request.tiles = True
-    request.checksum = pb.CHECKSUM_XXH3_64
     return request
 
 
@@ -39,13 +34,13 @@ _TAG_DATA = (1 << 3) | 2
 
 class DataMessage:
     """One FetchData message: `data` a memoryview of the received bytes (no copy), the parts'
-    sizes and checksums, the tiles' boxes and the band's row count (see proto/ckpt.proto)."""
+    sizes and XXH3-64 checksums, the tiles' boxes and the band's row count (see
+    proto/ckpt.proto)."""
 
-    __slots__ = ("data", "checksum", "part_bytes", "part_checksums", "tile_box", "band_rows")
+    __slots__ = ("data", "part_bytes", "part_checksums", "tile_box", "band_rows")
 
-    def __init__(self, data, checksum, part_bytes, part_checksums, tile_box, band_rows):
+    def __init__(self, data, part_bytes, part_checksums, tile_box, band_rows):
         self.data = data
-        self.checksum = checksum
         self.part_bytes = part_bytes
         self.part_checksums = part_checksums
         self.tile_box = tile_box
@@ -101,7 +96,7 @@ def parse_data_message(buffer: bytes) -> Optional[DataMessage]:
         rest = pb.FetchData.FromString(view[pos:end])
         if rest.data:
             return None  # data after the other fields, or twice: not the usual layout
-        return DataMessage(data, rest.xxh64, list(rest.part_bytes), list(rest.part_xxh64),
+        return DataMessage(data, list(rest.part_bytes), list(rest.part_checksums),
                            list(rest.tile_box), rest.band_rows)
     except Exception:  # IndexError, ValueError, protobuf's DecodeError
         return None
@@ -109,8 +104,8 @@ def parse_data_message(buffer: bytes) -> Optional[DataMessage]:
 
 def data_message_from_proto(data: pb.FetchData) -> DataMessage:
     """The fields of a FetchData parsed by protobuf."""
-    return DataMessage(memoryview(data.data), data.xxh64, list(data.part_bytes),
-                       list(data.part_xxh64), list(data.tile_box), data.band_rows)
+    return DataMessage(memoryview(data.data), list(data.part_bytes), list(data.part_checksums),
+                       list(data.tile_box), data.band_rows)
 
 
 # ------------------------------------------------------------------------------- uploads
@@ -119,8 +114,8 @@ def data_message_from_proto(data: pb.FetchData) -> DataMessage:
 def upload_header(checkpoint_id: str, source_strategy: str, rank: int,
                   source_file: str) -> pb.UploadHeader:
     """The first message of an Upload stream (empty strategy: a whole-tensor checkpoint)."""
-    return pb.UploadHeader(checkpoint_id=checkpoint_id, strategy=source_strategy, rank=rank,
-                           source_file=source_file)
+    return pb.UploadHeader(checkpoint_id=checkpoint_id, source_strategy=source_strategy,
+                           rank=rank, source_file=source_file)
 
 
 # ------------------------------------------------------------------ checkpoints and jobs
@@ -128,15 +123,15 @@ def upload_header(checkpoint_id: str, source_strategy: str, rank: int,
 
 def checkpoint_source_strategy(info: pb.CheckpointInfo) -> str:
     """CheckpointInfo's source strategy name (empty for a whole-tensor checkpoint)."""
-    return info.strategy
+    return info.source_strategy
 
 
 def submit_transform_request(job_id: str, checkpoint_id: str, dst_strategy: str,
                              target: pb.TransformTarget) -> pb.SubmitTransformRequest:
     return pb.SubmitTransformRequest(job_id=job_id, checkpoint_id=checkpoint_id,
-                                     strategy=dst_strategy, target=target)
+                                     destination_strategy=dst_strategy, target=target)
 
 
 def transform_dst_strategy(request: pb.SubmitTransformRequest) -> str:
     """A submitted transform's destination strategy (empty for a merged file)."""
-    return request.strategy
+    return request.destination_strategy
