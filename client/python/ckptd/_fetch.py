@@ -31,7 +31,14 @@ from ckptd.errors import DataLoss, Internal
 # The largest band of tiles accepted (proto/ckpt.proto: "A band of tiles holds at most 256 MiB").
 MAX_BAND_BYTES = 256 << 20
 
-_xxh3 = xxhash.xxh3_64_intdigest
+_XXH3 = xxhash.xxh3_64
+
+
+def _xxh3(data) -> int:
+    """XXH3-64 (seed 0) of a bytes-like object, without a copy. The hasher object's update
+    releases the GIL (the one-shot xxh3_64_intdigest does not), so a receiving thread runs
+    meanwhile."""
+    return _XXH3(data).intdigest()
 
 
 class TensorInfo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import os
+import queue
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -35,6 +36,8 @@ _MAX_RECEIVE_BYTES = 8 << 20
 _MAX_FRAME_BYTES = (1 << 24) - 1
 # Bytes a stream's server may send ahead of what the client has read (see Client.__init__).
 _STREAM_WINDOW_BYTES = 16 << 20
+# Fetch messages received ahead of the one being placed (each at most 1 MiB).
+_PREFETCH_MESSAGES = 4
 # The API's bound on one Upload data message.
 _DATA_MESSAGE_BYTES = 1 << 20
 
@@ -49,6 +52,62 @@ class FetchedRank(dict):
 
     summary: FetchSummary
     info: Dict[str, TensorInfo]
+
+
+class _Prefetcher:
+    """Reads a Fetch call on a thread of its own, up to `depth` messages ahead of the consumer.
+
+    Receiving a message in gRPC Python (copying it out of gRPC's buffers) holds the GIL, while
+    checking and placing the previous one mostly does not (xxHash and NumPy copies release
+    it), so the two overlap on two cores. Iterating yields the messages in order and re-raises
+    the call's error (grpc.RpcError) at the point it happened; cancel() stops the call and
+    the thread. Used by one consumer thread.
+    """
+
+    _END = object()
+
+    def __init__(self, call, depth: int):
+        self._call = call
+        self._queue = queue.Queue(depth)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ckptd-fetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for message in self._call:
+                if not self._put(message):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # grpc.RpcError above all; handed to the consumer
+            self._put(e)
+
+    def _put(self, item) -> bool:
+        # Bounded waits, so that a consumer that stopped reading (cancel) never strands us.
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> "_Prefetcher":
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._END:
+            self._queue.put(item)  # stays ended
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._queue.put(item)
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self._stopped.set()
+        self._call.cancel()
 
 
 class FetchIterator:
@@ -465,7 +524,7 @@ class Client:
         is held besides what the caller keeps."""
         request = self._fetch_request(checkpoint, dst_strategy, rank, merged, include, exclude,
                                       strict)
-        call = self._fetch(request, metadata=self._metadata)
+        call = _Prefetcher(self._fetch(request, metadata=self._metadata), _PREFETCH_MESSAGES)
         return FetchIterator(call, lambda sink: FetchReceiver(checkpoint, sink), self.address,
                              upcast)
 
@@ -510,7 +569,8 @@ class Client:
         with AtomicFile(path) as out:
             sink = CkptFileSink(out)
             receiver = FetchReceiver(checkpoint, sink, progress)
-            call = self._fetch(request, metadata=self._metadata)
+            call = _Prefetcher(self._fetch(request, metadata=self._metadata),
+                               _PREFETCH_MESSAGES)
             finished = False
             try:
                 for buffer in call:
