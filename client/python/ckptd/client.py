@@ -280,8 +280,8 @@ class Client:
             self._metadata = (("authorization", f"Bearer {token}"),)
         options = [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
                    # Lets the server send a data message in one HTTP/2 frame instead of 16 KiB
-                   # ones: gRPC Python then assembles each message from fewer pieces, which cuts
-                   # about a fifth of the CPU a fetch spends receiving.
+                   # ones: gRPC Python then assembles each message from fewer pieces (each piece
+                   # costs it a Python object and a copy).
                    ("grpc.http2.max_frame_size", _MAX_FRAME_BYTES),
                    # Streams (Fetch, WatchJob) are received on the thread that iterates them
                    # instead of being handed over from gRPC's polling thread for every message:
@@ -290,9 +290,9 @@ class Client:
                    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
                    # A fixed flow-control window per stream instead of gRPC's bandwidth-delay
                    # probing: the probe reads a client busy placing tensors as a slow link and
-                   # grows the window (bytes the server may send ahead, which the client
-                   # buffers) to about 100 MiB. _STREAM_WINDOW_BYTES bounds that memory and
-                   # still allows 1.6 GB/s over a 10 ms round trip.
+                   # keeps growing the window (bytes the server may send ahead, which the
+                   # client buffers). _STREAM_WINDOW_BYTES bounds that memory and still allows
+                   # 1.6 GB/s over a 10 ms round trip.
                    ("grpc.http2.bdp_probe", 0),
                    ("grpc.http2.lookahead_bytes", _STREAM_WINDOW_BYTES)]
         if tls_ca is not None or tls_cert is not None:
