@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -141,16 +142,17 @@ class Harness {
   void MeasureConcurrent();
   // kWorkers worker processes, each "ready"; false after Error().
   bool SpawnWorkers(std::vector<std::unique_ptr<Child>>* workers);
-  // Every worker fetches its rank once. nullopt after Error().
+  // What one pass of the workers delivered, summed over them.
   struct WorkersPass {
     int64_t bytes = 0;
     int64_t verified = 0;
   };
-  // `worker_cpu`, when not null, gets each worker's CPU seconds added.
-  std::optional<WorkersPass> RunWorkersPass(std::vector<std::unique_ptr<Child>>& workers,
+  // Every worker fetches its rank once; nullopt after Error(). `worker_cpu`, when not null, gets
+  // each worker's CPU seconds added.
+  std::optional<WorkersPass> RunWorkersPass(const std::vector<std::unique_ptr<Child>>& workers,
                                             double* worker_cpu);
   // "quit" to every worker and its exit; false after Error().
-  bool StopWorkers(std::vector<std::unique_ptr<Child>>& workers);
+  bool StopWorkers(const std::vector<std::unique_ptr<Child>>& workers);
   // ckptd's peak RSS and the share of reads that went as copies, after the passes.
   void ConcurrentServerFigures(const absl::StatusOr<v1::ServerStats>& after_warmup);
 

@@ -36,7 +36,7 @@ bool Harness::SpawnWorkers(std::vector<std::unique_ptr<Child>>* workers) {
 }
 
 std::optional<Harness::WorkersPass> Harness::RunWorkersPass(
-    std::vector<std::unique_ptr<Child>>& workers, double* worker_cpu) {
+    const std::vector<std::unique_ptr<Child>>& workers, double* worker_cpu) {
   for (auto& w : workers) {
     if (auto s = w->WriteLine("go"); !s.ok()) {
       Error("worker", s);
@@ -59,7 +59,7 @@ std::optional<Harness::WorkersPass> Harness::RunWorkersPass(
   return pass;
 }
 
-bool Harness::StopWorkers(std::vector<std::unique_ptr<Child>>& workers) {
+bool Harness::StopWorkers(const std::vector<std::unique_ptr<Child>>& workers) {
   for (auto& w : workers) {
     if (auto s = w->WriteLine("quit"); !s.ok()) {
       Error("worker", s);
