@@ -57,7 +57,7 @@ foreach(i RANGE ${last})
   endif()
 endforeach()
 
-# Figures that need nothing from the server beyond issue 3 must be real numbers.
+# Figures that need no optional server feature (GetStats, transform jobs) must be real numbers.
 foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "deps_all_ranks_ms"
              "upload;gibps" "upload;disk_write_gibps" "upload;store_write_gibps"
              "upload;first_pass_gibps"

@@ -1,0 +1,68 @@
+// CPU time per GiB moved, and the machine's load and CPU steal: what tells a slow figure's cause
+// on a shared machine. The harness reads CPU time of its server processes from /proc and its own
+// with getrusage (tests/bench/child.h).
+#ifndef CKPT_TESTS_BENCH_CPU_METER_H_
+#define CKPT_TESTS_BENCH_CPU_METER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ckpt::bench {
+
+// /proc/loadavg's first three fields: other work on the machine skews every figure.
+std::string LoadAverage();
+
+// /proc/stat's aggregate CPU line: steal (time the hypervisor gave this VM's CPUs to others) and
+// the total, in ticks. A shared VM's figures move with its steal.
+struct CpuTicks {
+  uint64_t steal = 0;
+  uint64_t total = 0;
+};
+CpuTicks ReadCpuTicks();
+// Share of CPU time stolen since `start`, if /proc/stat could be read.
+std::optional<double> StealSince(const CpuTicks& start);
+
+// CPU seconds per GiB moved, of the serving process and of this (receiving) process: what a
+// transfer costs each side, steadier than wall time on a shared VM and telling where a
+// throughput gap comes from.
+struct CpuPerGib {
+  double server = 0;
+  double client = 0;
+};
+
+// CPU seconds of a server process and of this one, and the bytes moved, summed over several
+// spans (passes that other work runs between).
+struct CpuTally {
+  double server = 0;
+  double client = 0;
+  int64_t bytes = 0;
+  bool complete = true;  // false once a span's server CPU time could not be read
+
+  std::optional<CpuPerGib> PerGib() const;
+};
+
+// Measures CpuPerGib over a span: construct at its start, Finish(bytes) (or AddTo) at its end.
+// Not thread-safe.
+class CpuMeter {
+ public:
+  explicit CpuMeter(pid_t server);
+  // nullopt when the server's CPU time cannot be read (or nothing moved).
+  std::optional<CpuPerGib> Finish(int64_t bytes) const;
+  // Adds the span's CPU time and `bytes` to `tally`.
+  void AddTo(CpuTally* tally, int64_t bytes) const;
+
+ private:
+  pid_t server_pid_;
+  double client_start_;
+  std::optional<double> server_start_;
+};
+
+// "server + client" CPU seconds per GiB ("null" without a figure).
+std::string CpuText(const std::optional<CpuPerGib>& cpu);
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_TESTS_BENCH_CPU_METER_H_
