@@ -27,7 +27,7 @@ run: build
 demo: build
 	bash deploy/run-sample.sh $(BUILD_DIR)
 
-# Performance harness (tests/bench, README "Performance"): always a Release build in BENCH_DIR;
+# Performance harness (tests/bench, docs/performance.md): always a Release build in BENCH_DIR;
 # BENCH_ARGS e.g. "--size-gib 0.5". Prints a table and writes BENCH_DIR/bench-results.json.
 BENCH_DIR ?= build
 BENCH_ARGS ?=
