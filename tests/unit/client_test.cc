@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "core/checksum.h"
-#include "client/progress.h"
-#include "client/server_commands.h"
+#include "client/ckptctl/progress.h"
+#include "client/ckptctl/server_commands.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

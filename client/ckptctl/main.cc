@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/malloc_tuning.h"
-#include "client/offline_commands.h"
-#include "client/server_commands.h"
+#include "client/ckptctl/offline_commands.h"
+#include "client/ckptctl/server_commands.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
 // ckptctl subcommands that talk to a ckptd server. Each writes its normal output to `out`
 // (warnings and progress to `err`) and returns an error status for the caller to print as one
 // line; argument combinations are checked here too, so that every front end gets the same rules.
-#ifndef CKPT_CLIENT_SERVER_COMMANDS_H_
-#define CKPT_CLIENT_SERVER_COMMANDS_H_
+#ifndef CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
+#define CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
 
 #include <cstdint>
 #include <optional>
@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
 #include "client/client.h"
-#include "client/progress.h"
+#include "client/ckptctl/progress.h"
 
 namespace ckpt {
 
@@ -163,4 +163,4 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
 
 }  // namespace ckpt
 
-#endif  // CKPT_CLIENT_SERVER_COMMANDS_H_
+#endif  // CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_

@@ -1,4 +1,4 @@
-#include "client/server_commands.h"
+#include "client/ckptctl/server_commands.h"
 
 #include <unistd.h>
 
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "client/offline_commands.h"
+#include "client/ckptctl/offline_commands.h"
 #include "core/absl_compat.h"
 #include "core/box.h"
 #include "core/status_macros.h"

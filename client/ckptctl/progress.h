@@ -1,7 +1,7 @@
 // Progress display for long transfers (ckptctl upload / fetch): one line on stderr, redrawn in
 // place, only when stderr is a terminal so that scripts and logs get no control characters.
-#ifndef CKPT_CLIENT_PROGRESS_H_
-#define CKPT_CLIENT_PROGRESS_H_
+#ifndef CKPT_CLIENT_CKPTCTL_PROGRESS_H_
+#define CKPT_CLIENT_CKPTCTL_PROGRESS_H_
 
 #include <cstdint>
 #include <mutex>
@@ -71,4 +71,4 @@ class ProgressReporter {
 
 }  // namespace ckpt
 
-#endif  // CKPT_CLIENT_PROGRESS_H_
+#endif  // CKPT_CLIENT_CKPTCTL_PROGRESS_H_
