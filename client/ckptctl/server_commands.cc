@@ -82,7 +82,7 @@ std::string DescribeTarget(const v1::SubmitTransformRequest& request) {
         std::sort(ranks.begin(), ranks.end());
         absl::StrAppend(&details, ", ranks ", FormatRankList(ranks));
       }
-      if (!target.prefix().empty() && target.prefix() != kDefaultExportPrefix) {
+      if (!target.prefix().empty() && target.prefix() != kDefaultRankFilePrefix) {
         absl::StrAppend(&details, ", prefix ", target.prefix());
       }
       return absl::StrCat("export ", target.export_dir(), " (", details, ")");
@@ -720,7 +720,7 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
     return absl::InvalidArgumentError(
         absl::StrCat("--parallel must be at least 1, got ", command.parallel));
   }
-  CKPT_RETURN_IF_ERROR(ValidateExportPrefix(command.prefix));
+  CKPT_RETURN_IF_ERROR(ValidateRankFilePrefix(command.prefix));
   CKPT_ASSIGN_OR_RETURN(const std::vector<int64_t> ranks, ParseRanksOption(command.ranks));
   CKPT_ASSIGN_OR_RETURN(ExportSummary summary,
                         WithProgress(command.progress, [&](ProgressFn progress) {

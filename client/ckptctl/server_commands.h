@@ -152,7 +152,7 @@ struct ExportCommand {
   // Local directory to create (must not exist or be empty).
   std::string dir;
   std::optional<std::string> ranks;
-  std::string prefix = kDefaultExportPrefix;
+  std::string prefix = kDefaultRankFilePrefix;
   int parallel = 4;
   ProgressOptions progress;
 };

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/rank_directory.h"
 #include "core/checksum.h"
 #include "client/ckptctl/progress.h"
 #include "client/ckptctl/server_commands.h"
@@ -747,14 +748,15 @@ TEST(CkptClientTest, FailedExportLeavesNothingBehind) {
   }
 }
 
-TEST(CkptClientTest, ExportPrefixValidation) {
-  EXPECT_TRUE(ValidateExportPrefix("checkpoint_").ok());
-  EXPECT_TRUE(ValidateExportPrefix("net-rank.v2_").ok());
-  EXPECT_EQ(ValidateExportPrefix("").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateExportPrefix("a/b").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateExportPrefix("a b").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateExportPrefix(std::string(201, 'a')).code(),
-            absl::StatusCode::kInvalidArgument);
+TEST(CkptClientTest, ExportRefusesABadPrefixBeforeAnyCall) {
+  TempDir dir;
+  auto client = DeadClient();
+  for (const std::string& prefix : {std::string(""), std::string("a/b"), std::string(201, 'a')}) {
+    auto summary = client->ExportRanks("c1", "dst", (dir.path() / "export").string(), {}, prefix);
+    EXPECT_EQ(summary.status().code(), absl::StatusCode::kInvalidArgument) << prefix;
+    EXPECT_THAT(Msg(summary.status()), HasSubstr("invalid file name prefix")) << prefix;
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "export"));
 }
 
 // ---------------------------------------------------------------- rank lists
