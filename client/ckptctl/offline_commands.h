@@ -23,7 +23,7 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out);
 absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& out);
 
 // Prints `strategy` as `strategy show` does: a summary line naming it `label` and one line per
-// parameter, or with `json` its MindSpore JSON form (§2.5). Shared with `strategy get`.
+// parameter, or with `json` its MindSpore JSON form. Shared with `strategy get`.
 void PrintStrategy(const Strategy& strategy, std::string_view label, bool json, std::ostream& out);
 
 // `ckptctl strategy merge FILES_OR_DIR... --out FILE[.json]`.

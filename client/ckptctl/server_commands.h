@@ -1,6 +1,8 @@
-// ckptctl subcommands that talk to a ckptd server. Each writes its normal output to `out`
-// (warnings and progress to `err`) and returns an error status for the caller to print as one
-// line; argument combinations are checked here too, so that every front end gets the same rules.
+// ckptctl subcommands that talk to a ckptd server about strategies and checkpoints: upload,
+// fetch, dependency queries, listing and the client-side export (transform jobs are in
+// job_commands.h). Each writes its normal output to `out` (warnings and progress to `err`) and
+// returns an error status for the caller to print as one line; argument combinations are checked
+// here too, so that every front end gets the same rules.
 #ifndef CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
 #define CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
 
@@ -8,15 +10,14 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "ckpt.pb.h"
-#include "client/client.h"
 #include "client/ckptctl/progress.h"
+#include "client/client.h"
+#include "core/rank_files.h"
 
 namespace ckpt {
 
@@ -76,72 +77,6 @@ absl::Status RunList(CkptClient& client, std::ostream& out);
 absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
 // `ckptctl rm CKPT`.
 absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
-
-// ---------------------------------------------------------------- rank lists
-
-// Largest rank a LIST may name (keeps "0-999999999999" from allocating the world).
-inline constexpr int64_t kMaxListedRank = (int64_t{1} << 20) - 1;
-
-// Parses a rank LIST: comma-separated ranks and inclusive ranges, "0,2,5-7" -> {0, 2, 5, 6, 7}.
-// Spaces around items are ignored. INVALID_ARGUMENT naming the offending item for an empty list
-// or item, anything but decimal digits (negative ranks included), a reversed range ("7-5"), a
-// rank above kMaxListedRank, or a rank listed twice (also through overlapping ranges). The result
-// is ascending.
-absl::StatusOr<std::vector<int64_t>> ParseRankList(std::string_view list);
-// The inverse for ascending distinct ranks: {0, 2, 5, 6, 7} -> "0,2,5-7"; "" for none.
-std::string FormatRankList(const std::vector<int64_t>& ranks);
-
-// ---------------------------------------------------------------- jobs
-
-// How a waiting command shows a job's progress.
-struct JobWaitOptions {
-  // Where the live bar goes. Default std::cerr.
-  std::ostream* terminal = nullptr;
-  // Live bar (redrawn in place on `terminal`) or plain lines on the command's output. Default
-  // (nullopt): the live bar when stderr (fd 2) is a terminal.
-  std::optional<bool> live;
-  // Plain mode: at most one progress line per interval (state changes are always shown).
-  // Default 1 s.
-  absl::Duration line_interval = absl::Seconds(1);
-};
-
-// "ID  STATE  CKPT -> TARGET  PCT%[  reason: ...]", the `jobs ls` line of `job`. Pure, for tests.
-std::string FormatJobLine(const v1::Job& job);
-
-struct TransformCommand {
-  std::string checkpoint_id;
-  // Destination strategy (--dst-strategy); not with merged_file.
-  std::string destination_strategy;
-  // Exactly one output: a new stored checkpoint (--as)...
-  std::string new_checkpoint_id;
-  // ...an export directory on the server's filesystem (absolute) with optional ranks LIST and
-  // file name prefix...
-  std::string export_dir;
-  std::optional<std::string> ranks;
-  std::string prefix;
-  // ...or one merged .ckpt on the server's filesystem (absolute).
-  std::string merged_file;
-  // Client-chosen job id (--id): resubmitting the same request returns the same job.
-  std::string job_id;
-  // Wait for the end, showing progress; fail when the job fails or is cancelled.
-  bool wait = false;
-  JobWaitOptions wait_options;
-};
-// `ckptctl transform CKPT --dst-strategy NAME (--as NEW | --export-dir DIR [--ranks LIST]
-// [--prefix P]) [--id J] [--wait]` and `transform CKPT --merged-file FILE [--id J] [--wait]`.
-// Prints "submitted job J ..." (or that it already existed); with `wait`, progress, then
-// "job J SUCCEEDED: ...", or returns ABORTED (failed) / CANCELLED with the job's reason.
-absl::Status RunTransform(CkptClient& client, const TransformCommand& command, std::ostream& out);
-
-// `ckptctl jobs ls`: one FormatJobLine per job.
-absl::Status RunJobsList(CkptClient& client, std::ostream& out);
-// `ckptctl jobs get ID`: every field of the job, one per line.
-absl::Status RunJobGet(CkptClient& client, const std::string& job_id, std::ostream& out);
-// `ckptctl jobs watch ID`: as `transform --wait` for an existing job.
-absl::Status RunJobWatch(CkptClient& client, const std::string& job_id,
-                         const JobWaitOptions& options, std::ostream& out);
-// `ckptctl jobs cancel ID`: prints the state the server left the job in.
-absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::ostream& out);
 
 // ---------------------------------------------------------------- client-side export
 

@@ -20,7 +20,9 @@
 #include "client/client.h"
 #include "client/rank_directory.h"
 #include "core/checksum.h"
+#include "client/ckptctl/job_commands.h"
 #include "client/ckptctl/progress.h"
+#include "client/ckptctl/rank_list.h"
 #include "client/ckptctl/server_commands.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -88,7 +90,7 @@ TEST(ParseEpochStepTest, RejectsOtherNames) {
 
 TEST(SelectRankCheckpointFileTest, EpochComparedNumerically) {
   TempDir dir;
-  // MindSpore sorts names, so it would pick x-9_10 (spec §5 item 7); epoch 10 is newer. The
+  // MindSpore sorts names, so it would pick x-9_10; epoch 10 is newer. The
   // older epoch is even given the later mtime so that only the numbers can decide.
   Touch(dir.path() / "x-10_10.ckpt", std::chrono::seconds(-100));
   Touch(dir.path() / "x-9_10.ckpt");
