@@ -9,10 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +18,7 @@
 #include "absl/time/time.h"
 #include "ckpt.grpc.pb.h"
 #include "ckpt.pb.h"
+#include "core/rank_files.h"
 #include "core/strategy.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/support/status.h"
@@ -96,13 +95,6 @@ struct ExportSummary {
   std::vector<RankExportResult> ranks;
 };
 
-// MindSpore's file name prefix of exported rank files (transform_checkpoints' default).
-inline constexpr char kDefaultExportPrefix[] = "checkpoint_";
-
-// Checks an export file name prefix: 1-200 characters of [A-Za-z0-9._-] (it becomes part of a
-// file name, so no separators). INVALID_ARGUMENT otherwise.
-absl::Status ValidateExportPrefix(std::string_view prefix);
-
 // True for SUCCEEDED, FAILED and CANCELLED: the job will not change any more.
 bool IsTerminalJobState(v1::JobState state);
 // "RUNNING" for JOB_STATE_RUNNING, and so on; the number for a state this client does not know.
@@ -171,9 +163,10 @@ class CkptClient {
                                                 const std::string& source_strategy, int64_t rank,
                                                 const std::string& file_path,
                                                 ProgressFn progress = nullptr);
-  // Uploads DIR/rank_<r>/ for every rank r of the source strategy's world (see
-  // ResolveRankFiles), at most options.parallelism at a time. The first failure cancels the other
-  // streams and is returned. `progress` (thread-safe) gets the summed file bytes of all ranks.
+  // Uploads DIR/rank_<r>/ for every rank r of the source strategy's world (see ResolveRankFiles
+  // in client/rank_directory.h), at most options.parallelism at a time. The first failure
+  // cancels the other streams and is returned. `progress` (thread-safe) gets the summed file
+  // bytes of all ranks.
   absl::StatusOr<UploadSummary> UploadDirectory(const std::string& checkpoint_id,
                                                 const std::string& source_strategy,
                                                 const std::string& dir, UploadDirectoryOptions options = {},
@@ -236,7 +229,8 @@ class CkptClient {
   // of DIR (".<name>.ckptctl-export-*"), which is renamed to DIR only when every rank succeeded:
   // a failed export leaves no DIR (the temporary is removed). DIR must not exist or be an empty
   // directory (ALREADY_EXISTS otherwise); its parent is created when missing. The first failing
-  // rank cancels the others and its error is returned. OUT_OF_RANGE for a rank outside the
+  // rank cancels the others and its error is returned. INVALID_ARGUMENT for a prefix outside
+  // ValidateRankFilePrefix's rule (core/rank_files.h), OUT_OF_RANGE for a rank outside the
   // destination world. `progress` (thread-safe) gets the summed tensor bytes received over all
   // ranks and the total, which is estimated from the ranks whose plan is known until every rank
   // has started.
@@ -244,7 +238,7 @@ class CkptClient {
                                             const std::string& destination_strategy,
                                             const std::string& dir,
                                             const std::vector<int64_t>& ranks,
-                                            const std::string& prefix = kDefaultExportPrefix,
+                                            const std::string& prefix = kDefaultRankFilePrefix,
                                             int parallelism = 4, ProgressFn progress = nullptr);
 
  private:
@@ -280,25 +274,6 @@ class CkptClient {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::CheckpointService::Stub> stub_;
 };
-
-// ---------------------------------------------------------------- rank directory helpers
-
-// The epoch and step of a MindSpore checkpoint name "<prefix>-<epoch>_<step>.ckpt" (the prefix
-// may itself contain '-'), or nullopt for any other name.
-std::optional<std::pair<int64_t, int64_t>> ParseEpochStep(std::string_view file_name);
-
-// The newest .ckpt among the regular files of `rank_dir` (other files are ignored). When every
-// candidate is named "<prefix>-<epoch>_<step>.ckpt" the largest (epoch, step) wins, compared
-// numerically (MindSpore compares names, so x-9_10.ckpt beats x-10_10.ckpt: spec §5 item 7);
-// otherwise, and between equal numbers, the latest modification time, then the largest name.
-// NOT_FOUND when the directory holds no .ckpt file.
-absl::StatusOr<std::string> SelectRankCheckpointFile(const std::string& rank_dir);
-
-// The checkpoint file of every rank of DIR: DIR must hold exactly rank_0 .. rank_{world_size-1}
-// (other entries not named rank_<digits> are ignored). INVALID_ARGUMENT naming the missing
-// ranks, or the rank directories beyond the world; errors of SelectRankCheckpointFile.
-absl::StatusOr<std::vector<std::string>> ResolveRankFiles(const std::string& dir,
-                                                          int64_t world_size);
 
 }  // namespace ckpt
 

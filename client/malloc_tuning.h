@@ -4,10 +4,8 @@
 // read after read. glibc's default policy gives freed memory at the top of a heap back to the
 // kernel as soon as it exceeds a threshold that follows the largest recently freed block (a few
 // hundred KiB here), so a streaming process keeps unmapping its buffers and faulting fresh,
-// zero-filled pages back in. On the 2-core VMs ckptd is benchmarked on, a fresh page costs more
-// than moving its bytes: one `ckptctl fetch` of 256 MiB took 32k page faults and 0.95 s with the
-// default policy, 5k faults and 0.34 s with this one, and 8 fetching processes at once moved 3x
-// more bytes per second (README "Performance").
+// zero-filled pages back in, and a fresh page can cost more than moving its bytes
+// (docs/performance.md, "Client programs", has the measurements).
 //
 // TuneMallocForStreaming() makes the process keep up to 256 MiB of freed memory at the top of
 // each heap for reuse (M_TRIM_THRESHOLD), and serves blocks up to 32 MiB from the heap instead
@@ -15,7 +13,7 @@
 // turns off glibc's own adjustment of it). The process's resident memory then stays near its
 // high-water mark instead of shrinking between reads. It changes a process-wide setting, so the
 // library never calls it by itself: programs opt in once at start-up, before their threads start
-// (ckptctl does). ckptd does not use it: its upload and fetch CPU per byte did not change with it.
+// (ckptctl does). ckptd does not call it.
 //
 // Thread-safe in the sense of mallopt; call it from main().
 #ifndef CKPT_CLIENT_MALLOC_TUNING_H_

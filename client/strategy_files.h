@@ -21,7 +21,8 @@ absl::StatusOr<Strategy> LoadStrategyPath(const std::string& path);
 // Reads every file of `paths` (directories expand to their regular files, sorted) for merging.
 absl::StatusOr<std::vector<StrategyFile>> ReadStrategyFiles(const std::vector<std::string>& paths);
 
-// Writes `strategy` atomically, binary or JSON by the path's extension (§2).
+// Writes `strategy` atomically: MindSpore's JSON form when the path ends in ".json", its binary
+// protobuf form otherwise.
 absl::Status WriteStrategyFile(const Strategy& strategy, const std::string& path);
 
 }  // namespace ckpt

@@ -16,7 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/sample.h"
+#include "client/ckptctl/sample.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "core/strategy.h"

@@ -1,6 +1,6 @@
 // End to end against a real ckptd on 127.0.0.1:0, driven through the client library and ckptctl
 // the way users do (issue 3). Every fetched byte is compared with slices generated
-// independently of the server (client/sample.h: bytes are a pure function of name and index).
+// independently of the server (client/ckptctl/sample.h: bytes are a pure function of name and index).
 #include <grpcpp/grpcpp.h>
 #include <rocksdb/db.h>
 
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
-#include "client/sample.h"
+#include "client/ckptctl/sample.h"
 #include "client/strategy_files.h"
 #include "core/checksum.h"
 #include "core/ckpt_format.h"

@@ -18,9 +18,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/rank_directory.h"
 #include "core/checksum.h"
-#include "client/progress.h"
-#include "client/server_commands.h"
+#include "client/ckptctl/job_commands.h"
+#include "client/ckptctl/progress.h"
+#include "client/ckptctl/rank_list.h"
+#include "client/ckptctl/server_commands.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -87,7 +90,7 @@ TEST(ParseEpochStepTest, RejectsOtherNames) {
 
 TEST(SelectRankCheckpointFileTest, EpochComparedNumerically) {
   TempDir dir;
-  // MindSpore sorts names, so it would pick x-9_10 (spec §5 item 7); epoch 10 is newer. The
+  // MindSpore sorts names, so it would pick x-9_10; epoch 10 is newer. The
   // older epoch is even given the later mtime so that only the numbers can decide.
   Touch(dir.path() / "x-10_10.ckpt", std::chrono::seconds(-100));
   Touch(dir.path() / "x-9_10.ckpt");
@@ -747,14 +750,15 @@ TEST(CkptClientTest, FailedExportLeavesNothingBehind) {
   }
 }
 
-TEST(CkptClientTest, ExportPrefixValidation) {
-  EXPECT_TRUE(ValidateExportPrefix("checkpoint_").ok());
-  EXPECT_TRUE(ValidateExportPrefix("net-rank.v2_").ok());
-  EXPECT_EQ(ValidateExportPrefix("").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateExportPrefix("a/b").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateExportPrefix("a b").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ValidateExportPrefix(std::string(201, 'a')).code(),
-            absl::StatusCode::kInvalidArgument);
+TEST(CkptClientTest, ExportRefusesABadPrefixBeforeAnyCall) {
+  TempDir dir;
+  auto client = DeadClient();
+  for (const std::string& prefix : {std::string(""), std::string("a/b"), std::string(201, 'a')}) {
+    auto summary = client->ExportRanks("c1", "dst", (dir.path() / "export").string(), {}, prefix);
+    EXPECT_EQ(summary.status().code(), absl::StatusCode::kInvalidArgument) << prefix;
+    EXPECT_THAT(Msg(summary.status()), HasSubstr("invalid file name prefix")) << prefix;
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "export"));
 }
 
 // ---------------------------------------------------------------- rank lists

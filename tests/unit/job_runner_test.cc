@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "client/sample.h"
+#include "client/ckptctl/sample.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "gmock/gmock.h"

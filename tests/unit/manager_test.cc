@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckpt_records.pb.h"
-#include "client/sample.h"
+#include "client/ckptctl/sample.h"
 #include "core/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,7 +1,7 @@
 // ckptctl subcommands that work on local files only (no server). Each writes its normal output
 // to `out` and returns an error status for the caller to print as one line.
-#ifndef CKPT_CLIENT_OFFLINE_COMMANDS_H_
-#define CKPT_CLIENT_OFFLINE_COMMANDS_H_
+#ifndef CKPT_CLIENT_CKPTCTL_OFFLINE_COMMANDS_H_
+#define CKPT_CLIENT_CKPTCTL_OFFLINE_COMMANDS_H_
 
 #include <cstdint>
 #include <optional>
@@ -23,7 +23,7 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out);
 absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& out);
 
 // Prints `strategy` as `strategy show` does: a summary line naming it `label` and one line per
-// parameter, or with `json` its MindSpore JSON form (§2.5). Shared with `strategy get`.
+// parameter, or with `json` its MindSpore JSON form. Shared with `strategy get`.
 void PrintStrategy(const Strategy& strategy, std::string_view label, bool json, std::ostream& out);
 
 // `ckptctl strategy merge FILES_OR_DIR... --out FILE[.json]`.
@@ -38,9 +38,9 @@ absl::Status RunLocalDeps(const std::string& src_path, const std::string& dst_pa
 void PrintDeps(const std::vector<std::pair<int64_t, std::vector<int64_t>>>& deps, bool as_list,
                bool json, std::ostream& out);
 
-// `ckptctl sample DIR`: writes the demo strategies and checkpoints (see client/sample.h).
+// `ckptctl sample DIR`: writes the demo strategies and checkpoints (see client/ckptctl/sample.h).
 absl::Status RunSample(const std::string& dir, std::ostream& out);
 
 }  // namespace ckpt
 
-#endif  // CKPT_CLIENT_OFFLINE_COMMANDS_H_
+#endif  // CKPT_CLIENT_CKPTCTL_OFFLINE_COMMANDS_H_

@@ -1,11 +1,11 @@
-#include "client/offline_commands.h"
+#include "client/ckptctl/offline_commands.h"
 
 #include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/sample.h"
+#include "client/ckptctl/sample.h"
 #include "client/strategy_files.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"

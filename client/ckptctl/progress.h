@@ -1,7 +1,8 @@
-// Progress display for long transfers (ckptctl upload / fetch): one line on stderr, redrawn in
-// place, only when stderr is a terminal so that scripts and logs get no control characters.
-#ifndef CKPT_CLIENT_PROGRESS_H_
-#define CKPT_CLIENT_PROGRESS_H_
+// Progress display for long transfers (ckptctl upload / fetch / export): one line on stderr,
+// redrawn in place, only when stderr is a terminal so that scripts and logs get no control
+// characters. Also the byte, duration and time formats of ckptctl's output.
+#ifndef CKPT_CLIENT_CKPTCTL_PROGRESS_H_
+#define CKPT_CLIENT_CKPTCTL_PROGRESS_H_
 
 #include <cstdint>
 #include <mutex>
@@ -21,6 +22,13 @@ std::string FormatProgressLine(int64_t done_bytes, int64_t total_bytes, double b
 
 // "12.3 MiB" style, in the largest binary unit not above `bytes` (B, KiB, MiB, GiB, TiB).
 std::string FormatBytes(int64_t bytes);
+
+// "2s", "1m05s", "3h07m": `seconds` rounded up (negative counts as 0), precise enough to plan
+// around, short enough for one line.
+std::string FormatSeconds(double seconds);
+
+// "2024-05-01T12:00:00Z": a Unix time in UTC.
+std::string FormatUtcTime(int64_t unix_seconds);
 
 struct ProgressOptions {
   // Where the line goes. Default std::cerr.
@@ -71,4 +79,4 @@ class ProgressReporter {
 
 }  // namespace ckpt
 
-#endif  // CKPT_CLIENT_PROGRESS_H_
+#endif  // CKPT_CLIENT_CKPTCTL_PROGRESS_H_

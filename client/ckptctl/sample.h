@@ -1,8 +1,8 @@
 // Deterministic sample checkpoints: every byte of every global tensor is a pure function of
 // (tensor name, flat element index, byte within element), so tests and demos can check any
 // slice independently without storing the global tensor.
-#ifndef CKPT_CLIENT_SAMPLE_H_
-#define CKPT_CLIENT_SAMPLE_H_
+#ifndef CKPT_CLIENT_CKPTCTL_SAMPLE_H_
+#define CKPT_CLIENT_CKPTCTL_SAMPLE_H_
 
 #include <cstdint>
 #include <map>
@@ -56,4 +56,4 @@ Strategy DemoDestinationStrategy();
 
 }  // namespace ckpt
 
-#endif  // CKPT_CLIENT_SAMPLE_H_
+#endif  // CKPT_CLIENT_CKPTCTL_SAMPLE_H_

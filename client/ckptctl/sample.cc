@@ -1,4 +1,4 @@
-#include "client/sample.h"
+#include "client/ckptctl/sample.h"
 
 #include <algorithm>
 #include <filesystem>

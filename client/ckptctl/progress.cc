@@ -1,4 +1,4 @@
-#include "client/progress.h"
+#include "client/ckptctl/progress.h"
 
 #include <unistd.h>
 
@@ -33,13 +33,10 @@ std::string InUnit(double bytes, const Unit& unit) {
   return absl::StrFormat("%.1f", bytes / unit.bytes);
 }
 
-// "2s", "1m05s", "3h07m": precise enough to plan around, short enough for one line.
+// FormatSeconds up to 99 hours; ">99h" beyond, where a precise figure means nothing.
 std::string FormatEta(double seconds) {
-  const int64_t s = static_cast<int64_t>(std::ceil(seconds));
-  if (s < 60) return absl::StrCat(s, "s");
-  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
-  if (s < 100 * 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
-  return ">99h";
+  if (std::ceil(seconds) >= 100 * 3600) return ">99h";
+  return FormatSeconds(seconds);
 }
 
 }  // namespace
@@ -48,6 +45,18 @@ std::string FormatBytes(int64_t bytes) {
   const double b = static_cast<double>(std::max<int64_t>(bytes, 0));
   const Unit& unit = UnitFor(b);
   return absl::StrCat(InUnit(b, unit), " ", unit.name);
+}
+
+std::string FormatSeconds(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::ceil(std::max(seconds, 0.0)));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+}
+
+std::string FormatUtcTime(int64_t unix_seconds) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(unix_seconds),
+                          absl::UTCTimeZone());
 }
 
 std::string FormatProgressLine(int64_t done_bytes, int64_t total_bytes, double bytes_per_second,

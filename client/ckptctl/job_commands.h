@@ -1,0 +1,71 @@
+// ckptctl subcommands of the server's transform jobs: `transform` (submit, optionally wait) and
+// `jobs ls | get | watch | cancel`. Each writes its normal output to `out` and returns an error
+// status for the caller to print as one line; argument combinations are checked here too, so
+// that every front end gets the same rules.
+#ifndef CKPT_CLIENT_CKPTCTL_JOB_COMMANDS_H_
+#define CKPT_CLIENT_CKPTCTL_JOB_COMMANDS_H_
+
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ckpt.pb.h"
+#include "client/client.h"
+
+namespace ckpt {
+
+// How a waiting command shows a job's progress.
+struct JobWaitOptions {
+  // Where the live bar goes. Default std::cerr.
+  std::ostream* terminal = nullptr;
+  // Live bar (redrawn in place on `terminal`) or plain lines on the command's output. Default
+  // (nullopt): the live bar when stderr (fd 2) is a terminal.
+  std::optional<bool> live;
+  // Plain mode: at most one progress line per interval (state changes are always shown).
+  // Default 1 s.
+  absl::Duration line_interval = absl::Seconds(1);
+};
+
+// "ID  STATE  CKPT -> TARGET  PCT%[  reason: ...]", the `jobs ls` line of `job`. Pure, for tests.
+std::string FormatJobLine(const v1::Job& job);
+
+struct TransformCommand {
+  std::string checkpoint_id;
+  // Destination strategy (--dst-strategy); not with merged_file.
+  std::string destination_strategy;
+  // Exactly one output: a new stored checkpoint (--as)...
+  std::string new_checkpoint_id;
+  // ...an export directory on the server's filesystem (absolute) with optional ranks LIST and
+  // file name prefix...
+  std::string export_dir;
+  std::optional<std::string> ranks;
+  std::string prefix;
+  // ...or one merged .ckpt on the server's filesystem (absolute).
+  std::string merged_file;
+  // Client-chosen job id (--id): resubmitting the same request returns the same job.
+  std::string job_id;
+  // Wait for the end, showing progress; fail when the job fails or is cancelled.
+  bool wait = false;
+  JobWaitOptions wait_options;
+};
+// `ckptctl transform CKPT --dst-strategy NAME (--as NEW | --export-dir DIR [--ranks LIST]
+// [--prefix P]) [--id J] [--wait]` and `transform CKPT --merged-file FILE [--id J] [--wait]`.
+// Prints "submitted job J ..." (or that it already existed); with `wait`, progress, then
+// "job J SUCCEEDED: ...", or returns ABORTED (failed) / CANCELLED with the job's reason.
+absl::Status RunTransform(CkptClient& client, const TransformCommand& command, std::ostream& out);
+
+// `ckptctl jobs ls`: one FormatJobLine per job.
+absl::Status RunJobsList(CkptClient& client, std::ostream& out);
+// `ckptctl jobs get ID`: every field of the job, one per line.
+absl::Status RunJobGet(CkptClient& client, const std::string& job_id, std::ostream& out);
+// `ckptctl jobs watch ID`: as `transform --wait` for an existing job.
+absl::Status RunJobWatch(CkptClient& client, const std::string& job_id,
+                         const JobWaitOptions& options, std::ostream& out);
+// `ckptctl jobs cancel ID`: prints the state the server left the job in.
+absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::ostream& out);
+
+}  // namespace ckpt
+
+#endif  // CKPT_CLIENT_CKPTCTL_JOB_COMMANDS_H_

@@ -1,0 +1,401 @@
+// ckptctl: command-line client of ckptd. Offline subcommands work on local files; the others talk
+// to the server given by --server (or $CKPT_SERVER).
+//
+// The subcommands are declared group by group (Add*Commands), each group keeping the values its
+// options are parsed into; after parsing, RunOffline runs a subcommand that needs no server and
+// RunWithServer the others. Exit status: 0 on success, 1 when the command fails, 2 for a usage
+// error.
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/ckptctl/job_commands.h"
+#include "client/ckptctl/offline_commands.h"
+#include "client/ckptctl/server_commands.h"
+#include "client/client.h"
+#include "client/malloc_tuning.h"
+
+namespace ckpt {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "ckptctl: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+            << "\n";
+  return 1;
+}
+
+// The values of every subcommand's options. CLI11 writes into these members through pointers
+// taken when the options are declared, so a CommandLine must not move after that.
+struct CommandLine {
+  std::string server = "127.0.0.1:50051";
+
+  // inspect
+  CLI::App* inspect = nullptr;
+  std::string inspect_path;
+  bool inspect_json = false;
+
+  // strategy show | merge | put | get | ls | rm
+  CLI::App* strategy_show = nullptr;
+  CLI::App* strategy_merge = nullptr;
+  CLI::App* strategy_put = nullptr;
+  CLI::App* strategy_get = nullptr;
+  CLI::App* strategy_ls = nullptr;
+  CLI::App* strategy_rm = nullptr;
+  std::string strategy_path;
+  std::string strategy_name;
+  bool strategy_json = false;
+  bool overwrite = false;
+  std::vector<std::string> merge_inputs;
+  std::string merge_out;
+
+  // upload, fetch
+  CLI::App* upload = nullptr;
+  UploadCommand upload_cmd;
+  CLI::App* fetch = nullptr;
+  FetchCommand fetch_cmd;
+
+  // deps
+  CLI::App* deps = nullptr;
+  std::string deps_ckpt;
+  std::string deps_src_strategy;
+  std::string deps_dst_strategy;
+  std::optional<int64_t> deps_rank;
+  bool deps_all = false;
+  bool deps_json = false;
+
+  // ls, describe, rm
+  CLI::App* ls = nullptr;
+  CLI::App* describe = nullptr;
+  CLI::App* rm = nullptr;
+  std::string checkpoint_id;
+
+  // transform, jobs ls | get | watch | cancel
+  CLI::App* transform = nullptr;
+  CLI::Option* transform_ranks = nullptr;
+  std::string transform_ranks_list;
+  TransformCommand transform_cmd;
+  CLI::App* jobs_ls = nullptr;
+  CLI::App* jobs_get = nullptr;
+  CLI::App* jobs_watch = nullptr;
+  CLI::App* jobs_cancel = nullptr;
+  std::string job_id;
+
+  // export
+  CLI::App* export_sub = nullptr;
+  CLI::Option* export_ranks = nullptr;
+  std::string export_ranks_list;
+  ExportCommand export_cmd;
+
+  // sample
+  CLI::App* sample = nullptr;
+  std::string sample_dir;
+};
+
+void AddGlobalOptions(CLI::App& app, CommandLine& c) {
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  // CKPT_VERSION is the CMake project version (client/CMakeLists.txt).
+  app.set_version_flag("--version", "ckptctl " CKPT_VERSION, "Print the version and exit");
+  // Lets global options such as --server also follow the subcommand; subcommands created below
+  // inherit this setting.
+  app.fallthrough();
+  app.add_option("--server", c.server, "ckptd address HOST:PORT")
+      ->envname("CKPT_SERVER")
+      ->capture_default_str();
+}
+
+void AddInspectCommand(CLI::App& app, CommandLine& c) {
+  c.inspect = app.add_subcommand("inspect", "List the tensors of a MindSpore .ckpt file");
+  c.inspect->add_option("FILE", c.inspect_path, "MindSpore .ckpt file")->required();
+  c.inspect->add_flag("--json", c.inspect_json, "Print JSON");
+}
+
+void AddStrategyCommands(CLI::App& app, CommandLine& c) {
+  auto* strategy = app.add_subcommand("strategy", "Strategy files and registered strategies");
+  strategy->require_subcommand(1);
+  c.strategy_show = strategy->add_subcommand("show", "Print the layouts of a local strategy file");
+  c.strategy_show
+      ->add_option("PATH", c.strategy_path,
+                   "Binary or .json strategy file, or a directory of per-stage files")
+      ->required();
+  c.strategy_show->add_flag("--json", c.strategy_json, "Print the JSON form (MindSpore §2.5)");
+  c.strategy_merge = strategy->add_subcommand(
+      "merge", "Merge per-stage strategy files as merge_pipeline_strategys does");
+  c.strategy_merge
+      ->add_option("FILES_OR_DIR", c.merge_inputs, "Per-stage strategy files or directories")
+      ->required();
+  c.strategy_merge->add_option("--out", c.merge_out, "Output file (.json for JSON, else binary)")
+      ->required();
+
+  c.strategy_put = strategy->add_subcommand("put", "Register a strategy on the server");
+  c.strategy_put->add_option("NAME", c.strategy_name, "Name to register it under")->required();
+  c.strategy_put
+      ->add_option("PATH", c.strategy_path,
+                   "Binary or .json strategy file, or a directory of per-stage files")
+      ->required();
+  c.strategy_put->add_flag("--overwrite", c.overwrite, "Replace an existing strategy of that name");
+  c.strategy_get = strategy->add_subcommand("get", "Print a registered strategy");
+  c.strategy_get->add_option("NAME", c.strategy_name, "Registered name")->required();
+  c.strategy_get->add_flag("--json", c.strategy_json, "Print the JSON form");
+  c.strategy_ls = strategy->add_subcommand("ls", "List registered strategies");
+  c.strategy_rm = strategy->add_subcommand("rm", "Delete a registered strategy");
+  c.strategy_rm->add_option("NAME", c.strategy_name, "Registered name")->required();
+}
+
+void AddUploadCommand(CLI::App& app, CommandLine& c) {
+  UploadCommand& cmd = c.upload_cmd;
+  c.upload = app.add_subcommand(
+      "upload", "Upload a checkpoint: a directory of rank_<r>/ files, or one whole-tensor file");
+  c.upload->add_option("CKPT", cmd.checkpoint_id, "Checkpoint id to create")->required();
+  auto* strategy = c.upload->add_option(
+      "--strategy", cmd.source_strategy,
+      "Registered strategy the checkpoint was saved with (its source strategy)");
+  auto* dir = c.upload->add_option("--dir", cmd.dir,
+                                   "Directory holding rank_0 .. rank_<N-1> with one .ckpt each");
+  c.upload->add_option("--parallel", cmd.parallel, "Ranks uploaded at once")->capture_default_str();
+  auto* file = c.upload->add_option("--file", cmd.file, "One whole-tensor .ckpt (no strategy)");
+  file->excludes(dir)->excludes(strategy);
+}
+
+void AddFetchCommand(CLI::App& app, CommandLine& c) {
+  FetchCommand& cmd = c.fetch_cmd;
+  c.fetch = app.add_subcommand(
+      "fetch", "Write one destination rank's tensors (or every tensor whole) as a .ckpt");
+  c.fetch->add_option("CKPT", cmd.checkpoint_id, "Checkpoint id")->required();
+  auto* strategy = c.fetch->add_option("--dst-strategy", cmd.destination_strategy,
+                                       "Registered destination strategy to re-shard to");
+  auto* rank = c.fetch->add_option("--rank", cmd.rank, "Destination global rank");
+  auto* merged = c.fetch->add_flag("--merged", cmd.merged, "Every tensor whole (single device)");
+  merged->excludes(strategy)->excludes(rank);
+  c.fetch->add_option("--out", cmd.out_path, "Output .ckpt file")->required();
+  c.fetch->add_option("--include", cmd.include, "Only tensors matching this glob")
+      ->allow_extra_args(false);
+  c.fetch->add_option("--exclude", cmd.exclude, "Skip tensors matching this glob")
+      ->allow_extra_args(false);
+  c.fetch->add_flag("--strict", cmd.strict,
+                    "Refuse parameters laid out at the source but absent from the destination");
+}
+
+void AddDepsCommand(CLI::App& app, CommandLine& c) {
+  c.deps = app.add_subcommand("deps",
+                              "Source ranks a destination rank reads: of a stored checkpoint "
+                              "(CKPT --dst-strategy NAME) or offline from two strategy files "
+                              "(--src-strategy FILE --dst-strategy FILE)");
+  c.deps->add_option("CKPT", c.deps_ckpt, "Stored checkpoint id (server form)");
+  c.deps->add_option("--src-strategy", c.deps_src_strategy,
+                     "Offline form: source strategy file or directory of per-stage files");
+  c.deps->add_option("--dst-strategy", c.deps_dst_strategy,
+                     "Destination strategy: with CKPT a registered name; offline a strategy file "
+                     "or directory of per-stage files");
+  auto* rank = c.deps->add_option("--rank", c.deps_rank, "Destination global rank");
+  auto* all = c.deps->add_flag("--all", c.deps_all, "Every destination rank");
+  rank->excludes(all);
+  c.deps->add_flag("--json", c.deps_json, "Print JSON");
+}
+
+void AddCheckpointCommands(CLI::App& app, CommandLine& c) {
+  c.ls = app.add_subcommand("ls", "List stored checkpoints");
+  c.describe = app.add_subcommand("describe", "Print a stored checkpoint and its tensors");
+  c.describe->add_option("CKPT", c.checkpoint_id, "Checkpoint id")->required();
+  c.rm = app.add_subcommand("rm", "Delete a stored checkpoint");
+  c.rm->add_option("CKPT", c.checkpoint_id, "Checkpoint id")->required();
+}
+
+void AddTransformCommand(CLI::App& app, CommandLine& c) {
+  TransformCommand& cmd = c.transform_cmd;
+  c.transform =
+      app.add_subcommand("transform",
+                         "Submit a server-side transform job: a new stored checkpoint (--as), an "
+                         "export directory (--export-dir) or a merged file (--merged-file)");
+  c.transform->add_option("CKPT", cmd.checkpoint_id, "Source checkpoint id")->required();
+  c.transform->add_option(
+      "--dst-strategy", cmd.destination_strategy,
+      "Registered destination strategy to re-shard to (not with --merged-file)");
+  auto* as = c.transform->add_option("--as", cmd.new_checkpoint_id,
+                                     "Store the result as this new checkpoint id");
+  auto* dir = c.transform->add_option(
+      "--export-dir", cmd.export_dir,
+      "Write DIR/rank_<r>/<prefix><r>.ckpt on the server's filesystem (absolute path)");
+  auto* file = c.transform->add_option(
+      "--merged-file", cmd.merged_file,
+      "Write one .ckpt of whole tensors on the server's filesystem (absolute path)");
+  as->excludes(dir)->excludes(file);
+  dir->excludes(file);
+  c.transform_ranks = c.transform->add_option(
+      "--ranks", c.transform_ranks_list,
+      "--export-dir: destination ranks to write, e.g. 0,2,5-7 (default all)");
+  c.transform->add_option("--prefix", cmd.prefix,
+                          "--export-dir: file name prefix (default checkpoint_)");
+  c.transform->add_option("--id", cmd.job_id,
+                          "Job id to use; resubmitting the same request returns the same job");
+  c.transform->add_flag("--wait", cmd.wait,
+                        "Wait for the job, showing progress; fail if it fails or is cancelled");
+}
+
+void AddJobsCommands(CLI::App& app, CommandLine& c) {
+  auto* jobs = app.add_subcommand("jobs", "Transform jobs on the server");
+  jobs->require_subcommand(1);
+  c.jobs_ls = jobs->add_subcommand("ls", "List jobs: id, state, source -> target, progress");
+  c.jobs_get = jobs->add_subcommand("get", "Print one job");
+  c.jobs_get->add_option("ID", c.job_id, "Job id")->required();
+  c.jobs_watch = jobs->add_subcommand(
+      "watch", "Show a job's progress until it ends; fail if it fails or is cancelled");
+  c.jobs_watch->add_option("ID", c.job_id, "Job id")->required();
+  c.jobs_cancel = jobs->add_subcommand("cancel", "Cancel a queued or running job");
+  c.jobs_cancel->add_option("ID", c.job_id, "Job id")->required();
+}
+
+void AddExportCommand(CLI::App& app, CommandLine& c) {
+  ExportCommand& cmd = c.export_cmd;
+  c.export_sub = app.add_subcommand(
+      "export",
+      "Fetch every destination rank and write DIR/rank_<r>/<prefix><r>.ckpt locally "
+      "(DIR appears only when every rank succeeded)");
+  c.export_sub->add_option("CKPT", cmd.checkpoint_id, "Checkpoint id")->required();
+  c.export_sub
+      ->add_option("--dst-strategy", cmd.destination_strategy,
+                   "Registered destination strategy to re-shard to")
+      ->required();
+  c.export_sub->add_option("--dir", cmd.dir, "Local directory to create (absent or empty)")
+      ->required();
+  c.export_ranks = c.export_sub->add_option(
+      "--ranks", c.export_ranks_list, "Destination ranks to write, e.g. 0,2,5-7 (default all)");
+  c.export_sub->add_option("--prefix", cmd.prefix, "File name prefix")->capture_default_str();
+  c.export_sub->add_option("--parallel", cmd.parallel, "Ranks fetched at once")
+      ->capture_default_str();
+}
+
+void AddSampleCommand(CLI::App& app, CommandLine& c) {
+  c.sample = app.add_subcommand(
+      "sample", "Write a small generated demo: strategies and a sharded checkpoint");
+  c.sample->add_option("DIR", c.sample_dir, "Output directory")->required();
+}
+
+// Parses the command line into `c`. An exit status when ckptctl is done: after --help,
+// --help-all or --version (0), or a usage error (2, reported in the common one-line format).
+std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line in the common format; exit 2 marks a usage error, as most tools do.
+    Fail(absl::InvalidArgumentError(absl::StrCat(e.what(), " (see ckptctl --help)")));
+    return 2;
+  }
+  return std::nullopt;
+}
+
+// `deps` without a checkpoint: the offline form, from two strategy files.
+absl::Status RunOfflineDeps(const CommandLine& c) {
+  if (c.deps_src_strategy.empty() && c.deps_dst_strategy.empty()) {
+    return absl::InvalidArgumentError(
+        "deps needs CKPT --dst-strategy NAME (server) or --src-strategy FILE --dst-strategy "
+        "FILE (offline)");
+  }
+  if (c.deps_src_strategy.empty() || c.deps_dst_strategy.empty()) {
+    return absl::InvalidArgumentError("offline deps needs --src-strategy and --dst-strategy");
+  }
+  if (!c.deps_rank && !c.deps_all) {
+    return absl::InvalidArgumentError("deps needs --rank R or --all");
+  }
+  return RunLocalDeps(c.deps_src_strategy, c.deps_dst_strategy, c.deps_rank, c.deps_json,
+                      std::cout);
+}
+
+// Runs the parsed subcommand when it never contacts the server; nullopt when it needs one.
+std::optional<absl::Status> RunOffline(const CommandLine& c) {
+  if (*c.inspect) return RunInspect(c.inspect_path, c.inspect_json, std::cout);
+  if (*c.strategy_show) return RunStrategyShow(c.strategy_path, c.strategy_json, std::cout);
+  if (*c.strategy_merge) return RunStrategyMerge(c.merge_inputs, c.merge_out, std::cout);
+  if (*c.sample) return RunSample(c.sample_dir, std::cout);
+  if (*c.deps && !c.deps_ckpt.empty() && !c.deps_src_strategy.empty()) {
+    return absl::InvalidArgumentError(
+        "deps takes either CKPT --dst-strategy NAME (server) or --src-strategy FILE "
+        "--dst-strategy FILE (offline), not both");
+  }
+  // deps is offline unless it names a checkpoint.
+  if (*c.deps && c.deps_ckpt.empty()) return RunOfflineDeps(c);
+  return std::nullopt;
+}
+
+// Runs the parsed subcommand that talks to the server through `client`.
+absl::Status RunWithServer(const CommandLine& c, CkptClient& client) {
+  if (*c.strategy_put) {
+    return RunStrategyPut(client, c.strategy_name, c.strategy_path, c.overwrite, std::cout);
+  }
+  if (*c.strategy_get) return RunStrategyGet(client, c.strategy_name, c.strategy_json, std::cout);
+  if (*c.strategy_ls) return RunStrategyList(client, std::cout);
+  if (*c.strategy_rm) return RunStrategyRemove(client, c.strategy_name, std::cout);
+  if (*c.upload) return RunUpload(client, c.upload_cmd, std::cout, std::cerr);
+  if (*c.fetch) return RunFetch(client, c.fetch_cmd, std::cout, std::cerr);
+  if (*c.deps) {
+    return RunRemoteDeps(client, c.deps_ckpt, c.deps_dst_strategy, c.deps_rank, c.deps_all,
+                         c.deps_json, std::cout);
+  }
+  if (*c.ls) return RunList(client, std::cout);
+  if (*c.describe) return RunDescribe(client, c.checkpoint_id, std::cout);
+  if (*c.rm) return RunRemove(client, c.checkpoint_id, std::cout);
+  if (*c.transform) {
+    TransformCommand command = c.transform_cmd;
+    if (c.transform_ranks->count() > 0) command.ranks = c.transform_ranks_list;
+    return RunTransform(client, command, std::cout);
+  }
+  if (*c.jobs_ls) return RunJobsList(client, std::cout);
+  if (*c.jobs_get) return RunJobGet(client, c.job_id, std::cout);
+  if (*c.jobs_watch) return RunJobWatch(client, c.job_id, {}, std::cout);
+  if (*c.jobs_cancel) return RunJobCancel(client, c.job_id, std::cout);
+  if (*c.export_sub) {
+    ExportCommand command = c.export_cmd;
+    if (c.export_ranks->count() > 0) command.ranks = c.export_ranks_list;
+    return RunExport(client, command, std::cout, std::cerr);
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  // Fetches and uploads stream gigabytes through short-lived buffers (client/malloc_tuning.h).
+  TuneMallocForStreaming();
+  CLI::App app{"ckptctl - client of ckptd, the sharded-checkpoint service"};
+  CommandLine c;
+  // In this order in --help.
+  AddGlobalOptions(app, c);
+  AddInspectCommand(app, c);
+  AddStrategyCommands(app, c);
+  AddUploadCommand(app, c);
+  AddFetchCommand(app, c);
+  AddDepsCommand(app, c);
+  AddCheckpointCommands(app, c);
+  AddTransformCommand(app, c);
+  AddJobsCommands(app, c);
+  AddExportCommand(app, c);
+  AddSampleCommand(app, c);
+  if (std::optional<int> exit_code = Parse(app, argc, argv)) return *exit_code;
+
+  std::optional<absl::Status> status = RunOffline(c);
+  if (!status.has_value()) {
+    absl::StatusOr<std::unique_ptr<CkptClient>> client = CkptClient::Connect(c.server);
+    if (!client.ok()) return Fail(client.status());
+    status = RunWithServer(c, **client);
+  }
+  // Flush before deciding the exit code: a closed stdout pipe is a failure to report too.
+  std::cout.flush();
+  if (status->ok() && !std::cout) *status = absl::InternalError("cannot write to standard output");
+  return status->ok() ? EXIT_SUCCESS : Fail(*status);
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) { return ckpt::Main(argc, argv); }

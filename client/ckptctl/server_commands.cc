@@ -1,0 +1,312 @@
+#include "client/ckptctl/server_commands.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/ckptctl/offline_commands.h"
+#include "client/ckptctl/rank_list.h"
+#include "core/box.h"
+#include "core/rank_files.h"
+#include "core/status_macros.h"
+
+namespace ckpt {
+namespace {
+
+template <typename Ints>
+std::string Bracketed(const Ints& values) {
+  return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
+}
+
+// Prints each distinct warning once: every rank of an upload tends to report the same verbatim
+// parameters, and repeating them N times hides anything else.
+void PrintWarnings(const std::vector<std::string>& warnings, std::ostream& err) {
+  std::set<std::string> seen;
+  for (const std::string& w : warnings) {
+    if (seen.insert(w).second) err << "warning: " << w << "\n";
+  }
+}
+
+// Runs `body` with a progress line that is finished on success and erased on failure, so that
+// the caller's one-line error message starts on a clean line.
+template <typename Body>
+auto WithProgress(const ProgressOptions& options, Body body) -> decltype(body(ProgressFn())) {
+  ProgressReporter reporter(options);
+  auto result = body(reporter.enabled() ? reporter.Callback() : ProgressFn());
+  if (result.ok()) {
+    reporter.Done();
+  } else {
+    reporter.Clear();
+  }
+  return result;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- strategies
+
+absl::Status RunStrategyPut(CkptClient& client, const std::string& name, const std::string& path,
+                            bool overwrite, std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(v1::StrategyInfo info, client.PutStrategyFile(name, path, overwrite));
+  out << "registered strategy " << info.name() << " from " << path << ": " << info.parameter_count()
+      << " parameters, " << info.devices_per_stage() << " devices per stage, " << info.stage_count()
+      << " stage(s), " << info.world_size() << " ranks\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunStrategyGet(CkptClient& client, const std::string& name, bool json,
+                            std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(RemoteStrategy remote, client.GetStrategy(name));
+  PrintStrategy(remote.strategy, remote.info.name(), json, out);
+  return absl::OkStatus();
+}
+
+absl::Status RunStrategyList(CkptClient& client, std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<v1::StrategyInfo> strategies, client.ListStrategies());
+  for (const v1::StrategyInfo& s : strategies) {
+    out << s.name() << "  parameters=" << s.parameter_count()
+        << "  devices_per_stage=" << s.devices_per_stage() << "  stages=" << s.stage_count()
+        << "  world_size=" << s.world_size() << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, std::ostream& out) {
+  CKPT_RETURN_IF_ERROR(client.DeleteStrategy(name));
+  out << "deleted strategy " << name << "\n";
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- upload
+
+absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::ostream& out,
+                       std::ostream& err) {
+  const bool by_dir = !command.dir.empty();
+  const bool by_file = !command.file.empty();
+  if (by_dir == by_file) {
+    return absl::InvalidArgumentError(
+        "upload needs either --strategy NAME --dir DIR or --file FULL.ckpt");
+  }
+  if (by_dir && command.source_strategy.empty()) {
+    return absl::InvalidArgumentError("upload --dir needs --strategy NAME");
+  }
+  if (by_file && !command.source_strategy.empty()) {
+    return absl::InvalidArgumentError(
+        "upload --file takes no --strategy (a whole-tensor checkpoint has none)");
+  }
+  if (command.parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--parallel must be at least 1, got ", command.parallel));
+  }
+
+  UploadSummary summary;
+  if (by_dir) {
+    CKPT_ASSIGN_OR_RETURN(summary, WithProgress(command.progress, [&](ProgressFn progress) {
+                            return client.UploadDirectory(command.checkpoint_id,
+                                                          command.source_strategy, command.dir,
+                                                          {command.parallel}, std::move(progress));
+                          }));
+  } else {
+    CKPT_ASSIGN_OR_RETURN(
+        v1::UploadResponse response, WithProgress(command.progress, [&](ProgressFn progress) {
+          return client.UploadWholeFile(command.checkpoint_id, command.file, std::move(progress));
+        }));
+    RankUploadResult rank;
+    rank.file = command.file;
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(command.file, ec);
+    rank.file_bytes = ec ? 0 : static_cast<int64_t>(size);
+    rank.response = std::move(response);
+    summary.checkpoint_id = command.checkpoint_id;
+    summary.committed = rank.response.committed();
+    summary.ranks_received = rank.response.ranks_received();
+    summary.ranks_total = rank.response.ranks_total();
+    summary.file_bytes = rank.file_bytes;
+    summary.bytes_stored = rank.response.bytes_stored();
+    summary.ranks.push_back(std::move(rank));
+  }
+
+  std::vector<std::string> warnings;
+  for (const RankUploadResult& r : summary.ranks) {
+    out << "uploaded rank " << r.rank << " from " << r.file << ": " << r.file_bytes << " bytes, "
+        << r.response.bytes_stored() << " stored\n";
+    warnings.insert(warnings.end(), r.response.warnings().begin(), r.response.warnings().end());
+  }
+  PrintWarnings(warnings, err);
+  if (summary.committed) {
+    out << "committed checkpoint " << summary.checkpoint_id << ": " << summary.ranks_total
+        << " ranks, " << summary.file_bytes << " bytes uploaded, " << summary.bytes_stored
+        << " bytes stored\n";
+  } else {
+    // Possible when another client uploads other ranks of the same checkpoint.
+    out << "checkpoint " << summary.checkpoint_id
+        << " not committed yet: " << summary.ranks_received << " of " << summary.ranks_total
+        << " ranks received\n";
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- fetch
+
+absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostream& out,
+                      std::ostream& err) {
+  if (command.merged == !command.destination_strategy.empty()) {
+    return absl::InvalidArgumentError(
+        "fetch needs either --dst-strategy NAME --rank R or --merged");
+  }
+  if (!command.merged && !command.rank) {
+    return absl::InvalidArgumentError("fetch --dst-strategy needs --rank R");
+  }
+  if (command.merged && command.rank) {
+    return absl::InvalidArgumentError("fetch --merged takes no --rank");
+  }
+  if (command.out_path.empty()) return absl::InvalidArgumentError("fetch needs --out FILE");
+
+  v1::FetchRequest request;
+  request.set_checkpoint_id(command.checkpoint_id);
+  if (command.merged) {
+    request.set_merged(true);
+  } else {
+    request.set_destination_strategy(command.destination_strategy);
+    request.set_rank(*command.rank);
+  }
+  for (const std::string& glob : command.include) request.add_include(glob);
+  for (const std::string& glob : command.exclude) request.add_exclude(glob);
+  request.set_strict(command.strict);
+
+  CKPT_ASSIGN_OR_RETURN(v1::FetchPlanSummary summary,
+                        WithProgress(command.progress, [&](ProgressFn progress) {
+                          return client.FetchToFile(request, command.out_path, std::move(progress));
+                        }));
+  PrintWarnings({summary.warnings().begin(), summary.warnings().end()}, err);
+  out << "fetched " << summary.tensor_count() << " tensors (" << summary.total_bytes()
+      << " bytes) from source ranks " << Bracketed(summary.source_ranks()) << " into "
+      << command.out_path << "\n";
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- dependencies
+
+absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
+                           const std::string& destination_strategy, std::optional<int64_t> rank,
+                           bool all, bool json, std::ostream& out) {
+  if (destination_strategy.empty()) {
+    return absl::InvalidArgumentError("deps CKPT needs --dst-strategy NAME");
+  }
+  if (rank.has_value() == all) return absl::InvalidArgumentError("deps needs --rank R or --all");
+  v1::RankDependenciesRequest request;
+  request.set_checkpoint_id(checkpoint_id);
+  request.set_destination_strategy(destination_strategy);
+  if (rank) {
+    request.set_rank(*rank);
+  } else {
+    request.set_all(true);
+  }
+  CKPT_ASSIGN_OR_RETURN(v1::RankDependenciesResponse response, client.RankDependencies(request));
+  if (rank && response.ranks_size() != 1) {
+    return absl::InternalError(absl::StrCat("ckptd answered ", response.ranks_size(),
+                                            " ranks for a one-rank dependency query"));
+  }
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> deps;
+  for (const v1::RankSources& r : response.ranks()) {
+    deps.emplace_back(r.rank(),
+                      std::vector<int64_t>(r.source_ranks().begin(), r.source_ranks().end()));
+  }
+  PrintDeps(deps, /*as_list=*/all, json, out);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+absl::Status RunList(CkptClient& client, std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> checkpoints, client.ListCheckpoints());
+  for (const v1::CheckpointInfo& c : checkpoints) {
+    out << c.id()
+        << "  source_strategy=" << (c.source_strategy().empty() ? "-" : c.source_strategy())
+        << "  ranks=" << c.ranks() << "  tensors=" << c.tensor_count()
+        << "  stored_bytes=" << c.stored_bytes() << "  created=" << FormatUtcTime(c.created_unix())
+        << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(v1::DescribeCheckpointResponse response,
+                        client.DescribeCheckpoint(checkpoint_id));
+  const v1::CheckpointInfo& info = response.info();
+  out << "checkpoint " << info.id() << ": source strategy "
+      << (info.source_strategy().empty() ? "(none, whole tensors)" : info.source_strategy()) << ", "
+      << info.ranks() << " ranks, " << info.tensor_count() << " tensors, " << info.logical_bytes()
+      << " logical bytes, " << info.stored_bytes() << " stored bytes, created "
+      << FormatUtcTime(info.created_unix()) << "\n";
+  size_t name_width = 4;
+  size_t dtype_width = 5;
+  size_t shape_width = 5;
+  std::vector<std::string> shapes;
+  for (const v1::TensorDescription& t : response.tensors()) {
+    shapes.push_back(ShapeToString(Shape(t.global_shape().begin(), t.global_shape().end())));
+    name_width = std::max(name_width, t.name().size());
+    dtype_width = std::max(dtype_width, t.dtype().size());
+    shape_width = std::max(shape_width, shapes.back().size());
+  }
+  auto pad = [](const std::string& s, size_t width) {
+    return s + std::string(width - s.size() + 2, ' ');
+  };
+  for (int i = 0; i < response.tensors_size(); ++i) {
+    const v1::TensorDescription& t = response.tensors(i);
+    out << "  " << pad(t.name(), name_width) << pad(t.dtype(), dtype_width)
+        << pad(shapes[i], shape_width)
+        << (t.kind() == v1::TENSOR_KIND_VERBATIM ? "verbatim" : "sharded ")
+        << "  slices=" << t.stored_slices() << "  stored_bytes=" << t.stored_bytes();
+    if (!t.layout().empty()) out << "  " << t.layout();
+    out << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, std::ostream& out) {
+  CKPT_RETURN_IF_ERROR(client.DeleteCheckpoint(checkpoint_id));
+  out << "deleted checkpoint " << checkpoint_id << "\n";
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- client-side export
+
+absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::ostream& out,
+                       std::ostream& err) {
+  if (command.destination_strategy.empty()) {
+    return absl::InvalidArgumentError("export needs --dst-strategy NAME");
+  }
+  if (command.dir.empty()) return absl::InvalidArgumentError("export needs --dir DIR");
+  if (command.parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--parallel must be at least 1, got ", command.parallel));
+  }
+  CKPT_RETURN_IF_ERROR(ValidateRankFilePrefix(command.prefix));
+  CKPT_ASSIGN_OR_RETURN(const std::vector<int64_t> ranks, ParseRanksOption(command.ranks));
+  CKPT_ASSIGN_OR_RETURN(
+      ExportSummary summary, WithProgress(command.progress, [&](ProgressFn progress) {
+        return client.ExportRanks(command.checkpoint_id, command.destination_strategy, command.dir,
+                                  ranks, command.prefix, command.parallel, std::move(progress));
+      }));
+  std::vector<std::string> warnings;
+  for (const RankExportResult& r : summary.ranks) {
+    out << "exported rank " << r.rank << ": " << r.summary.tensor_count() << " tensors ("
+        << r.summary.total_bytes() << " bytes) from source ranks "
+        << Bracketed(r.summary.source_ranks()) << " into " << r.file << "\n";
+    warnings.insert(warnings.end(), r.summary.warnings().begin(), r.summary.warnings().end());
+  }
+  PrintWarnings(warnings, err);
+  out << "exported " << command.checkpoint_id << " to destination strategy "
+      << command.destination_strategy << ": " << summary.ranks.size() << " ranks, "
+      << summary.tensors << " tensors, " << summary.bytes << " bytes into " << summary.dir << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

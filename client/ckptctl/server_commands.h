@@ -1,0 +1,101 @@
+// ckptctl subcommands that talk to a ckptd server about strategies and checkpoints: upload,
+// fetch, dependency queries, listing and the client-side export (transform jobs are in
+// job_commands.h). Each writes its normal output to `out` (warnings and progress to `err`) and
+// returns an error status for the caller to print as one line; argument combinations are checked
+// here too, so that every front end gets the same rules.
+#ifndef CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
+#define CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckpt.pb.h"
+#include "client/ckptctl/progress.h"
+#include "client/client.h"
+#include "core/rank_files.h"
+
+namespace ckpt {
+
+// `ckptctl strategy put NAME PATH [--overwrite]`: PATH is a binary or .json strategy file, or a
+// directory of per-stage files (merged first).
+absl::Status RunStrategyPut(CkptClient& client, const std::string& name, const std::string& path,
+                            bool overwrite, std::ostream& out);
+// `ckptctl strategy get NAME [--json]`: the `strategy show` summary, or the JSON form.
+absl::Status RunStrategyGet(CkptClient& client, const std::string& name, bool json,
+                            std::ostream& out);
+// `ckptctl strategy ls`: one line per strategy.
+absl::Status RunStrategyList(CkptClient& client, std::ostream& out);
+// `ckptctl strategy rm NAME`.
+absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, std::ostream& out);
+
+struct UploadCommand {
+  std::string checkpoint_id;
+  // Either a rank directory with the strategy it was saved with (--strategy)...
+  std::string source_strategy;
+  std::string dir;
+  int parallel = 4;
+  // ...or one whole-tensor file.
+  std::string file;
+  // Progress display (default: on stderr when it is a terminal).
+  ProgressOptions progress;
+};
+// `ckptctl upload CKPT --strategy NAME --dir DIR [--parallel N]` or `upload CKPT --file FILE`.
+absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::ostream& out,
+                       std::ostream& err);
+
+struct FetchCommand {
+  std::string checkpoint_id;
+  // Either a destination strategy (--dst-strategy) and rank...
+  std::string destination_strategy;
+  std::optional<int64_t> rank;
+  // ...or every tensor whole.
+  bool merged = false;
+  std::string out_path;
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  bool strict = false;
+  ProgressOptions progress;
+};
+// `ckptctl fetch CKPT (--dst-strategy NAME --rank R | --merged) --out FILE [--include GLOB]...
+// [--exclude GLOB]... [--strict]`. Summary warnings go to `err` as "warning: ..." lines.
+absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostream& out,
+                      std::ostream& err);
+
+// `ckptctl deps CKPT --dst-strategy NAME (--rank R | --all) [--json]`: PrintDeps format.
+absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
+                           const std::string& destination_strategy, std::optional<int64_t> rank,
+                           bool all, bool json, std::ostream& out);
+
+// `ckptctl ls`: one line per checkpoint.
+absl::Status RunList(CkptClient& client, std::ostream& out);
+// `ckptctl describe CKPT`: the checkpoint's summary, then one line per tensor.
+absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
+// `ckptctl rm CKPT`.
+absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
+
+// ---------------------------------------------------------------- client-side export
+
+struct ExportCommand {
+  std::string checkpoint_id;
+  // Destination strategy (--dst-strategy).
+  std::string destination_strategy;
+  // Local directory to create (must not exist or be empty).
+  std::string dir;
+  std::optional<std::string> ranks;
+  std::string prefix = kDefaultRankFilePrefix;
+  int parallel = 4;
+  ProgressOptions progress;
+};
+// `ckptctl export CKPT --dst-strategy NAME --dir DIR [--ranks LIST] [--prefix P] [--parallel N]`:
+// CkptClient::ExportRanks, then one line per rank and a total.
+absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::ostream& out,
+                       std::ostream& err);
+
+}  // namespace ckpt
+
+#endif  // CKPT_CLIENT_CKPTCTL_SERVER_COMMANDS_H_
