@@ -125,7 +125,7 @@ void AddStrategyCommands(CLI::App& app, CommandLine& c) {
       ->add_option("PATH", c.strategy_path,
                    "Binary or .json strategy file, or a directory of per-stage files")
       ->required();
-  c.strategy_show->add_flag("--json", c.strategy_json, "Print the JSON form (MindSpore §2.5)");
+  c.strategy_show->add_flag("--json", c.strategy_json, "Print MindSpore's JSON strategy form");
   c.strategy_merge = strategy->add_subcommand(
       "merge", "Merge per-stage strategy files as merge_pipeline_strategys does");
   c.strategy_merge
