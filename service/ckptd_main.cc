@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "service/server.h"
+#include "service/rpc/server.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "gtest/gtest.h"
-#include "service/checkpoint_service.h"
+#include "service/rpc/checkpoint_service.h"
 
 namespace ckpt {
 namespace {

@@ -3,7 +3,7 @@
 // exported files are also decoded by a small Python program (numpy + protobuf). Also covered:
 // idempotent submission, validation, cancellation without leftovers, failure reasons, watches,
 // shutdown and restart (memory and RocksDB stores), and a fetch completing while a job runs.
-#include "service/job_runner.h"
+#include "service/engine/job_runner.h"
 
 #include <openssl/evp.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 // The service's data path in process (no gRPC): upload ranks through RankUpload, commit, fetch
 // through FetchStream, and compare every byte with slices generated independently.
-#include "service/manager.h"
+#include "service/engine/manager.h"
 
 #include <algorithm>
 #include <chrono>

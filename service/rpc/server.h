@@ -1,7 +1,7 @@
 // ckptd's server: store + manager + gRPC service, health and reflection, maintenance and
 // graceful shutdown.
-#ifndef CKPT_SERVICE_SERVER_H_
-#define CKPT_SERVICE_SERVER_H_
+#ifndef CKPT_SERVICE_RPC_SERVER_H_
+#define CKPT_SERVICE_RPC_SERVER_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "service/checkpoint_service.h"
-#include "service/executor.h"
-#include "service/job_runner.h"
-#include "service/manager.h"
+#include "service/engine/executor.h"
+#include "service/engine/job_runner.h"
+#include "service/engine/manager.h"
+#include "service/rpc/checkpoint_service.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -77,4 +77,4 @@ class CkptServer {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_SERVER_H_
+#endif  // CKPT_SERVICE_RPC_SERVER_H_

@@ -1,4 +1,4 @@
-#include "service/job_runner.h"
+#include "service/engine/job_runner.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -30,7 +30,7 @@
 #include "core/dtype.h"
 #include "core/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "service/fetch_stream.h"
+#include "service/engine/fetch_stream.h"
 #include "spdlog/spdlog.h"
 #include "storage/file_stream.h"
 

@@ -1,4 +1,4 @@
-#include "service/upload_session.h"
+#include "service/engine/upload_session.h"
 
 #include <algorithm>
 #include <numeric>

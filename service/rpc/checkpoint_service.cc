@@ -1,4 +1,4 @@
-#include "service/checkpoint_service.h"
+#include "service/rpc/checkpoint_service.h"
 
 #include <deque>
 #include <fstream>
@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "service/grpc_status.h"
-#include "service/wire_format.h"
+#include "service/rpc/grpc_status.h"
+#include "service/rpc/wire_format.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt {

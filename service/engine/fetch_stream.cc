@@ -1,4 +1,4 @@
-#include "service/fetch_stream.h"
+#include "service/engine/fetch_stream.h"
 
 #include <algorithm>
 

@@ -21,8 +21,8 @@
 // so a fetch is never queued behind a job), at most `workers` at a time (each writing up to
 // `rank_workers` destination ranks at once), at a lowered CPU priority, and optionally under a
 // shared bytes/second cap.
-#ifndef CKPT_SERVICE_JOB_RUNNER_H_
-#define CKPT_SERVICE_JOB_RUNNER_H_
+#ifndef CKPT_SERVICE_ENGINE_JOB_RUNNER_H_
+#define CKPT_SERVICE_ENGINE_JOB_RUNNER_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -40,8 +40,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
-#include "service/manager.h"
-#include "service/upload_session.h"
+#include "service/engine/manager.h"
+#include "service/engine/upload_session.h"
 
 namespace ckpt {
 
@@ -202,4 +202,4 @@ class JobRunner {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_JOB_RUNNER_H_
+#endif  // CKPT_SERVICE_ENGINE_JOB_RUNNER_H_

@@ -3,8 +3,8 @@
 // only the stored chunks that overlap, so memory stays bounded whatever the tensor size. For a
 // Fetch client (FetchReader::kClient) the messages are those of proto/ckpt.proto FetchData:
 // parts with checksums, and bands of tiles where stored chunks do not stack into rows.
-#ifndef CKPT_SERVICE_FETCH_STREAM_H_
-#define CKPT_SERVICE_FETCH_STREAM_H_
+#ifndef CKPT_SERVICE_ENGINE_FETCH_STREAM_H_
+#define CKPT_SERVICE_ENGINE_FETCH_STREAM_H_
 
 #include <cstdint>
 #include <limits>
@@ -23,7 +23,7 @@
 #include "ckpt.pb.h"
 #include "core/chunk_grid.h"
 #include "core/reshard.h"
-#include "service/loaded_checkpoint.h"
+#include "service/engine/loaded_checkpoint.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -222,4 +222,4 @@ class FetchStream {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_FETCH_STREAM_H_
+#endif  // CKPT_SERVICE_ENGINE_FETCH_STREAM_H_

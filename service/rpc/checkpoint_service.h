@@ -1,7 +1,7 @@
 // gRPC handlers of ckpt.v1.CheckpointService (callback API): thin adapters from protos to
 // CheckpointManager. Blocking work runs on the Executor, never on gRPC's threads.
-#ifndef CKPT_SERVICE_CHECKPOINT_SERVICE_H_
-#define CKPT_SERVICE_CHECKPOINT_SERVICE_H_
+#ifndef CKPT_SERVICE_RPC_CHECKPOINT_SERVICE_H_
+#define CKPT_SERVICE_RPC_CHECKPOINT_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "ckpt.grpc.pb.h"
-#include "service/executor.h"
-#include "service/job_runner.h"
-#include "service/manager.h"
+#include "service/engine/executor.h"
+#include "service/engine/job_runner.h"
+#include "service/engine/manager.h"
 
 namespace ckpt {
 
@@ -162,4 +162,4 @@ void LogRpc(const char* method, const std::string& peer, const absl::Status& sta
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_CHECKPOINT_SERVICE_H_
+#endif  // CKPT_SERVICE_RPC_CHECKPOINT_SERVICE_H_

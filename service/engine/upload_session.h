@@ -1,7 +1,7 @@
 // Receiving a checkpoint: one RankUpload per source-rank stream, all feeding one PendingCheckpoint
 // that commits atomically when its last rank has been received and validated.
-#ifndef CKPT_SERVICE_UPLOAD_SESSION_H_
-#define CKPT_SERVICE_UPLOAD_SESSION_H_
+#ifndef CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
+#define CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -172,4 +172,4 @@ class RankUpload {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_UPLOAD_SESSION_H_
+#endif  // CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
