@@ -1,5 +1,5 @@
-// ckptd's server: store + manager + gRPC service, health and reflection, maintenance and
-// graceful shutdown.
+// ckptd's server: the store, the engine (manager, job runner, executor) and the gRPC service,
+// with health and reflection, periodic maintenance and graceful shutdown.
 #ifndef CKPT_SERVICE_RPC_SERVER_H_
 #define CKPT_SERVICE_RPC_SERVER_H_
 
@@ -25,7 +25,8 @@ namespace ckpt {
 struct ServerOptions {
   // Address to listen on; port 0 picks a free port (see CkptServer::port()).
   std::string listen = "127.0.0.1:50051";
-  // Directory of the embedded RocksDB store.
+  // Directory of the store: its RocksDB database (metadata, manifests, jobs, chunk locations) and
+  // the segment files that hold chunk bytes.
   std::string data_dir = "./data";
   // Worker threads for store I/O and planning. Default 4.
   int io_threads = 4;
