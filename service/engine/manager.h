@@ -1,5 +1,5 @@
-// The service's logic with absl types only: strategies, uploads, checkpoints, fetch planning and
-// dependencies over a CheckpointStore. The gRPC layer (checkpoint_service.h) is a thin adapter.
+// The service's logic without gRPC: strategies, uploads, checkpoints, fetch planning and
+// dependencies over a CheckpointStore. The RPC layer (service/rpc) is a thin adapter over it.
 #ifndef CKPT_SERVICE_ENGINE_MANAGER_H_
 #define CKPT_SERVICE_ENGINE_MANAGER_H_
 
