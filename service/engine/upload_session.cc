@@ -456,10 +456,15 @@ absl::Status RankUpload::StoreVerbatim() {
     }
     chunker.Start(0);
   }
+  // The tensor stays in tensors_ while this rank holds it (ReleaseRank runs on this thread).
+  PendingCheckpoint::Tensor* t = nullptr;
   {
-    std::lock_guard<std::mutex> lock(pending_->mu_);
-    PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
-    for (PendingCheckpoint::Blob& v : t.variants) {
+    std::unique_lock<std::mutex> lock(pending_->mu_);
+    t = pending_->tensors_.at(c.name).get();
+    // One rank at a time stores a new copy of a tensor, so that a rank finishing the same value
+    // meanwhile finds that copy below instead of storing the value again.
+    pending_->cv_.wait(lock, [t] { return !t->storing_variant; });
+    for (PendingCheckpoint::Blob& v : t->variants) {
       if (v.state == PendingCheckpoint::BlobState::kDone &&
           std::equal(v.record.chunk_checksums().begin(), v.record.chunk_checksums().end(),
                      checksums.begin(), checksums.end())) {
@@ -467,13 +472,16 @@ absl::Status RankUpload::StoreVerbatim() {
         return absl::OkStatus();
       }
     }
-    c.blob_index = t.next_blob_index++;
+    c.blob_index = t->next_blob_index++;
+    t->storing_variant = true;
   }
   // Write it as a new variant through the band path.
   c.checksums.clear();
-  if (c.chunker) CKPT_RETURN_IF_ERROR(ChunkBands(c.value));
+  const absl::Status written = c.chunker ? ChunkBands(c.value) : absl::OkStatus();
   std::lock_guard<std::mutex> lock(pending_->mu_);
-  PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
+  t->storing_variant = false;
+  pending_->cv_.notify_all();
+  CKPT_RETURN_IF_ERROR(written);
   PendingCheckpoint::Blob blob;
   blob.owner_rank = rank_;
   blob.state = PendingCheckpoint::BlobState::kDone;
@@ -486,7 +494,7 @@ absl::Status RankUpload::StoreVerbatim() {
   for (uint64_t x : c.checksums) blob.record.add_chunk_checksums(x);
   blob.record.set_total_bytes(c.total);
   AddHolder(blob.record, rank_);
-  t.variants.push_back(std::move(blob));
+  t->variants.push_back(std::move(blob));
   return absl::OkStatus();
 }
 

@@ -81,6 +81,8 @@ class PendingCheckpoint {
     int64_t first_rank = 0;         // order key: (first_rank, position)
     int64_t position = 0;
     uint32_t next_blob_index = 0;
+    // A rank is storing a new variant (RankUpload::StoreVerbatim); others wait for it on cv_.
+    bool storing_variant = false;
   };
 
   // Builds the manifest; requires mu_ held and every rank received.
