@@ -2,20 +2,22 @@
 #include <malloc.h>
 
 #include <csignal>
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "service/server.h"
+#include "service/rpc/server.h"
 #include "spdlog/spdlog.h"
 
-int main(int argc, char** argv) {
-  // Fetch and upload allocate and free buffers of about 1 MiB all the time (chunk reads, bands,
-  // gRPC frames). glibc would serve each with a fresh mmap (page faults, TLB shootdowns on
-  // munmap) and trim its heaps after frees; keep such buffers in the heap instead.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+namespace {
+
+// The command line: ServerOptions, with sizes in MiB and durations in minutes as the flags give
+// them until Apply() converts them.
+struct Flags {
   ckpt::ServerOptions options;
   std::string port_file;
   std::string log_level = "info";
@@ -26,75 +28,114 @@ int main(int argc, char** argv) {
   int64_t idle_minutes = absl::ToInt64Minutes(options.manager.upload_idle_timeout);
   int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
 
-  CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};
-  // CKPT_VERSION is the CMake project version (service/CMakeLists.txt).
-  app.set_version_flag("--version", "ckptd " CKPT_VERSION, "Print the version and exit");
-  app.add_option("--listen", options.listen, "Address to listen on (port 0: any free port)")
+  // Copies the MiB and minute values into `options`.
+  void Apply() {
+    options.store.min_free_disk_bytes = min_free_mib << 20;
+    options.store.mapped_bytes_budget = map_budget_mib << 20;
+    options.service.stream_bytes_in_flight = stream_mib << 20;
+    options.service.server_bytes_in_flight = server_mib << 20;
+    options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);
+    options.jobs.max_bytes_per_second = job_bandwidth_mib << 20;
+  }
+};
+
+// Where ckptd listens and keeps its data, and how much memory and disk it uses.
+void AddServerFlags(CLI::App& app, Flags& f) {
+  app.add_option("--listen", f.options.listen, "Address to listen on (port 0: any free port)")
       ->envname("CKPTD_LISTEN")
       ->capture_default_str();
-  app.add_option("--data", options.data_dir, "Directory of the embedded RocksDB store")
+  app.add_option("--data", f.options.data_dir, "Directory of the embedded RocksDB store")
       ->envname("CKPTD_DATA")
       ->capture_default_str();
-  app.add_option("--port-file", port_file, "Write the bound port to this file once listening")
+  app.add_option("--port-file", f.port_file, "Write the bound port to this file once listening")
       ->envname("CKPTD_PORT_FILE");
-  app.add_option("--io-threads", options.io_threads, "Worker threads for store I/O")
+  app.add_option("--io-threads", f.options.io_threads, "Worker threads for store I/O")
       ->envname("CKPTD_IO_THREADS")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  app.add_option("--min-free-disk-mib", min_free_mib,
+  app.add_option("--min-free-disk-mib", f.min_free_mib,
                  "Refuse writes while free disk is below this (MiB)")
       ->envname("CKPTD_MIN_FREE_DISK_MIB")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--map-budget-mib", map_budget_mib,
+  app.add_option("--map-budget-mib", f.map_budget_mib,
                  "Segment-file bytes mapped at once to serve chunks without copying (MiB); "
                  "chunks beyond it are read as copies")
       ->envname("CKPTD_MAP_BUDGET_MIB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--stream-inflight-mib", stream_mib, "Fetch bytes a lone stream queues (MiB); open streams share it equally")
+  app.add_option("--stream-inflight-mib", f.stream_mib,
+                 "Fetch bytes a lone stream queues (MiB); open streams share it equally")
       ->envname("CKPTD_STREAM_INFLIGHT_MIB")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
-  app.add_option("--server-inflight-mib", server_mib, "Fetch bytes queued per server (MiB)")
+  app.add_option("--server-inflight-mib", f.server_mib, "Fetch bytes queued per server (MiB)")
       ->envname("CKPTD_SERVER_INFLIGHT_MIB")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--upload-idle-minutes", idle_minutes,
+  app.add_option("--upload-idle-minutes", f.idle_minutes,
                  "Discard uploads idle for this long (minutes)")
       ->envname("CKPTD_UPLOAD_IDLE_MINUTES")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--job-workers", options.jobs.workers,
+}
+
+// Transform jobs.
+void AddJobFlags(CLI::App& app, Flags& f) {
+  app.add_option("--job-workers", f.options.jobs.workers,
                  "Transform jobs running at the same time (each on its own thread)")
       ->envname("CKPTD_JOB_WORKERS")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--job-rank-workers", options.jobs.rank_workers,
+  app.add_option("--job-rank-workers", f.options.jobs.rank_workers,
                  "Destination ranks one export or new-checkpoint job writes at the same time")
       ->envname("CKPTD_JOB_RANK_WORKERS")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--job-bandwidth-mib", job_bandwidth_mib,
+  app.add_option("--job-bandwidth-mib", f.job_bandwidth_mib,
                  "Cap on the MiB/s all transform jobs together move (0: unlimited)")
       ->envname("CKPTD_JOB_BANDWIDTH_MIB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+}
+
+void AddLogFlags(CLI::App& app, Flags& f) {
+  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
       ->envname("CKPTD_LOG_LEVEL")
       ->capture_default_str();
+}
+
+// Writes the port atomically (a temporary file renamed into place), so that a reader never sees
+// a partial number.
+void WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Fetch and upload allocate and free buffers of about 1 MiB all the time (chunk reads, bands,
+  // gRPC frames). glibc would serve each with a fresh mmap (page faults, TLB shootdowns on
+  // munmap) and trim its heaps after frees; keep such buffers in the heap instead.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+
+  Flags flags;
+  CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};
+  // CKPT_VERSION is the CMake project version (service/CMakeLists.txt).
+  app.set_version_flag("--version", "ckptd " CKPT_VERSION, "Print the version and exit");
+  AddServerFlags(app, flags);
+  AddJobFlags(app, flags);
+  AddLogFlags(app, flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  options.store.min_free_disk_bytes = min_free_mib << 20;
-  options.store.mapped_bytes_budget = map_budget_mib << 20;
-  options.service.stream_bytes_in_flight = stream_mib << 20;
-  options.service.server_bytes_in_flight = server_mib << 20;
-  options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);
-  options.jobs.max_bytes_per_second = job_bandwidth_mib << 20;
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  flags.Apply();
+  spdlog::set_level(spdlog::level::from_str(flags.log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n %v");
 
   // Block the shutdown signals in every thread; one thread waits for them.
@@ -104,16 +145,12 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto server = ckpt::CkptServer::Start(options);
+  auto server = ckpt::CkptServer::Start(flags.options);
   if (!server.ok()) {
     std::cerr << "ckptd: " << server.status().message() << "\n";
     return 1;
   }
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
-  }
+  if (!flags.port_file.empty()) WritePortFile(flags.port_file, (*server)->port());
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&signals, &sig);

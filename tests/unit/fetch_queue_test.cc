@@ -1,9 +1,9 @@
-// The Fetch queue limits of checkpoint_service.h: the server-wide ByteBudget and each stream's
+// The Fetch queue limits of byte_budget.h: the server-wide ByteBudget and each stream's
 // share of --stream-inflight-mib.
 #include <cstdint>
 
 #include "gtest/gtest.h"
-#include "service/checkpoint_service.h"
+#include "service/rpc/byte_budget.h"
 
 namespace ckpt {
 namespace {

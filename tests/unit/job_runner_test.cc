@@ -3,7 +3,7 @@
 // exported files are also decoded by a small Python program (numpy + protobuf). Also covered:
 // idempotent submission, validation, cancellation without leftovers, failure reasons, watches,
 // shutdown and restart (memory and RocksDB stores), and a fetch completing while a job runs.
-#include "service/job_runner.h"
+#include "service/engine/job_runner.h"
 
 #include <openssl/evp.h>
 #include <stdlib.h>
@@ -627,6 +627,13 @@ TEST_F(JobRunnerTest, SubmissionIsValidated) {
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {3})), C::kOutOfRange);
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {1, 1})), C::kInvalidArgument);
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {}, "a/b")), C::kInvalidArgument);
+  // The file name prefix follows the one rank-file rule (core/rank_files.h), as on the client:
+  // 1-200 characters of [A-Za-z0-9._-]; empty means the default.
+  for (const std::string& prefix : {std::string("net "), std::string("net:"), std::string(201, 'p')}) {
+    auto bad = runner_->Submit(ExportRequest("a", tmp_ + "/out", {}, prefix));
+    EXPECT_EQ(bad.status().code(), C::kInvalidArgument) << prefix;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("A-Z a-z 0-9 . _ -")) << prefix;
+  }
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/missing/out")), C::kFailedPrecondition);
   ASSERT_TRUE(fs::create_directories(tmp_ + "/full/x"));
   auto s = runner_->Submit(ExportRequest("a", tmp_ + "/full"));

@@ -1,10 +1,12 @@
 // The service's data path in process (no gRPC): upload ranks through RankUpload, commit, fetch
 // through FetchStream, and compare every byte with slices generated independently.
-#include "service/manager.h"
+#include "service/engine/manager.h"
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -91,6 +93,21 @@ class CorruptingStore final : public testing::ForwardingStore {
     return std::exchange(live_.peak, live_.now);
   }
 
+  // Calls `hook` with every PutChunks's writes before they are stored (null: none).
+  void OnPutChunks(std::function<void(const std::vector<ChunkWrite>&)> hook) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_put_ = std::move(hook);
+  }
+  absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override {
+    std::function<void(const std::vector<ChunkWrite>&)> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hook = on_put_;
+    }
+    if (hook) hook(chunks);
+    return base().PutChunks(chunks);
+  }
+
   // Corrupts reads of `address` from now on (none: an address no chunk has).
   void Corrupt(std::optional<ChunkAddress> address) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -106,6 +123,7 @@ class CorruptingStore final : public testing::ForwardingStore {
   std::mutex mu_;
   ChunkAddress corrupt_{~uint64_t{0}, 0, 0, 0};
   std::vector<ChunkAddress> reads_;
+  std::function<void(const std::vector<ChunkWrite>&)> on_put_;
   LiveBytes live_;
 };
 
@@ -150,11 +168,11 @@ class ManagerTest : public ::testing::Test {
   }
 
   // Uploads one rank of the demo tensors laid out by `strategy` (empty name: whole file).
-  // Records the rank's UploadResponse in last_response_.
+  // Records the rank's UploadResponse in `response`, or in last_response_ when it is null.
   absl::Status UploadRank(const std::string& id, const std::string& strategy_name,
                           const Strategy* strategy, int64_t rank,
                           const std::vector<SampleTensor>& tensors, size_t piece = 37,
-                          uint64_t verbatim_seed = kSeed) {
+                          uint64_t verbatim_seed = kSeed, v1::UploadResponse* response = nullptr) {
     const v1::UploadHeader h = Header(id, strategy_name, rank);
     auto upload = manager_->BeginUpload(h);
     if (!upload.ok()) return upload.status();
@@ -185,7 +203,7 @@ class ManagerTest : public ::testing::Test {
     }
     auto r = (*upload)->Finish();
     if (!r.ok()) return r.status();
-    last_response_ = *r;
+    *(response ? response : &last_response_) = *r;
     manager_->OnUploadFinished(id);
     return absl::OkStatus();
   }
@@ -901,6 +919,52 @@ TEST_F(ManagerTest, SmallVerbatimValuesAreStoredOncePerDistinctValue) {
     EXPECT_EQ(last_response_.bytes_stored(), demo_bytes[r] + extra) << "rank " << r;
   }
   ASSERT_NO_FATAL_FAILURE(ExpectRankMatches("ck", "src", src, 0, tensors));
+}
+
+TEST_F(ManagerTest, IdenticalVerbatimValuesFinishedTogetherAreStoredOnce) {
+  // Rank 0's write of the small verbatim value "step" is held until rank 1 has finished its
+  // upload (at most 2 s): rank 1 reaches the same value meanwhile, and must wait for rank 0's
+  // copy and share it rather than store the value a second time.
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  std::vector<int64_t> demo_bytes;
+  for (int64_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(UploadRank("plain", "src", &src, r, DemoTensors()).ok()) << r;
+    demo_bytes.push_back(last_response_.bytes_stored());
+  }
+  auto tensors = DemoTensors();
+  tensors.push_back({"step", DType::kFloat32, {10}});  // 40 bytes, one chunk
+  const std::string step = SampleSlice("step", DType::kFloat32, {10}, Box::Whole({10}), kSeed);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false;
+  bool rank1_done = false;
+  corrupting_->OnPutChunks([&](const std::vector<ChunkWrite>& writes) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (holding || writes.empty() || writes[0].bytes != step) return;
+    holding = true;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(2), [&] { return rank1_done; });
+  });
+  v1::UploadResponse r0, r1;
+  absl::Status s0;
+  std::thread rank0([&] { s0 = UploadRank("ck", "src", &src, 0, tensors, 37, kSeed, &r0); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return holding; }));
+  }
+  const absl::Status s1 = UploadRank("ck", "src", &src, 1, tensors, 37, kSeed, &r1);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    rank1_done = true;
+  }
+  cv.notify_all();
+  rank0.join();
+  corrupting_->OnPutChunks(nullptr);
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(r0.bytes_stored(), demo_bytes[0] + 40);
+  EXPECT_EQ(r1.bytes_stored(), demo_bytes[1]) << "rank 1 stored its copy of step again";
 }
 
 TEST_F(ManagerTest, DeletingAPendingUploadDiscardsItForARetry) {

@@ -1,6 +1,6 @@
 // The hand-written wire format of Fetch data messages and upload data messages, checked against
 // protobuf's own parser and serialiser for every layout of the bytes over gRPC slices.
-#include "service/wire_format.h"
+#include "service/rpc/wire_format.h"
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 

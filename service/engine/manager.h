@@ -1,7 +1,7 @@
-// The service's logic with absl types only: strategies, uploads, checkpoints, fetch planning and
-// dependencies over a CheckpointStore. The gRPC layer (checkpoint_service.h) is a thin adapter.
-#ifndef CKPT_SERVICE_MANAGER_H_
-#define CKPT_SERVICE_MANAGER_H_
+// The service's logic without gRPC: strategies, uploads, checkpoints, fetch planning and
+// dependencies over a CheckpointStore. The RPC layer (service/rpc) is a thin adapter over it.
+#ifndef CKPT_SERVICE_ENGINE_MANAGER_H_
+#define CKPT_SERVICE_ENGINE_MANAGER_H_
 
 #include <cstdint>
 #include <map>
@@ -16,9 +16,9 @@
 #include "ckpt.pb.h"
 #include "core/reshard.h"
 #include "core/strategy.h"
-#include "service/fetch_stream.h"
-#include "service/loaded_checkpoint.h"
-#include "service/upload_session.h"
+#include "service/engine/fetch_stream.h"
+#include "service/engine/loaded_checkpoint.h"
+#include "service/engine/upload_session.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -89,4 +89,4 @@ absl::Status ValidateName(const std::string& what, const std::string& name);
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_MANAGER_H_
+#endif  // CKPT_SERVICE_ENGINE_MANAGER_H_

@@ -1,4 +1,4 @@
-// Transform jobs (issue 4): the server-side replacement for MindSpore's offline
+// Transform jobs: the server-side replacement for MindSpore's offline
 // transform_checkpoints / transform_checkpoint_by_rank / load_distributed_checkpoint(
 // predict_strategy=None). A job reads a committed checkpoint through the same FetchStream the
 // Fetch RPC uses and writes one output:
@@ -21,8 +21,8 @@
 // so a fetch is never queued behind a job), at most `workers` at a time (each writing up to
 // `rank_workers` destination ranks at once), at a lowered CPU priority, and optionally under a
 // shared bytes/second cap.
-#ifndef CKPT_SERVICE_JOB_RUNNER_H_
-#define CKPT_SERVICE_JOB_RUNNER_H_
+#ifndef CKPT_SERVICE_ENGINE_JOB_RUNNER_H_
+#define CKPT_SERVICE_ENGINE_JOB_RUNNER_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -40,8 +40,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
-#include "service/manager.h"
-#include "service/upload_session.h"
+#include "core/strategy.h"
+#include "service/engine/manager.h"
+#include "service/engine/upload_session.h"
 
 namespace ckpt {
 
@@ -74,7 +75,7 @@ struct JobRunnerOptions {
   UploadOptions upload;
 };
 
-// Where a job writes one fetched rank (defined in job_runner.cc).
+// Where a job writes one fetched rank (job_internal.h).
 class JobTensorSink;
 
 struct SubmitResult {
@@ -152,7 +153,14 @@ class JobRunner {
   enum class Change { kState, kProgress };
 
   absl::Status Available() const;  // UNAVAILABLE unless started and not stopping; mu_ held
+  // Submission checks (job_validation.cc): the request as a whole; its output, returning the
+  // cleaned output path (or the new checkpoint id); and that no active job writes that output
+  // (takes mu_).
   absl::Status ValidateRequest(const v1::SubmitTransformRequest& request);
+  absl::StatusOr<std::string> ValidateOutput(const v1::SubmitTransformRequest& request,
+                                             const Strategy* strategy);
+  absl::Status CheckOutputFree(v1::TransformTarget::OutputCase kind,
+                               const std::string& output) const;
   std::shared_ptr<Entry> Find(const std::string& id) const;
 
   void WorkerLoop();
@@ -202,4 +210,4 @@ class JobRunner {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_JOB_RUNNER_H_
+#endif  // CKPT_SERVICE_ENGINE_JOB_RUNNER_H_

@@ -1,4 +1,4 @@
-#include "service/executor.h"
+#include "service/engine/executor.h"
 
 namespace ckpt {
 

@@ -1,4 +1,4 @@
-#include "service/fetch_stream.h"
+#include "service/engine/fetch_stream.h"
 
 #include <algorithm>
 
@@ -32,8 +32,7 @@ Box Shift(const Box& box, const std::vector<int64_t>& by, int sign) {
 
 // A view of `length` bytes of `chunk` from `offset`, carrying the chunk's stored checksum when
 // the view is the whole chunk.
-DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offset,
-                         size_t length) {
+DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offset, size_t length) {
   const std::string_view bytes = chunk->data->bytes();
   DataSegment s{chunk, bytes.substr(offset, length), std::nullopt, chunk};
   if (offset == 0 && length == bytes.size()) s.stored_checksum = chunk->checksum;
@@ -90,14 +89,13 @@ bool FetchStream::ReferenceChunks(DType dtype, const Box& band, std::span<Piece>
 
 absl::Status FetchStream::Annotate(const absl::Status& s) const {
   const std::string tensor = tensor_ < plan_.tensors.size() ? plan_.tensors[tensor_].name : "?";
-  return absl::Status(s.code(), absl::StrCat("checkpoint ", checkpoint_->manifest.id(),
-                                             " tensor ", tensor, ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("checkpoint ", checkpoint_->manifest.id(), " tensor ",
+                                             tensor, ": ", s.message()));
 }
 
 absl::Status FetchStream::Verify(StreamChunk& chunk) {
   if (chunk.verified) return absl::OkStatus();
-  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.checksum);
-      !s.ok()) {
+  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.checksum); !s.ok()) {
     return Annotate(s);
   }
   chunk.verified = true;
@@ -141,10 +139,7 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
                          CheckpointStore* store, FetchOptions options)
-    : checkpoint_(std::move(checkpoint)),
-      plan_(std::move(plan)),
-      store_(store),
-      options_(options) {
+    : checkpoint_(std::move(checkpoint)), plan_(std::move(plan)), store_(store), options_(options) {
   for (const TensorPlan& t : plan_.tensors) total_bytes_ += TensorBytes(t);
 }
 
@@ -165,8 +160,9 @@ const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
                                                 const CopyOp& op) const {
   if (r.sharded()) {
     // Blobs of sharded tensors are sorted by cell.
-    auto it = std::lower_bound(r.blobs().begin(), r.blobs().end(), op.src_box_id,
-                               [](const records::BlobRecord& b, int64_t cell) { return b.cell() < cell; });
+    auto it = std::lower_bound(
+        r.blobs().begin(), r.blobs().end(), op.src_box_id,
+        [](const records::BlobRecord& b, int64_t cell) { return b.cell() < cell; });
     return it != r.blobs().end() && it->cell() == op.src_box_id ? &*it : nullptr;
   }
   for (const records::BlobRecord& b : r.blobs()) {
@@ -230,14 +226,12 @@ absl::Status FetchStream::ResolveSources() {
     }
     s.blob = BlobFor(r, op);
     if (!s.blob) {
-      return Annotate(absl::InternalError(absl::StrCat("no stored slice for source box ",
-                                                       op.src_box.ToString(), " of rank ",
-                                                       op.src_rank)));
+      return Annotate(absl::InternalError(absl::StrCat(
+          "no stored slice for source box ", op.src_box.ToString(), " of rank ", op.src_rank)));
     }
     const Box blob_box = BoxOf(*s.blob);
-    auto grid = ChunkGrid::FromTile(blob_box.shape(),
-                                    {s.blob->tile().begin(), s.blob->tile().end()},
-                                    ElementBits(t.dtype));
+    auto grid = ChunkGrid::FromTile(
+        blob_box.shape(), {s.blob->tile().begin(), s.blob->tile().end()}, ElementBits(t.dtype));
     if (!grid.ok()) return Annotate(absl::DataLossError(grid.status().message()));
     s.grid = *std::move(grid);
     s.blob_lo = blob_box.lo;
@@ -262,25 +256,23 @@ absl::Status FetchStream::CollectPieces(const Box& band_box) {
     ShiftInPlace(&local_, s.blob_lo, -1);
     for (int64_t chunk : s.grid.ChunksOverlapping(local_)) {
       if (chunk >= s.blob->chunk_checksums_size()) {
-        return Annotate(absl::DataLossError(absl::StrCat("manifest lists ",
-                                                         s.blob->chunk_checksums_size(),
-                                                         " chunks, chunk ", chunk, " needed")));
+        return Annotate(
+            absl::DataLossError(absl::StrCat("manifest lists ", s.blob->chunk_checksums_size(),
+                                             " chunks, chunk ", chunk, " needed")));
       }
       if (piece_count_ == pieces_.size()) pieces_.emplace_back();
       Piece& p = pieces_[piece_count_];
       s.grid.ChunkBox(chunk, &p.chunk_box);
       ShiftInPlace(&p.chunk_box, s.blob_lo, +1);
-      auto data = Chunk({data_id, r.tensor_index(), s.blob->blob_index(),
-                         static_cast<uint32_t>(chunk)},
-                        s.blob->chunk_checksums(chunk),
-                        p.chunk_box.hi.empty() ? std::numeric_limits<int64_t>::max()
-                                               : p.chunk_box.hi[0]);
+      auto data =
+          Chunk({data_id, r.tensor_index(), s.blob->blob_index(), static_cast<uint32_t>(chunk)},
+                s.blob->chunk_checksums(chunk),
+                p.chunk_box.hi.empty() ? std::numeric_limits<int64_t>::max() : p.chunk_box.hi[0]);
       if (!data.ok()) return Annotate(data.status());
       const size_t size = (*data)->data->bytes().size();
       if (static_cast<int64_t>(size) != s.grid.ChunkBytes(chunk)) {
-        return Annotate(absl::DataLossError(absl::StrCat("chunk ", chunk, " has ", size,
-                                                         " bytes, expected ",
-                                                         s.grid.ChunkBytes(chunk))));
+        return Annotate(absl::DataLossError(absl::StrCat(
+            "chunk ", chunk, " has ", size, " bytes, expected ", s.grid.ChunkBytes(chunk))));
       }
       IntersectInto(p.chunk_box, part_, &p.region);  // the chunk overlaps the part
       p.chunk = *std::move(data);
@@ -290,63 +282,131 @@ absl::Status FetchStream::CollectPieces(const Box& band_box) {
   return absl::OkStatus();
 }
 
+absl::Status FetchStream::BuildStrBand(const TensorPlan& t, const records::TensorRecord& r) {
+  // Raw bytes, one stored chunk at a time.
+  if (t.ops.empty()) {
+    tensor_done_ = true;
+    return absl::OkStatus();
+  }
+  const records::BlobRecord* b = BlobFor(r, t.ops[0]);
+  if (!b) return Annotate(absl::InternalError("no stored copy for the chosen source rank"));
+  if (next_chunk_ >= b->chunk_checksums_size()) {
+    tensor_done_ = true;
+    return absl::OkStatus();
+  }
+  auto data = Chunk({checkpoint_->manifest.data_id(), r.tensor_index(), b->blob_index(),
+                     static_cast<uint32_t>(next_chunk_)},
+                    b->chunk_checksums(next_chunk_));
+  if (!data.ok()) return Annotate(data.status());
+  band_.push_back(ChunkSegment(*data, 0, (*data)->data->bytes().size()));
+  band_left_ = static_cast<int64_t>((*data)->data->bytes().size());
+  ++next_chunk_;
+  return absl::OkStatus();
+}
+
+bool FetchStream::NextBandRows(const TensorPlan& t, Box* band_box, int64_t* row_bytes) {
+  const Shape local = t.dst_box.shape();
+  if (local.empty()) {  // a scalar: one band of one element
+    if (next_row_ > 0) {
+      tensor_done_ = true;
+      return false;
+    }
+    next_row_ = 1;
+    return true;
+  }
+  if (next_row_ >= local[0]) {
+    tensor_done_ = true;
+    return false;
+  }
+  Shape row_shape(local.begin() + 1, local.end());
+  *row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, *NumElements(row_shape)));
+  const int64_t rows =
+      std::clamp<int64_t>(options_.band_bytes / *row_bytes, 1, local[0] - next_row_);
+  band_box->lo[0] = t.dst_box.lo[0] + next_row_;
+  band_box->hi[0] = band_box->lo[0] + rows;
+  next_row_ += rows;
+  return true;
+}
+
+bool FetchStream::WidenToChunkEnds(const TensorPlan& t, std::span<const Piece> pieces,
+                                   int64_t row_bytes, int64_t max_bytes, Box* band_box) {
+  int64_t end = band_box->hi[0];
+  for (const Piece& p : pieces) end = std::max(end, p.chunk_box.hi[0]);
+  end = std::min(end, t.dst_box.hi[0]);
+  if (end <= band_box->hi[0] || (end - band_box->lo[0]) * row_bytes > max_bytes) return false;
+  next_row_ += end - band_box->hi[0];
+  band_box->hi[0] = end;
+  return true;
+}
+
+void FetchStream::EndAtChunkBoundary(std::span<const Piece> pieces, Box* band_box) {
+  if (pieces.back().chunk_box.hi[0] <= band_box->hi[0]) return;  // ends at a boundary already
+  for (size_t i = pieces.size() - 1; i-- > 0;) {
+    if (pieces[i].region.hi[0] == pieces[i].chunk_box.hi[0]) {
+      band_.resize(i + 1);
+      next_row_ -= band_box->hi[0] - pieces[i].region.hi[0];
+      band_box->hi[0] = pieces[i].region.hi[0];
+      return;
+    }
+  }
+}
+
+absl::Status FetchStream::CutTiles(const TensorPlan& t, const Box& band_box,
+                                   std::span<const Piece> pieces, int64_t band_bytes) {
+  for (const Piece& p : pieces) {
+    if (p.region == p.chunk_box) {
+      band_.push_back(ChunkSegment(p.chunk, 0, p.chunk->data->bytes().size()));
+    } else {
+      CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
+      const auto size = static_cast<size_t>(*ByteSizeOf(t.dtype, *p.region.Volume()));
+      std::shared_ptr<char[]> cut(new char[size]);
+      CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
+                                         cut.get(), p.region, p.region));
+      band_.push_back({std::shared_ptr<const void>(cut, cut.get()),
+                       std::string_view(cut.get(), size), std::nullopt, nullptr});
+    }
+    band_tiles_.push_back(Shift(p.region, t.dst_box.lo, -1));
+  }
+  band_rows_ = band_box.extent(0);
+  band_left_ = band_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status FetchStream::AssembleBand(const TensorPlan& t, const Box& band_box,
+                                       std::span<const Piece> pieces, int64_t band_bytes) {
+  // The plan's regions tile the destination box exactly, so every byte is written (checked by
+  // the caller: the buffer is uninitialised).
+  std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
+  for (const Piece& p : pieces) {
+    CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
+    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
+                                       buffer.get(), band_box, p.region));
+  }
+  band_.push_back({std::shared_ptr<const void>(buffer, buffer.get()),
+                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes)), std::nullopt,
+                   nullptr});
+  band_left_ = band_bytes;
+  return absl::OkStatus();
+}
+
 absl::Status FetchStream::BuildBand() {
   const TensorPlan& t = plan_.tensors[tensor_];
   const records::TensorRecord& r = Record(t);
   // Chunks nothing from here on needs are released now rather than when the LRU is full: their
   // memory (with segment files, their mapped windows) goes back sooner.
-  DropConsumedChunks(r.tensor_index(), t.dst_box.lo.empty()
-                                           ? std::numeric_limits<int64_t>::min()
-                                           : t.dst_box.lo[0] + next_row_);
-  const uint64_t data_id = checkpoint_->manifest.data_id();
-  auto where = [&](const absl::Status& s) { return Annotate(s); };
+  DropConsumedChunks(r.tensor_index(), t.dst_box.lo.empty() ? std::numeric_limits<int64_t>::min()
+                                                            : t.dst_box.lo[0] + next_row_);
   band_.clear();
   band_tiles_.clear();
   band_left_ = 0;
   band_segment_ = 0;
   band_offset_ = 0;
-  if (t.dtype == DType::kStr) {
-    // Raw bytes, one stored chunk at a time.
-    if (t.ops.empty()) {
-      tensor_done_ = true;
-      return absl::OkStatus();
-    }
-    const records::BlobRecord* b = BlobFor(r, t.ops[0]);
-    if (!b) return where(absl::InternalError("no stored copy for the chosen source rank"));
-    if (next_chunk_ >= b->chunk_checksums_size()) {
-      tensor_done_ = true;
-      return absl::OkStatus();
-    }
-    auto data = Chunk({data_id, r.tensor_index(), b->blob_index(), static_cast<uint32_t>(next_chunk_)},
-                      b->chunk_checksums(next_chunk_));
-    if (!data.ok()) return where(data.status());
-    band_.push_back(ChunkSegment(*data, 0, (*data)->data->bytes().size()));
-    band_left_ = static_cast<int64_t>((*data)->data->bytes().size());
-    ++next_chunk_;
-    return absl::OkStatus();
-  }
+  if (t.dtype == DType::kStr) return BuildStrBand(t, r);
 
-  const Shape local = t.dst_box.shape();
   Box band_box = t.dst_box;
   int64_t row_bytes = 1;
-  if (!local.empty()) {
-    if (next_row_ >= local[0]) {
-      tensor_done_ = true;
-      return absl::OkStatus();
-    }
-    Shape row_shape(local.begin() + 1, local.end());
-    row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, *NumElements(row_shape)));
-    const int64_t rows = std::clamp<int64_t>(options_.band_bytes / row_bytes, 1, local[0] - next_row_);
-    band_box.lo[0] = t.dst_box.lo[0] + next_row_;
-    band_box.hi[0] = band_box.lo[0] + rows;
-    next_row_ += rows;
-  } else {
-    if (next_row_ > 0) {
-      tensor_done_ = true;
-      return absl::OkStatus();
-    }
-    next_row_ = 1;
-  }
+  if (!NextBandRows(t, &band_box, &row_bytes)) return absl::OkStatus();  // the tensor is done
+  const bool scalar = t.dst_box.lo.empty();
 
   CKPT_RETURN_IF_ERROR(ResolveSources());
   // pieces_ let go of their chunks whichever way this returns: a band's chunks are then held by
@@ -356,37 +416,20 @@ absl::Status FetchStream::BuildBand() {
   std::span<Piece> pieces(pieces_.data(), piece_count_);
   // Tiles (FetchReader::kClient) are sent for bands of whole-byte elements that a stack of rows
   // of chunks cannot supply; a band of them holds at most 16 messages' worth.
-  const bool may_tile = tiles_ && !local.empty() && ElementBits(t.dtype) % 8 == 0;
+  const bool may_tile = tiles_ && !scalar && ElementBits(t.dtype) % 8 == 0;
   const int64_t max_tiled_bytes = 16 * options_.max_message_bytes;
   bool referenced = ReferenceChunks(t.dtype, band_box, pieces, &band_);
-  if (!referenced && may_tile && pieces.size() > 1) {
-    // Extend the band to the end of the chunks it cuts (within what a band of tiles may hold),
-    // so that they go whole, neither copied nor hashed here.
-    int64_t end = band_box.hi[0];
-    for (const Piece& p : pieces) end = std::max(end, p.chunk_box.hi[0]);
-    end = std::min(end, t.dst_box.hi[0]);
-    if (end > band_box.hi[0] && (end - band_box.lo[0]) * row_bytes <= max_tiled_bytes) {
-      next_row_ += end - band_box.hi[0];
-      band_box.hi[0] = end;
-      CKPT_RETURN_IF_ERROR(CollectPieces(band_box));
-      pieces = std::span<Piece>(pieces_.data(), piece_count_);
-      referenced = ReferenceChunks(t.dtype, band_box, pieces, &band_);
-    }
+  // Otherwise the band extends to the end of the chunks it cuts (within what a band of tiles may
+  // hold), so that they go whole, neither copied nor hashed here.
+  if (!referenced && may_tile && pieces.size() > 1 &&
+      WidenToChunkEnds(t, pieces, row_bytes, max_tiled_bytes, &band_box)) {
+    CKPT_RETURN_IF_ERROR(CollectPieces(band_box));
+    pieces = std::span<Piece>(pieces_.data(), piece_count_);
+    referenced = ReferenceChunks(t.dtype, band_box, pieces, &band_);
   }
   if (referenced) {
-    // pieces are now in row order, one per segment. When the band ends inside a chunk, end it
-    // at the last chunk boundary within it instead (the cut chunk stays cached for the next
-    // band): the bands after it then start at chunk boundaries and hold whole chunks.
-    if (!local.empty() && pieces.back().chunk_box.hi[0] > band_box.hi[0]) {
-      for (size_t i = pieces.size() - 1; i-- > 0;) {
-        if (pieces[i].region.hi[0] == pieces[i].chunk_box.hi[0]) {
-          band_.resize(i + 1);
-          next_row_ -= band_box.hi[0] - pieces[i].region.hi[0];
-          band_box.hi[0] = pieces[i].region.hi[0];
-          break;
-        }
-      }
-    }
+    // pieces are now in row order, one per segment.
+    if (!scalar) EndAtChunkBoundary(pieces, &band_box);
     band_left_ = *ByteSizeOf(t.dtype, *band_box.Volume());
     return absl::OkStatus();
   }
@@ -403,42 +446,12 @@ absl::Status FetchStream::BuildBand() {
     tiles = tiles && *ByteSizeOf(t.dtype, volume) <= options_.max_message_bytes;
   }
   if (covered != *band_box.Volume()) {
-    return where(absl::InternalError(absl::StrCat("the re-shard plan covers ", covered, " of ",
-                                                  *band_box.Volume(), " elements of rows ",
-                                                  band_box.ToString())));
+    return Annotate(absl::InternalError(absl::StrCat("the re-shard plan covers ", covered, " of ",
+                                                     *band_box.Volume(), " elements of rows ",
+                                                     band_box.ToString())));
   }
-  if (tiles) {
-    for (const Piece& p : pieces) {
-      if (p.region == p.chunk_box) {
-        band_.push_back(ChunkSegment(p.chunk, 0, p.chunk->data->bytes().size()));
-      } else {
-        CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
-        const auto size = static_cast<size_t>(*ByteSizeOf(t.dtype, *p.region.Volume()));
-        std::shared_ptr<char[]> cut(new char[size]);
-        CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
-                                           cut.get(), p.region, p.region));
-        band_.push_back({std::shared_ptr<const void>(cut, cut.get()),
-                         std::string_view(cut.get(), size), std::nullopt, nullptr});
-      }
-      band_tiles_.push_back(Shift(p.region, t.dst_box.lo, -1));
-    }
-    band_rows_ = band_box.extent(0);
-    band_left_ = band_bytes;
-    return absl::OkStatus();
-  }
-  // General case: assemble the band in a buffer of its own. The plan's regions tile the
-  // destination box exactly, so every byte is written (checked: the buffer is uninitialised).
-  std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(band_bytes)]);
-  for (const Piece& p : pieces) {
-    CKPT_RETURN_IF_ERROR(Verify(*p.chunk));
-    CKPT_RETURN_IF_ERROR(CopyBoxRegion(t.dtype, p.chunk->data->bytes().data(), p.chunk_box,
-                                       buffer.get(), band_box, p.region));
-  }
-  band_.push_back({std::shared_ptr<const void>(buffer, buffer.get()),
-                   std::string_view(buffer.get(), static_cast<size_t>(band_bytes)), std::nullopt,
-                   nullptr});
-  band_left_ = band_bytes;
-  return absl::OkStatus();
+  if (tiles) return CutTiles(t, band_box, pieces, band_bytes);
+  return AssembleBand(t, band_box, pieces, band_bytes);
 }
 
 absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
@@ -456,6 +469,98 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
   return true;
 }
 
+void FetchStream::SummaryPiece(FetchPiece* out) const {
+  v1::FetchPlanSummary* s = out->message.mutable_summary();
+  s->set_tensor_count(static_cast<int64_t>(plan_.tensors.size()));
+  s->set_total_bytes(total_bytes_);
+  for (int64_t r : plan_.source_ranks) s->add_source_ranks(r);
+  for (const std::string& w : plan_.warnings) s->add_warnings(w);
+}
+
+void FetchStream::HeaderPiece(const TensorPlan& t, FetchPiece* out) {
+  next_row_ = 0;
+  next_chunk_ = 0;
+  tensor_done_ = false;
+  band_.clear();
+  band_tiles_.clear();
+  band_left_ = 0;
+  v1::FetchTensorHeader* h = out->message.mutable_tensor();
+  h->set_name(t.name);
+  h->set_dtype(std::string(DTypeName(t.dtype)));
+  for (int64_t d : t.dst_box.shape()) h->add_local_shape(d);
+  for (int64_t d : t.global_shape) h->add_global_shape(d);
+  for (int64_t v : t.dst_box.lo) h->add_box_lo(v);
+  for (int64_t v : t.dst_box.hi) h->add_box_hi(v);
+  h->set_total_bytes(TensorBytes(t));
+  h->set_verbatim(t.kind == TensorKind::kVerbatim);
+}
+
+void FetchStream::TilePiece(FetchPiece* out) {
+  // Whole tiles, up to max_message_bytes (at least one), each a part of its own: a whole stored
+  // chunk with its stored checksum (the client verifies it), a cut-out region (of a verified
+  // chunk) hashed here.
+  while (band_segment_ < band_.size()) {
+    const DataSegment& s = band_[band_segment_];
+    const auto size = static_cast<int64_t>(s.bytes.size());
+    if (!out->segments.empty() && out->data_bytes + size > options_.max_message_bytes) break;
+    out->segments.push_back(s);
+    out->parts.push_back({size, s.stored_checksum ? *s.stored_checksum : Checksum(s.bytes)});
+    const Box& tile = band_tiles_[band_segment_];
+    out->tile_box.insert(out->tile_box.end(), tile.lo.begin(), tile.lo.end());
+    out->tile_box.insert(out->tile_box.end(), tile.hi.begin(), tile.hi.end());
+    out->data_bytes += size;
+    ++band_segment_;
+  }
+  out->band_rows = band_rows_;
+  band_left_ -= out->data_bytes;
+  if (band_left_ == 0) {
+    band_.clear();
+    band_tiles_.clear();
+  }
+  bytes_produced_ += out->data_bytes;
+}
+
+absl::Status FetchStream::DataPiece(FetchReader reader, FetchPiece* out) {
+  // A large whole chunk on its own, with its stored checksum; otherwise up to max_message_bytes
+  // of the band, as views of its segments.
+  const DataSegment& head = band_[band_segment_];
+  if (band_offset_ == 0 && head.stored_checksum &&
+      static_cast<int64_t>(head.bytes.size()) >= options_.whole_chunk_message_bytes &&
+      static_cast<int64_t>(head.bytes.size()) <= options_.max_message_bytes) {
+    out->segments.push_back(head);
+    out->data_bytes = static_cast<int64_t>(head.bytes.size());
+    if (reader == FetchReader::kClient) {
+      out->parts.push_back({out->data_bytes, *head.stored_checksum});  // the client verifies
+    } else {
+      CKPT_RETURN_IF_ERROR(Verify(*head.chunk));
+    }
+    ++band_segment_;
+    band_left_ -= out->data_bytes;
+    if (band_left_ == 0) band_.clear();
+    bytes_produced_ += out->data_bytes;
+    return absl::OkStatus();
+  }
+  int64_t want = std::min(band_left_, options_.max_message_bytes);
+  while (want > 0) {
+    const DataSegment& s = band_[band_segment_];
+    const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
+    out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n),
+                             n == s.bytes.size() ? s.stored_checksum : std::nullopt, s.chunk});
+    want -= static_cast<int64_t>(n);
+    out->data_bytes += static_cast<int64_t>(n);
+    band_offset_ += n;
+    if (band_offset_ == s.bytes.size()) {
+      ++band_segment_;
+      band_offset_ = 0;
+    }
+  }
+  band_left_ -= out->data_bytes;
+  if (band_left_ == 0) band_.clear();  // drop references the message does not hold
+  CKPT_RETURN_IF_ERROR(ChecksumMessage(reader, out));
+  bytes_produced_ += out->data_bytes;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader) {
   out->message.Clear();
   out->segments.clear();
@@ -466,100 +571,22 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader)
   tiles_ = reader == FetchReader::kClient;
   if (!summary_sent_) {
     summary_sent_ = true;
-    v1::FetchPlanSummary* s = out->message.mutable_summary();
-    s->set_tensor_count(static_cast<int64_t>(plan_.tensors.size()));
-    s->set_total_bytes(total_bytes_);
-    for (int64_t r : plan_.source_ranks) s->add_source_ranks(r);
-    for (const std::string& w : plan_.warnings) s->add_warnings(w);
+    SummaryPiece(out);
     return true;
   }
   while (tensor_ < plan_.tensors.size()) {
-    const TensorPlan& t = plan_.tensors[tensor_];
     if (!header_sent_) {
       header_sent_ = true;
-      next_row_ = 0;
-      next_chunk_ = 0;
-      tensor_done_ = false;
-      band_.clear();
-      band_tiles_.clear();
-      band_left_ = 0;
-      v1::FetchTensorHeader* h = out->message.mutable_tensor();
-      h->set_name(t.name);
-      h->set_dtype(std::string(DTypeName(t.dtype)));
-      for (int64_t d : t.dst_box.shape()) h->add_local_shape(d);
-      for (int64_t d : t.global_shape) h->add_global_shape(d);
-      for (int64_t v : t.dst_box.lo) h->add_box_lo(v);
-      for (int64_t v : t.dst_box.hi) h->add_box_hi(v);
-      h->set_total_bytes(TensorBytes(t));
-      h->set_verbatim(t.kind == TensorKind::kVerbatim);
+      HeaderPiece(plan_.tensors[tensor_], out);
       return true;
     }
-    if (band_left_ == 0 && !tensor_done_) {
-      CKPT_RETURN_IF_ERROR(BuildBand());
-    }
+    if (band_left_ == 0 && !tensor_done_) CKPT_RETURN_IF_ERROR(BuildBand());
     if (band_left_ > 0 && !band_tiles_.empty()) {
-      // Whole tiles, up to max_message_bytes (at least one), each a part of its own: a whole
-      // stored chunk with its stored checksum (the client verifies it), a cut-out region (of a
-      // verified chunk) hashed here.
-      while (band_segment_ < band_.size()) {
-        const DataSegment& s = band_[band_segment_];
-        const auto size = static_cast<int64_t>(s.bytes.size());
-        if (!out->segments.empty() && out->data_bytes + size > options_.max_message_bytes) break;
-        out->segments.push_back(s);
-        out->parts.push_back({size, s.stored_checksum ? *s.stored_checksum : Checksum(s.bytes)});
-        const Box& tile = band_tiles_[band_segment_];
-        out->tile_box.insert(out->tile_box.end(), tile.lo.begin(), tile.lo.end());
-        out->tile_box.insert(out->tile_box.end(), tile.hi.begin(), tile.hi.end());
-        out->data_bytes += size;
-        ++band_segment_;
-      }
-      out->band_rows = band_rows_;
-      band_left_ -= out->data_bytes;
-      if (band_left_ == 0) {
-        band_.clear();
-        band_tiles_.clear();
-      }
-      bytes_produced_ += out->data_bytes;
+      TilePiece(out);
       return true;
     }
     if (band_left_ > 0) {
-      // A large whole chunk on its own, with its stored checksum; otherwise up to
-      // max_message_bytes of the band, as views of its segments.
-      const DataSegment& head = band_[band_segment_];
-      if (band_offset_ == 0 && head.stored_checksum &&
-          static_cast<int64_t>(head.bytes.size()) >= options_.whole_chunk_message_bytes &&
-          static_cast<int64_t>(head.bytes.size()) <= options_.max_message_bytes) {
-        out->segments.push_back(head);
-        out->data_bytes = static_cast<int64_t>(head.bytes.size());
-        if (reader == FetchReader::kClient) {
-          out->parts.push_back({out->data_bytes, *head.stored_checksum});  // the client verifies
-        } else {
-          CKPT_RETURN_IF_ERROR(Verify(*head.chunk));
-        }
-        ++band_segment_;
-        band_left_ -= out->data_bytes;
-        if (band_left_ == 0) band_.clear();
-        bytes_produced_ += out->data_bytes;
-        return true;
-      }
-      int64_t want = std::min(band_left_, options_.max_message_bytes);
-      while (want > 0) {
-        const DataSegment& s = band_[band_segment_];
-        const size_t n = std::min<size_t>(s.bytes.size() - band_offset_, static_cast<size_t>(want));
-        out->segments.push_back({s.owner, s.bytes.substr(band_offset_, n),
-                                 n == s.bytes.size() ? s.stored_checksum : std::nullopt, s.chunk});
-        want -= static_cast<int64_t>(n);
-        out->data_bytes += static_cast<int64_t>(n);
-        band_offset_ += n;
-        if (band_offset_ == s.bytes.size()) {
-          ++band_segment_;
-          band_offset_ = 0;
-        }
-      }
-      band_left_ -= out->data_bytes;
-      if (band_left_ == 0) band_.clear();  // drop references the message does not hold
-      CKPT_RETURN_IF_ERROR(ChecksumMessage(reader, out));
-      bytes_produced_ += out->data_bytes;
+      CKPT_RETURN_IF_ERROR(DataPiece(reader, out));
       return true;
     }
     if (tensor_done_) {

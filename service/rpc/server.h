@@ -1,7 +1,7 @@
-// ckptd's server: store + manager + gRPC service, health and reflection, maintenance and
-// graceful shutdown.
-#ifndef CKPT_SERVICE_SERVER_H_
-#define CKPT_SERVICE_SERVER_H_
+// ckptd's server: the store, the engine (manager, job runner, executor) and the gRPC service,
+// with health and reflection, periodic maintenance and graceful shutdown.
+#ifndef CKPT_SERVICE_RPC_SERVER_H_
+#define CKPT_SERVICE_RPC_SERVER_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "service/checkpoint_service.h"
-#include "service/executor.h"
-#include "service/job_runner.h"
-#include "service/manager.h"
+#include "service/engine/executor.h"
+#include "service/engine/job_runner.h"
+#include "service/engine/manager.h"
+#include "service/rpc/checkpoint_service.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -25,7 +25,8 @@ namespace ckpt {
 struct ServerOptions {
   // Address to listen on; port 0 picks a free port (see CkptServer::port()).
   std::string listen = "127.0.0.1:50051";
-  // Directory of the embedded RocksDB store.
+  // Directory of the store: its RocksDB database (metadata, manifests, jobs, chunk locations) and
+  // the segment files that hold chunk bytes.
   std::string data_dir = "./data";
   // Worker threads for store I/O and planning. Default 4.
   int io_threads = 4;
@@ -77,4 +78,4 @@ class CkptServer {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_SERVER_H_
+#endif  // CKPT_SERVICE_RPC_SERVER_H_

@@ -1,7 +1,7 @@
 // Receiving a checkpoint: one RankUpload per source-rank stream, all feeding one PendingCheckpoint
 // that commits atomically when its last rank has been received and validated.
-#ifndef CKPT_SERVICE_UPLOAD_SESSION_H_
-#define CKPT_SERVICE_UPLOAD_SESSION_H_
+#ifndef CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
+#define CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -74,13 +74,15 @@ class PendingCheckpoint {
   struct Tensor {
     records::TensorRecord record;  // blobs filled at commit
     DType dtype = DType::kFloat32;
-    std::optional<Layout> layout;  // set when sharded
+    std::optional<Layout> layout;   // set when sharded
     std::map<int64_t, Blob> cells;  // sharded: grid cell -> blob
     std::vector<Blob> variants;     // verbatim: distinct contents
     std::set<int64_t> ranks;        // ranks that sent it
     int64_t first_rank = 0;         // order key: (first_rank, position)
     int64_t position = 0;
     uint32_t next_blob_index = 0;
+    // A rank is storing a new variant (RankUpload::StoreVerbatim); others wait for it on cv_.
+    bool storing_variant = false;
   };
 
   // Builds the manifest; requires mu_ held and every rank received.
@@ -111,8 +113,8 @@ class PendingCheckpoint {
 class RankUpload {
  public:
   // FAILED_PRECONDITION when the rank is already being received or was received.
-  static absl::StatusOr<std::unique_ptr<RankUpload>> Start(std::shared_ptr<PendingCheckpoint> pending,
-                                                           int64_t rank, std::string source_file);
+  static absl::StatusOr<std::unique_ptr<RankUpload>> Start(
+      std::shared_ptr<PendingCheckpoint> pending, int64_t rank, std::string source_file);
   ~RankUpload();
 
   absl::Status StartTensor(const v1::UploadTensorHeader& header);
@@ -149,6 +151,32 @@ class RankUpload {
     Box box;
   };
 
+  // StartTensor's steps. Checks the header on its own and fills cur's name, dtype and total and
+  // the slice's local shape (dims [0] and str values are scalars).
+  absl::Status CheckHeader(const v1::UploadTensorHeader& header, Current* cur, Shape* local) const;
+  // The global shape of a slice of shape `local` under `layout` (null: the tensor is verbatim, so
+  // `local`); INVALID_ARGUMENT when this rank's stage does not hold the tensor or the shape does
+  // not fit the layout.
+  absl::StatusOr<Shape> GlobalShape(const std::string& name, const Layout* layout,
+                                    const Shape& local) const;
+  // Records the slice in the pending checkpoint (creating its tensor on first sight), checks it
+  // against the copies earlier ranks sent, and claims its cell or variant in `cur`. `global` is
+  // GlobalShape's result; its error is returned after the dtype check. pending_->mu_ held.
+  absl::Status AddTensorLocked(const Layout* layout, const Shape& local,
+                               const absl::StatusOr<Shape>& global, Current* cur);
+  // A sharded slice: its grid cell, written by this rank or verified against the rank that
+  // writes it. pending_->mu_ held.
+  void ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& layout, const Shape& global,
+                       Current* cur);
+  // A verbatim tensor: buffered for comparison with other ranks' copies when small, else
+  // written as a variant of its own. pending_->mu_ held.
+  void ClaimVariantLocked(PendingCheckpoint::Tensor& t, const Shape& global, Current* cur);
+  // Finish's steps: every parameter of this rank's pipeline stage was sent; every replica equals
+  // the stored copy (waiting for the rank that writes it; pending_->mu_ held by `lock`); and, for
+  // the last rank, the completeness check and the commit (pending_->mu_ held).
+  absl::Status CheckStageSent() const;
+  absl::Status VerifyReplicasLocked(std::unique_lock<std::mutex>& lock);
+  absl::Status CommitLocked();
   // Feeds slice bytes to the chunker, flushing every band it completes.
   absl::Status ChunkBands(std::string_view data);
   absl::Status FlushBand();  // checksums and (unless verifying) writes the chunker's full band
@@ -172,4 +200,4 @@ class RankUpload {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_UPLOAD_SESSION_H_
+#endif  // CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_

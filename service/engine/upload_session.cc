@@ -1,4 +1,4 @@
-#include "service/upload_session.h"
+#include "service/engine/upload_session.h"
 
 #include <algorithm>
 #include <numeric>
@@ -84,8 +84,8 @@ void PendingCheckpoint::ReleaseRank(int64_t rank) {
     Tensor& t = *it->second;
     t.ranks.erase(rank);
     for (auto c = t.cells.begin(); c != t.cells.end();) {
-      // A slice this rank was still writing is incomplete: drop the claim (a retry rewrites the
-      // same chunk keys). Completed slices stay: their bytes and checksums are valid.
+      // A slice this rank was still writing is incomplete: drop the claim (a retry writes the
+      // same chunk addresses again). Completed slices stay: their bytes and checksums are valid.
       if (c->second.owner_rank == rank && c->second.state == BlobState::kWriting) {
         c = t.cells.erase(c);
       } else {
@@ -142,18 +142,18 @@ absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
     std::lock_guard<std::mutex> lock(pending->mu_);
     const int64_t world = pending->world_size();
     if (rank < 0 || rank >= world) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "rank ", rank, " is outside the source world of ", world, " ranks",
-          pending->strategy_ ? absl::StrCat(" of strategy ", pending->strategy_name_)
-                             : " (a whole-tensor checkpoint has one rank, 0)"));
+      return absl::OutOfRangeError(
+          absl::StrCat("rank ", rank, " is outside the source world of ", world, " ranks",
+                       pending->strategy_ ? absl::StrCat(" of strategy ", pending->strategy_name_)
+                                          : " (a whole-tensor checkpoint has one rank, 0)"));
     }
     if (pending->committed_) {
       return absl::AlreadyExistsError(
           absl::StrCat("checkpoint ", pending->id_, " is already complete"));
     }
     if (pending->received_.contains(rank)) {
-      return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " of checkpoint ",
-                                                   pending->id_, " was already received"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("rank ", rank, " of checkpoint ", pending->id_, " was already received"));
     }
     if (pending->active_.contains(rank)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -184,12 +184,8 @@ std::string RankUpload::Where() const {
   return absl::StrCat("checkpoint ", pending_->id_, " rank ", rank_);
 }
 
-absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
-  if (current_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": tensor ", current_->name, " got ", current_->received, " of ",
-                     current_->total, " bytes before the next tensor header"));
-  }
+absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* cur,
+                                     Shape* local) const {
   const std::string& name = h.name();
   if (name.empty() || name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
@@ -206,159 +202,189 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
   }
   const DType dtype = *dtype_or;
   if (h.dims_size() > kMaxDims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": tensor ", name, " has ", h.dims_size(), " dims (max ", kMaxDims, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", name, " has ",
+                                                   h.dims_size(), " dims (max ", kMaxDims, ")"));
   }
-  Shape local(h.dims().begin(), h.dims().end());
-  for (int64_t d : local) {
+  local->assign(h.dims().begin(), h.dims().end());
+  for (int64_t d : *local) {
     if (d < 0) {
       return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", name, " has shape ",
-                                                     ShapeToString(local), " with a negative dim"));
+                                                     ShapeToString(*local),
+                                                     " with a negative dim"));
     }
   }
-  // MindSpore's reader treats dims [0] (and every str value) as a scalar (spec §1.4).
-  if (dtype == DType::kStr || local == Shape{0}) local.clear();
+  // MindSpore's reader treats dims [0] (and every str value) as a scalar.
+  if (dtype == DType::kStr || *local == Shape{0}) local->clear();
   const int64_t total = h.total_bytes();
   if (dtype == DType::kStr) {
     if (total < 0 || total % 4 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(), ": str tensor ", name, " has ",
-                                                     total, " bytes; UTF-32 needs a multiple of 4"));
+      return absl::InvalidArgumentError(absl::StrCat(Where(), ": str tensor ", name, " has ", total,
+                                                     " bytes; UTF-32 needs a multiple of 4"));
     }
   } else {
-    auto elements = NumElements(local);
+    auto elements = NumElements(*local);
     if (!elements.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(), ": tensor ", name, ": ", elements.status().message()));
     }
     auto bytes = ByteSizeOf(dtype, *elements);
     if (!bytes.ok() || *bytes != total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(), ": tensor ", name, " announces ", total, " bytes but ", Sv(DTypeName(dtype)),
-          " ", ShapeToString(local), " needs ",
-          bytes.ok() ? absl::StrCat(*bytes) : std::string(bytes.status().message())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), ": tensor ", name, " announces ", total, " bytes but ",
+                       Sv(DTypeName(dtype)), " ", ShapeToString(*local), " needs ",
+                       bytes.ok() ? absl::StrCat(*bytes) : std::string(bytes.status().message())));
     }
   }
-  const Layout* layout =
-      pending_->strategy_ ? ResolveLayout(*pending_->strategy_, name, true) : nullptr;
-  if (layout && dtype == DType::kStr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": str tensor ", name, " cannot have a layout in the strategy"));
-  }
+  cur->name = name;
+  cur->dtype = dtype;
+  cur->total = total;
+  return absl::OkStatus();
+}
 
+absl::StatusOr<Shape> RankUpload::GlobalShape(const std::string& name, const Layout* layout,
+                                              const Shape& local) const {
+  if (!layout) return local;
+  if (!std::count(layout->stages.begin(), layout->stages.end(), stage_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter ", name, ": rank ", rank_, " is in pipeline stage ", stage_,
+                     " but the strategy places it in stages ", StagesString(layout->stages)));
+  }
+  auto g = layout->GlobalShapeFromLocal(local);
+  absl::Status valid = g.ok() ? layout->Validate(*g) : g.status();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
+                     ", which does not fit layout ", layout->ToString(), ": ", valid.message()));
+  }
+  return *std::move(g);
+}
+
+absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& local,
+                                         const absl::StatusOr<Shape>& global, Current* cur) {
+  const std::string& name = cur->name;
+  auto& slot = pending_->tensors_[name];
+  const bool first = slot == nullptr;
+  if (first) {
+    slot = std::make_unique<PendingCheckpoint::Tensor>();
+    slot->record.set_name(name);
+    slot->record.set_dtype(std::string(DTypeName(cur->dtype)));
+    slot->record.set_tensor_index(pending_->next_tensor_index_++);
+    slot->dtype = cur->dtype;
+    slot->first_rank = rank_;
+    slot->position = position_;
+  }
+  PendingCheckpoint::Tensor& t = *slot;
+  if (t.dtype != cur->dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter ", name, ": rank ", rank_, " has dtype ", Sv(DTypeName(cur->dtype)),
+                     " but earlier ranks sent ", Sv(DTypeName(t.dtype))));
+  }
+  if (rank_ < t.first_rank) {
+    t.first_rank = rank_;
+    t.position = position_;
+  }
+  if (!global.ok()) {
+    if (first) pending_->tensors_.erase(name);
+    return global.status();
+  }
+  if (!first) {
+    const Shape known(t.record.global_shape().begin(), t.record.global_shape().end());
+    if (known != *global) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
+          layout ? absl::StrCat(" (global ", ShapeToString(*global), ")") : std::string(),
+          " but earlier ranks imply global shape ", ShapeToString(known)));
+    }
+  } else {
+    for (int64_t d : *global) t.record.add_global_shape(d);
+    t.record.set_sharded(layout != nullptr);
+    if (layout) t.layout = *layout;
+  }
+  t.ranks.insert(rank_);
+  cur->tensor_index = t.record.tensor_index();
+  if (layout) {
+    ClaimCellLocked(t, *layout, *global, cur);
+  } else {
+    ClaimVariantLocked(t, *global, cur);
+  }
+  return absl::OkStatus();
+}
+
+void RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& layout,
+                                 const Shape& global, Current* cur) {
+  const std::vector<int64_t> grid = layout.Grid(global.size());
+  const std::vector<int64_t> cell = *layout.CellOf(local_rank_, global.size());
+  int64_t id = 0;
+  for (size_t i = 0; i < cell.size(); ++i) id = id * grid[i] + cell[i];
+  cur->cell = id;
+  cur->blob_index = static_cast<uint32_t>(id);
+  cur->box = CellBox(global, grid, cell);
+  if (t.cells.contains(id)) {
+    cur->mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
+    return;
+  }
+  PendingCheckpoint::Blob blob;
+  blob.owner_rank = rank_;
+  blob.record.set_cell(id);
+  blob.record.set_blob_index(cur->blob_index);
+  SetBox(blob.record, cur->box);
+  t.cells.emplace(id, std::move(blob));
+  cur->mode = Mode::kWrite;
+}
+
+void RankUpload::ClaimVariantLocked(PendingCheckpoint::Tensor& t, const Shape& global,
+                                    Current* cur) {
+  cur->box = Box::Whole(global);
+  if (cur->total <= pending_->options_.verbatim_dedupe_bytes) {
+    cur->mode = Mode::kBuffer;  // compared with the other ranks' copies when complete
+    return;
+  }
+  cur->mode = Mode::kWrite;
+  cur->blob_index = t.next_blob_index++;
+  PendingCheckpoint::Blob blob;
+  blob.owner_rank = rank_;
+  blob.record.set_cell(cur->blob_index);
+  blob.record.set_blob_index(cur->blob_index);
+  SetBox(blob.record, cur->box);
+  AddHolder(blob.record, rank_);
+  t.variants.push_back(std::move(blob));
+}
+
+absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", current_->name, " got ",
+                                                   current_->received, " of ", current_->total,
+                                                   " bytes before the next tensor header"));
+  }
   Current cur;
-  cur.name = name;
-  cur.dtype = dtype;
-  cur.total = total;
+  Shape local;
+  CKPT_RETURN_IF_ERROR(CheckHeader(h, &cur, &local));
+  const Layout* layout =
+      pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur.name, true) : nullptr;
+  if (layout && cur.dtype == DType::kStr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": str tensor ", cur.name, " cannot have a layout in the strategy"));
+  }
+  // Reported after the checks against earlier ranks' copies (AddTensorLocked).
+  const absl::StatusOr<Shape> global = GlobalShape(cur.name, layout, local);
   {
     std::lock_guard<std::mutex> lock(pending_->mu_);
     pending_->last_activity_ = absl::Now();
-    auto& slot = pending_->tensors_[name];
-    const bool first = slot == nullptr;
-    if (first) {
-      slot = std::make_unique<PendingCheckpoint::Tensor>();
-      slot->record.set_name(name);
-      slot->record.set_dtype(std::string(DTypeName(dtype)));
-      slot->record.set_tensor_index(pending_->next_tensor_index_++);
-      slot->dtype = dtype;
-      slot->first_rank = rank_;
-      slot->position = position_;
-    }
-    PendingCheckpoint::Tensor& t = *slot;
-    if (t.dtype != dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", name, ": rank ", rank_, " has dtype ", Sv(DTypeName(dtype)),
-          " but earlier ranks sent ", Sv(DTypeName(t.dtype))));
-    }
-    if (rank_ < t.first_rank) {
-      t.first_rank = rank_;
-      t.position = position_;
-    }
-    Shape global;
-    if (layout) {
-      if (!std::count(layout->stages.begin(), layout->stages.end(), stage_)) {
-        if (first) pending_->tensors_.erase(name);
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", name, ": rank ", rank_, " is in pipeline stage ", stage_,
-            " but the strategy places it in stages ", StagesString(layout->stages)));
-      }
-      auto g = layout->GlobalShapeFromLocal(local);
-      absl::Status valid = g.ok() ? layout->Validate(*g) : g.status();
-      if (!valid.ok()) {
-        if (first) pending_->tensors_.erase(name);
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": rank ", rank_,
-                                                       " holds shape ", ShapeToString(local),
-                                                       ", which does not fit layout ",
-                                                       layout->ToString(), ": ", valid.message()));
-      }
-      global = *g;
-    } else {
-      global = local;
-    }
-    if (!first) {
-      const Shape known(t.record.global_shape().begin(), t.record.global_shape().end());
-      if (known != global) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
-            layout ? absl::StrCat(" (global ", ShapeToString(global), ")") : std::string(),
-            " but earlier ranks imply global shape ", ShapeToString(known)));
-      }
-    } else {
-      for (int64_t d : global) t.record.add_global_shape(d);
-      t.record.set_sharded(layout != nullptr);
-      if (layout) t.layout = *layout;
-    }
-    t.ranks.insert(rank_);
-    cur.tensor_index = t.record.tensor_index();
-    if (layout) {
-      const std::vector<int64_t> grid = layout->Grid(global.size());
-      const std::vector<int64_t> cell = *layout->CellOf(local_rank_, global.size());
-      int64_t id = 0;
-      for (size_t i = 0; i < cell.size(); ++i) id = id * grid[i] + cell[i];
-      cur.cell = id;
-      cur.blob_index = static_cast<uint32_t>(id);
-      cur.box = CellBox(global, grid, cell);
-      auto it = t.cells.find(id);
-      if (it != t.cells.end()) {
-        cur.mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
-      } else {
-        PendingCheckpoint::Blob blob;
-        blob.owner_rank = rank_;
-        blob.record.set_cell(id);
-        blob.record.set_blob_index(cur.blob_index);
-        SetBox(blob.record, cur.box);
-        t.cells.emplace(id, std::move(blob));
-        cur.mode = Mode::kWrite;
-      }
-    } else {
-      cur.box = Box::Whole(global);
-      if (total <= pending_->options_.verbatim_dedupe_bytes) {
-        cur.mode = Mode::kBuffer;
-      } else {
-        cur.mode = Mode::kWrite;
-        cur.blob_index = t.next_blob_index++;
-        PendingCheckpoint::Blob blob;
-        blob.owner_rank = rank_;
-        blob.record.set_cell(cur.blob_index);
-        blob.record.set_blob_index(cur.blob_index);
-        SetBox(blob.record, cur.box);
-        AddHolder(blob.record, rank_);
-        t.variants.push_back(std::move(blob));
-      }
-    }
+    CKPT_RETURN_IF_ERROR(AddTensorLocked(layout, local, global, &cur));
   }
-  if (total > 0) {
-    const Shape storage = dtype == DType::kStr ? Shape{total} : cur.box.shape();
-    auto grid = ChunkGrid::Make(storage, StorageBits(dtype), pending_->options_.chunk_grid);
+  if (cur.total > 0) {
+    const Shape storage = cur.dtype == DType::kStr ? Shape{cur.total} : cur.box.shape();
+    auto grid = ChunkGrid::Make(storage, StorageBits(cur.dtype), pending_->options_.chunk_grid);
     if (!grid.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(), ": tensor ", name, ": ", grid.status().message()));
+          absl::StrCat(Where(), ": tensor ", cur.name, ": ", grid.status().message()));
     }
     cur.chunker.emplace(*std::move(grid));
   }
-  sent_.insert(name);
+  sent_.insert(cur.name);
   ++position_;
   current_ = std::move(cur);
-  if (total == 0) return FinishTensor();
+  if (current_->total == 0) return FinishTensor();
   return absl::OkStatus();
 }
 
@@ -368,9 +394,8 @@ absl::Status RankUpload::Append(std::string_view data) {
   }
   Current& c = *current_;
   if (static_cast<int64_t>(data.size()) > c.total - c.received) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", c.name,
-                                                   " sends more than the announced ", c.total,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(), ": tensor ", c.name, " sends more than the announced ", c.total, " bytes"));
   }
   c.received += static_cast<int64_t>(data.size());
   bytes_received_ += static_cast<int64_t>(data.size());
@@ -431,10 +456,15 @@ absl::Status RankUpload::StoreVerbatim() {
     }
     chunker.Start(0);
   }
+  // The tensor stays in tensors_ while this rank holds it (ReleaseRank runs on this thread).
+  PendingCheckpoint::Tensor* t = nullptr;
   {
-    std::lock_guard<std::mutex> lock(pending_->mu_);
-    PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
-    for (PendingCheckpoint::Blob& v : t.variants) {
+    std::unique_lock<std::mutex> lock(pending_->mu_);
+    t = pending_->tensors_.at(c.name).get();
+    // One rank at a time stores a new copy of a tensor, so that a rank finishing the same value
+    // meanwhile finds that copy below instead of storing the value again.
+    pending_->cv_.wait(lock, [t] { return !t->storing_variant; });
+    for (PendingCheckpoint::Blob& v : t->variants) {
       if (v.state == PendingCheckpoint::BlobState::kDone &&
           std::equal(v.record.chunk_checksums().begin(), v.record.chunk_checksums().end(),
                      checksums.begin(), checksums.end())) {
@@ -442,13 +472,16 @@ absl::Status RankUpload::StoreVerbatim() {
         return absl::OkStatus();
       }
     }
-    c.blob_index = t.next_blob_index++;
+    c.blob_index = t->next_blob_index++;
+    t->storing_variant = true;
   }
   // Write it as a new variant through the band path.
   c.checksums.clear();
-  if (c.chunker) CKPT_RETURN_IF_ERROR(ChunkBands(c.value));
+  const absl::Status written = c.chunker ? ChunkBands(c.value) : absl::OkStatus();
   std::lock_guard<std::mutex> lock(pending_->mu_);
-  PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
+  t->storing_variant = false;
+  pending_->cv_.notify_all();
+  CKPT_RETURN_IF_ERROR(written);
   PendingCheckpoint::Blob blob;
   blob.owner_rank = rank_;
   blob.state = PendingCheckpoint::BlobState::kDone;
@@ -461,7 +494,7 @@ absl::Status RankUpload::StoreVerbatim() {
   for (uint64_t x : c.checksums) blob.record.add_chunk_checksums(x);
   blob.record.set_total_bytes(c.total);
   AddHolder(blob.record, rank_);
-  t.variants.push_back(std::move(blob));
+  t->variants.push_back(std::move(blob));
   return absl::OkStatus();
 }
 
@@ -499,24 +532,21 @@ absl::Status RankUpload::FinishTensor() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
-  if (current_) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(), ": stream ended after ",
-                                                   current_->received, " of ", current_->total,
-                                                   " bytes of tensor ", current_->name));
-  }
-  if (const Strategy* s = pending_->strategy_.get()) {
-    for (const auto& [name, param] : s->params()) {
-      if (std::count(param.layout.stages.begin(), param.layout.stages.end(), stage_) &&
-          !sent_.contains(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(), " (pipeline stage ", stage_, ") did not send parameter ", name,
-            ", which the strategy places in stages ", StagesString(param.layout.stages)));
-      }
+absl::Status RankUpload::CheckStageSent() const {
+  const Strategy* s = pending_->strategy_.get();
+  if (!s) return absl::OkStatus();
+  for (const auto& [name, param] : s->params()) {
+    if (std::count(param.layout.stages.begin(), param.layout.stages.end(), stage_) &&
+        !sent_.contains(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(), " (pipeline stage ", stage_, ") did not send parameter ", name,
+          ", which the strategy places in stages ", StagesString(param.layout.stages)));
     }
   }
-  std::unique_lock<std::mutex> lock(pending_->mu_);
-  // Replicas: wait until the rank that writes the same slice is done, then compare checksums.
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::VerifyReplicasLocked(std::unique_lock<std::mutex>& lock) {
   for (const Verification& v : verifications_) {
     auto ready = [&] {
       auto t = pending_->tensors_.find(v.name);
@@ -541,11 +571,42 @@ absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
     if (!std::equal(stored.begin(), stored.end(), v.checksums.begin(), v.checksums.end())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", v.name, ": rank ", rank_, "'s copy of slice ", v.box.ToString(),
-          " differs from rank ", c->second.owner_rank,
-          "'s (replicated slices must be identical)"));
+          " differs from rank ", c->second.owner_rank, "'s (replicated slices must be identical)"));
     }
     AddHolder(c->second.record, rank_);
   }
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::CommitLocked() {
+  // Every slice of every sharded tensor must have arrived.
+  for (const auto& [name, t] : pending_->tensors_) {
+    if (!t->layout) continue;
+    int64_t cells = 1;
+    for (int64_t g : t->layout->Grid(t->record.global_shape_size())) cells *= g;
+    if (static_cast<int64_t>(t->cells.size()) != cells) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": only ", t->cells.size(),
+                                                     " of ", cells,
+                                                     " distinct slices were received"));
+    }
+  }
+  const records::CheckpointManifest manifest = pending_->BuildManifest();
+  CKPT_RETURN_IF_ERROR(pending_->store_->CommitCheckpoint(
+      pending_->id_, manifest.SerializeAsString(), pending_->data_id_));
+  pending_->committed_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": stream ended after ",
+                                                   current_->received, " of ", current_->total,
+                                                   " bytes of tensor ", current_->name));
+  }
+  CKPT_RETURN_IF_ERROR(CheckStageSent());
+  std::unique_lock<std::mutex> lock(pending_->mu_);
+  // Replicas: wait until the rank that writes the same slice is done, then compare checksums.
+  CKPT_RETURN_IF_ERROR(VerifyReplicasLocked(lock));
   pending_->received_.insert(rank_);
   pending_->active_.erase(rank_);
   pending_->last_activity_ = absl::Now();
@@ -557,27 +618,10 @@ absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
   response.set_bytes_stored(bytes_stored_);
   for (const std::string& w : warnings_) response.add_warnings(w);
   if (static_cast<int64_t>(pending_->received_.size()) == pending_->world_size()) {
-    // Every slice of every sharded tensor must have arrived.
-    for (const auto& [name, t] : pending_->tensors_) {
-      if (!t->layout) continue;
-      int64_t cells = 1;
-      for (int64_t g : t->layout->Grid(t->record.global_shape_size())) cells *= g;
-      if (static_cast<int64_t>(t->cells.size()) != cells) {
-        pending_->received_.erase(rank_);
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", name, ": only ", t->cells.size(), " of ", cells,
-            " distinct slices were received"));
-      }
-    }
-    const records::CheckpointManifest manifest = pending_->BuildManifest();
-    absl::Status s = pending_->store_->CommitCheckpoint(pending_->id_,
-                                                        manifest.SerializeAsString(),
-                                                        pending_->data_id_);
-    if (!s.ok()) {
+    if (absl::Status s = CommitLocked(); !s.ok()) {
       pending_->received_.erase(rank_);
       return s;
     }
-    pending_->committed_ = true;
     response.set_committed(true);
   }
   finished_ = true;

@@ -1,4 +1,4 @@
-#include "service/manager.h"
+#include "service/engine/manager.h"
 
 #include <fnmatch.h>
 

@@ -3,8 +3,8 @@
 // only the stored chunks that overlap, so memory stays bounded whatever the tensor size. For a
 // Fetch client (FetchReader::kClient) the messages are those of proto/ckpt.proto FetchData:
 // parts with checksums, and bands of tiles where stored chunks do not stack into rows.
-#ifndef CKPT_SERVICE_FETCH_STREAM_H_
-#define CKPT_SERVICE_FETCH_STREAM_H_
+#ifndef CKPT_SERVICE_ENGINE_FETCH_STREAM_H_
+#define CKPT_SERVICE_ENGINE_FETCH_STREAM_H_
 
 #include <cstdint>
 #include <limits>
@@ -18,12 +18,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"
 #include "core/chunk_grid.h"
 #include "core/reshard.h"
-#include "service/loaded_checkpoint.h"
+#include "service/engine/loaded_checkpoint.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -142,7 +141,36 @@ class FetchStream {
   // otherwise returns false with `out` empty (see the definition).
   static bool ReferenceChunks(DType dtype, const Box& band, std::span<Piece> pieces,
                               std::vector<DataSegment>* out);
-  absl::Status BuildBand();  // fills band_ with the next band of the current tensor
+  // Fills band_ with the next band of the current tensor, or sets tensor_done_; the functions
+  // after it are its steps.
+  absl::Status BuildBand();
+  // A str tensor's next band: its next stored chunk, raw.
+  absl::Status BuildStrBand(const TensorPlan& t, const records::TensorRecord& r);
+  // Sets `band_box` (a copy of the tensor's box) to the next rows, about band_bytes of them, and
+  // `row_bytes` to the bytes of one row; false when the tensor is done.
+  bool NextBandRows(const TensorPlan& t, Box* band_box, int64_t* row_bytes);
+  // Extends `band_box` to the end of the chunks `pieces` cut, if that is within `max_bytes`:
+  // true when it did (the pieces are then to be collected again).
+  bool WidenToChunkEnds(const TensorPlan& t, std::span<const Piece> pieces, int64_t row_bytes,
+                        int64_t max_bytes, Box* band_box);
+  // For a band of referenced chunks (`pieces` in row order, one per segment of band_) that ends
+  // inside a chunk: ends it at the last chunk boundary within it instead (the cut chunk stays
+  // cached for the next band), so that the bands after it start at chunk boundaries and hold
+  // whole chunks.
+  void EndAtChunkBoundary(std::span<const Piece> pieces, Box* band_box);
+  // The band as tiles (FetchReader::kClient): whole chunks as stored, parts of chunks verified
+  // and cut out.
+  absl::Status CutTiles(const TensorPlan& t, const Box& band_box, std::span<const Piece> pieces,
+                        int64_t band_bytes);
+  // The band assembled row-major in a buffer of its own from the (verified) pieces.
+  absl::Status AssembleBand(const TensorPlan& t, const Box& band_box, std::span<const Piece> pieces,
+                            int64_t band_bytes);
+  // NextPiece's messages: the plan summary; a tensor's header (resetting the per-tensor state);
+  // the next tiles of a band of tiles; the next data message of any other band.
+  void SummaryPiece(FetchPiece* out) const;
+  void HeaderPiece(const TensorPlan& t, FetchPiece* out);
+  void TilePiece(FetchPiece* out);
+  absl::Status DataPiece(FetchReader reader, FetchPiece* out);
   // Fills sources_ for the current tensor (unless done): errors name a copy op without a stored
   // slice, or a slice whose recorded grid is invalid.
   absl::Status ResolveSources();
@@ -175,7 +203,7 @@ class FetchStream {
   int64_t bytes_produced_ = 0;
 
   bool summary_sent_ = false;
-  size_t tensor_ = 0;       // index into plan_.tensors
+  size_t tensor_ = 0;  // index into plan_.tensors
   bool header_sent_ = false;
   int64_t next_row_ = 0;    // next destination row (dim 0, slice-local) to assemble
   int64_t next_chunk_ = 0;  // str values: next raw chunk
@@ -194,8 +222,8 @@ class FetchStream {
   std::vector<Source> sources_;
   size_t sources_tensor_ = std::numeric_limits<size_t>::max();
   // BuildBand's pieces: the first piece_count_ are the current band's. Kept from band to band
-  // so that their boxes keep their storage (the per-band allocations were ~20% of a stream's
-  // producer time); their chunk references are dropped when each band is built.
+  // so that their boxes keep their storage instead of being allocated again for every band;
+  // their chunk references are dropped when each band is built.
   std::vector<Piece> pieces_;
   size_t piece_count_ = 0;
   Box part_, local_;  // scratch of CollectPieces
@@ -222,4 +250,4 @@ class FetchStream {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_FETCH_STREAM_H_
+#endif  // CKPT_SERVICE_ENGINE_FETCH_STREAM_H_

@@ -1,4 +1,4 @@
-#include "service/wire_format.h"
+#include "service/rpc/wire_format.h"
 
 #include <algorithm>
 #include <cstring>

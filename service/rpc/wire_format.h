@@ -2,8 +2,8 @@
 // hand so that the bytes stay in gRPC slices instead of being copied into or out of messages.
 // The field numbers are those of proto/ckpt.proto; wire_format_test checks both functions
 // against protobuf's own parser and serialiser.
-#ifndef CKPT_SERVICE_WIRE_FORMAT_H_
-#define CKPT_SERVICE_WIRE_FORMAT_H_
+#ifndef CKPT_SERVICE_RPC_WIRE_FORMAT_H_
+#define CKPT_SERVICE_RPC_WIRE_FORMAT_H_
 
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "service/fetch_stream.h"
+#include "service/engine/fetch_stream.h"
 
 namespace ckpt {
 
@@ -29,4 +29,4 @@ bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* s
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_WIRE_FORMAT_H_
+#endif  // CKPT_SERVICE_RPC_WIRE_FORMAT_H_

@@ -1,46 +1,23 @@
-// gRPC handlers of ckpt.v1.CheckpointService (callback API): thin adapters from protos to
-// CheckpointManager. Blocking work runs on the Executor, never on gRPC's threads.
-#ifndef CKPT_SERVICE_CHECKPOINT_SERVICE_H_
-#define CKPT_SERVICE_CHECKPOINT_SERVICE_H_
+// gRPC handlers of ckpt.v1.CheckpointService (callback API): thin adapters from protos to the
+// engine (CheckpointManager, JobRunner). Blocking work runs on the Executor, never on gRPC's
+// threads. The unary handlers are in checkpoint_service.cc; the streaming reactors in
+// upload_reactor.cc, fetch_reactor.cc and watch_reactor.cc.
+#ifndef CKPT_SERVICE_RPC_CHECKPOINT_SERVICE_H_
+#define CKPT_SERVICE_RPC_CHECKPOINT_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "ckpt.grpc.pb.h"
-#include "service/executor.h"
-#include "service/job_runner.h"
-#include "service/manager.h"
+#include "service/engine/executor.h"
+#include "service/engine/job_runner.h"
+#include "service/engine/manager.h"
+#include "service/rpc/byte_budget.h"
 
 namespace ckpt {
-
-// Server-wide cap on fetch bytes queued for sending. Thread-safe.
-class ByteBudget {
- public:
-  explicit ByteBudget(int64_t limit) : limit_(limit) {}
-  // Takes `n` bytes if they fit (a single request larger than the limit fits an empty budget).
-  bool TryAcquire(int64_t n);
-  // Returns bytes and wakes the streams waiting for room.
-  void Release(int64_t n);
-  // Calls `wake` once when bytes are next released.
-  void Wait(std::function<void()> wake);
-  int64_t in_use() const;
-
- private:
-  mutable std::mutex mu_;
-  const int64_t limit_;
-  int64_t used_ = 0;
-  std::vector<std::function<void()>> waiters_;
-};
-
-// The bytes one Fetch stream may queue for sending while `active_streams` Fetch streams are open:
-// an equal share of `stream_bytes_in_flight`, the most a lone stream queues. A stream always
-// queues at least one message, however small its share.
-int64_t FetchQueueShare(int64_t stream_bytes_in_flight, int64_t active_streams);
 
 struct ServiceOptions {
   // Fetch bytes queued for sending by one stream alone, before its producer pauses; concurrent
@@ -59,10 +36,9 @@ struct ServiceOptions {
 // stored chunks instead of copying them (Fetch), and be chunked straight from gRPC's receive
 // buffers instead of being parsed into a string first (Upload); their requests and responses
 // are still ckpt.v1 messages.
-class CheckpointServiceImpl final
-    : public v1::CheckpointService::WithRawCallbackMethod_Upload<
-          v1::CheckpointService::WithRawCallbackMethod_Fetch<
-              v1::CheckpointService::CallbackService>> {
+class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbackMethod_Upload<
+                                        v1::CheckpointService::WithRawCallbackMethod_Fetch<
+                                            v1::CheckpointService::CallbackService>> {
  public:
   // Does not own its arguments, which must outlive it. `jobs` must be started.
   CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs, Executor* executor,
@@ -157,9 +133,12 @@ struct ProcessMemory {
 ProcessMemory ReadProcessMemory();
 
 // One structured log line per RPC.
-void LogRpc(const char* method, const std::string& peer, const absl::Status& status,
-            int64_t bytes, absl::Duration latency, const std::string& detail = "");
+void LogRpc(const char* method, const std::string& peer, const absl::Status& status, int64_t bytes,
+            absl::Duration latency, const std::string& detail = "");
+
+// The status of calls that arrive while the server shuts down (UNAVAILABLE).
+absl::Status ShuttingDownError();
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_CHECKPOINT_SERVICE_H_
+#endif  // CKPT_SERVICE_RPC_CHECKPOINT_SERVICE_H_

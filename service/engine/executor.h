@@ -1,7 +1,7 @@
 // A fixed pool of worker threads for blocking work (store reads and writes, planning), so that
 // gRPC's callback threads never block.
-#ifndef CKPT_SERVICE_EXECUTOR_H_
-#define CKPT_SERVICE_EXECUTOR_H_
+#ifndef CKPT_SERVICE_ENGINE_EXECUTOR_H_
+#define CKPT_SERVICE_ENGINE_EXECUTOR_H_
 
 #include <condition_variable>
 #include <deque>
@@ -34,4 +34,4 @@ class Executor {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_EXECUTOR_H_
+#endif  // CKPT_SERVICE_ENGINE_EXECUTOR_H_

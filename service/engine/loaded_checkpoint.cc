@@ -1,4 +1,4 @@
-#include "service/loaded_checkpoint.h"
+#include "service/engine/loaded_checkpoint.h"
 
 #include <set>
 

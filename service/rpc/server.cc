@@ -1,4 +1,4 @@
-#include "service/server.h"
+#include "service/rpc/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>

@@ -1,7 +1,7 @@
 // A committed checkpoint's manifest decoded for serving: its source strategy, tensor lookup and
 // the planner catalog. Immutable; shared between concurrent fetches.
-#ifndef CKPT_SERVICE_LOADED_CHECKPOINT_H_
-#define CKPT_SERVICE_LOADED_CHECKPOINT_H_
+#ifndef CKPT_SERVICE_ENGINE_LOADED_CHECKPOINT_H_
+#define CKPT_SERVICE_ENGINE_LOADED_CHECKPOINT_H_
 
 #include <memory>
 #include <string>
@@ -30,4 +30,4 @@ struct LoadedCheckpoint {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICE_LOADED_CHECKPOINT_H_
+#endif  // CKPT_SERVICE_ENGINE_LOADED_CHECKPOINT_H_

@@ -1,0 +1,293 @@
+// The Fetch RPC: a producer on the executor fills a bounded queue of encoded messages from a
+// FetchStream; gRPC writes drain it.
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "service/engine/fetch_stream.h"
+#include "service/rpc/checkpoint_service.h"
+#include "service/rpc/grpc_status.h"
+#include "service/rpc/wire_format.h"
+
+namespace ckpt {
+namespace {
+
+bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
+  grpc::ByteBuffer copy(buffer);  // Deserialize consumes its buffer; slices are shared, not copied
+  return grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, request).ok();
+}
+
+// The state of one Fetch, shared by the reactor (gRPC events) and the producer task (executor).
+// The producer fills a bounded queue; writes drain it. At most one producer task runs at a time.
+class FetchCall : public std::enable_shared_from_this<FetchCall> {
+ public:
+  FetchCall(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
+            const grpc::ByteBuffer& request, grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor)
+      : service_(service),
+        peer_(ctx->peer()),
+        request_ok_(ParseRequest(request, &request_)),
+        reactor_(reactor),
+        start_(absl::Now()) {
+    service_->FetchStarted();
+  }
+
+  void Start() {
+    if (service_->shutting_down() || !request_ok_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_ = request_ok_ ? ShuttingDownError()
+                           : absl::InvalidArgumentError("the FetchRequest could not be parsed");
+      producer_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = true;
+    }
+    auto self = shared_from_this();
+    service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  void OnWriteDone(bool ok) {
+    int64_t released = 0;
+    bool resume = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ok) service_->CountFetchBytesSent(data_sizes_.front());
+      data_sizes_.pop_front();
+      released += sizes_.front();
+      queued_bytes_ -= sizes_.front();
+      queue_.pop_front();
+      sizes_.pop_front();
+      writing_ = false;
+      if (!ok) {
+        cancelled_ = true;
+        for (int64_t s : sizes_) released += s;
+        queue_.clear();
+        sizes_.clear();
+        data_sizes_.clear();
+        queued_bytes_ = 0;
+      } else if (!queue_.empty()) {
+        writing_ = true;
+        reactor_->StartWrite(&queue_.front());
+      }
+      // The paused producer resumes once the queue is down to half its limit, and then fills it
+      // again: each producer task produces many messages, rather than one task per message as
+      // resuming at every write below the limit would, which costs CPU when many streams are
+      // open.
+      if (!running_ && !producer_done_ && !cancelled_ &&
+          queued_bytes_ <= service_->FetchQueueLimit() / 2) {
+        running_ = true;
+        resume = true;
+      }
+      MaybeFinishLocked();
+    }
+    service_->budget()->Release(released);
+    if (resume) {
+      auto self = shared_from_this();
+      service_->executor()->Submit([self] { self->Produce(); });
+    }
+  }
+
+  void OnCancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    MaybeFinishLocked();
+  }
+
+  void OnDone() {
+    service_->FetchEnded();
+    int64_t released = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reactor_ = nullptr;
+      for (int64_t s : sizes_) released += s;
+      queue_.clear();
+      sizes_.clear();
+      data_sizes_.clear();
+    }
+    service_->budget()->Release(released);
+  }
+
+ private:
+  // Runs on the executor: produces messages until the stream's queue is full, the server budget
+  // is exhausted, or the stream ends.
+  void Produce() {
+    if (!stream_) {
+      auto s = service_->manager()->OpenFetch(request_);
+      if (!s.ok()) {
+        EndProducer(s.status());
+        return;
+      }
+      stream_ = std::move(*s);
+    }
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (cancelled_ || reactor_ == nullptr) {
+          running_ = false;
+          MaybeFinishLocked();
+          return;
+        }
+        if (queued_bytes_ >= service_->FetchQueueLimit()) {
+          running_ = false;  // OnWriteDone resumes us
+          return;
+        }
+      }
+      if (!has_next_) {
+        auto more = stream_->NextPiece(&piece_, FetchReader::kClient);
+        if (!more.ok()) {
+          EndProducer(more.status());
+          return;
+        }
+        if (!*more) {
+          EndProducer(absl::OkStatus());
+          return;
+        }
+        has_next_ = true;
+        next_data_ = piece_.data_bytes;
+        next_ = EncodeFetchResponse(std::move(piece_));
+        next_size_ = static_cast<int64_t>(next_.Length());
+      }
+      if (!service_->budget()->TryAcquire(next_size_)) {
+        // Server-wide budget exhausted: wait for any stream to release bytes.
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          running_ = false;
+        }
+        std::weak_ptr<FetchCall> weak = shared_from_this();
+        service_->budget()->Wait([weak] {
+          if (auto self = weak.lock()) self->Resume();
+        });
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reactor_ == nullptr || cancelled_) {
+        service_->budget()->Release(next_size_);
+        has_next_ = false;
+        continue;
+      }
+      bytes_ += next_data_;
+      queue_.push_back(std::move(next_));
+      next_.Clear();
+      sizes_.push_back(next_size_);
+      data_sizes_.push_back(next_data_);
+      queued_bytes_ += next_size_;
+      has_next_ = false;
+      if (!writing_) {
+        // The writer is idle: restart it on another executor thread rather than here. gRPC
+        // sends a message inline in StartWrite, and the next writes start from OnWriteDone where
+        // the previous one completed; started from the producer, every byte would be read,
+        // assembled and sent by this one thread while the other core idles.
+        writing_ = true;
+        auto self = shared_from_this();
+        service_->executor()->Submit([self] { self->StartWriting(); });
+      }
+    }
+  }
+
+  // Runs on the executor: writes the front of the queue (Produce set writing_ for this).
+  void StartWriting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reactor_ == nullptr || cancelled_ || queue_.empty()) {
+      writing_ = false;
+      MaybeFinishLocked();
+      return;
+    }
+    reactor_->StartWrite(&queue_.front());
+  }
+
+  void Resume() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_ || producer_done_ || reactor_ == nullptr) return;
+      running_ = true;
+    }
+    auto self = shared_from_this();
+    service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  void EndProducer(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_ = status;
+    producer_done_ = true;
+    running_ = false;
+    MaybeFinishLocked();
+  }
+
+  // Finishes exactly once, when nothing is being written and either everything was produced or
+  // the call was cancelled.
+  void MaybeFinishLocked() {
+    if (finished_ || reactor_ == nullptr || writing_ || running_) return;
+    absl::Status status;
+    if (cancelled_) {
+      status = absl::CancelledError("fetch cancelled (client gone or deadline exceeded)");
+    } else if (producer_done_ && queue_.empty()) {
+      status = final_;
+    } else {
+      return;
+    }
+    finished_ = true;
+    LogRpc("Fetch", peer_, status, bytes_, absl::Now() - start_,
+           absl::StrCat("checkpoint=", request_.checkpoint_id(), " target=",
+                        request_.merged()
+                            ? std::string("merged")
+                            : absl::StrCat(request_.destination_strategy(), "/", request_.rank())));
+    reactor_->Finish(ToGrpcStatus(status));
+  }
+
+  CheckpointServiceImpl* const service_;
+  const std::string peer_;
+  v1::FetchRequest request_;
+  const bool request_ok_;
+  std::unique_ptr<FetchStream> stream_;  // producer only
+  FetchPiece piece_;                     // producer only
+  grpc::ByteBuffer next_;                // producer only: the encoded piece_
+  bool has_next_ = false;                // producer only
+  int64_t next_size_ = 0;                // producer only: encoded bytes
+  int64_t next_data_ = 0;                // producer only: tensor bytes in it
+
+  std::mutex mu_;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor_;  // null after OnDone
+  std::deque<grpc::ByteBuffer> queue_;                   // front is being written while writing_
+  std::deque<int64_t> sizes_;                            // encoded bytes of each queued message
+  std::deque<int64_t> data_sizes_;                       // tensor bytes of each queued message
+  int64_t queued_bytes_ = 0;
+  int64_t bytes_ = 0;
+  bool writing_ = false;
+  bool running_ = false;
+  bool producer_done_ = false;
+  bool cancelled_ = false;
+  bool finished_ = false;
+  absl::Status final_;
+  const absl::Time start_;
+};
+
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  FetchReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
+               const grpc::ByteBuffer* request)
+      : call_(std::make_shared<FetchCall>(service, ctx, *request, this)) {
+    call_->Start();
+  }
+  void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
+  void OnCancel() override { call_->OnCancel(); }
+  void OnDone() override {
+    call_->OnDone();
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<FetchCall> call_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Fetch(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
+  return new FetchReactor(this, ctx, req);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,151 @@
+// The Upload RPC: one source rank's stream of raw (grpc::ByteBuffer) UploadRequest messages fed
+// into a RankUpload.
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "service/engine/upload_session.h"
+#include "service/rpc/checkpoint_service.h"
+#include "service/rpc/grpc_status.h"
+#include "service/rpc/wire_format.h"
+
+namespace ckpt {
+namespace {
+
+// Reads one rank's stream. Each message is handled on the executor, and the next read starts
+// only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
+class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  UploadReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
+                grpc::ByteBuffer* response)
+      : service_(service), ctx_(ctx), response_(response), start_(absl::Now()) {
+    if (service_->shutting_down()) {
+      Done(ShuttingDownError());
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // half-close by the client, or cancellation
+      service_->executor()->Submit([this] { Complete(); });
+      return;
+    }
+    service_->executor()->Submit([this] {
+      const absl::Status s = Handle();
+      request_.Clear();  // the message's bytes are chunked or copied by now
+      slices_.clear();
+      data_.clear();
+      if (!s.ok()) {
+        upload_.reset();  // undoes this rank's contributions
+        Done(s);
+        return;
+      }
+      StartRead(&request_);
+    });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Handle() {
+    if (UploadDataViews(request_, &slices_, &data_)) {
+      size_t size = 0;
+      for (std::string_view d : data_) size += d.size();
+      CKPT_RETURN_IF_ERROR(CheckData(size));
+      for (std::string_view d : data_) CKPT_RETURN_IF_ERROR(upload_->Append(d));
+      return absl::OkStatus();
+    }
+    v1::UploadRequest request;
+    if (!grpc::SerializationTraits<v1::UploadRequest>::Deserialize(&request_, &request).ok()) {
+      return absl::InvalidArgumentError("malformed upload message (not a ckpt.v1.UploadRequest)");
+    }
+    switch (request.kind_case()) {
+      case v1::UploadRequest::kHeader: {
+        if (upload_) return absl::InvalidArgumentError("a second upload header in one stream");
+        header_ = request.header();
+        auto u = service_->manager()->BeginUpload(header_);
+        if (!u.ok()) return u.status();
+        upload_ = std::move(*u);
+        return absl::OkStatus();
+      }
+      case v1::UploadRequest::kTensor:
+        if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
+        return upload_->StartTensor(request.tensor());
+      case v1::UploadRequest::kData:
+        CKPT_RETURN_IF_ERROR(CheckData(request.data().size()));
+        return upload_->Append(request.data());
+      case v1::UploadRequest::KIND_NOT_SET:
+        return absl::InvalidArgumentError("empty upload message");
+    }
+    return absl::InvalidArgumentError("unknown upload message");
+  }
+
+  // A data message of `size` bytes may come now.
+  absl::Status CheckData(size_t size) const {
+    if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
+    if (static_cast<int64_t>(size) > service_->options().max_upload_message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("data message of ", size, " bytes exceeds ",
+                                                     service_->options().max_upload_message_bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (ctx_->IsCancelled()) {
+      upload_.reset();
+      Done(absl::CancelledError("upload cancelled by the client"));
+      return;
+    }
+    if (!upload_) {
+      Done(absl::InvalidArgumentError("upload stream ended before its header"));
+      return;
+    }
+    auto r = upload_->Finish();
+    if (!r.ok()) {
+      upload_.reset();
+      Done(r.status());
+      return;
+    }
+    if (r->committed()) service_->manager()->OnUploadFinished(header_.checkpoint_id());
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<v1::UploadResponse>::Serialize(*r, response_, &own_buffer)
+             .ok()) {
+      Done(absl::InternalError("cannot serialise the upload response"));
+      return;
+    }
+    Done(absl::OkStatus(), r->committed());
+  }
+
+  // Logs and finishes; nothing may touch `this` afterwards (OnDone may run at once).
+  void Done(const absl::Status& s, bool committed = false) {
+    std::string detail =
+        absl::StrCat("checkpoint=", header_.checkpoint_id(), " rank=", header_.rank());
+    if (s.ok() && committed) detail += " committed=true";
+    LogRpc("Upload", ctx_->peer(), s, upload_ ? upload_->bytes_received() : 0, absl::Now() - start_,
+           detail);
+    Finish(ToGrpcStatus(s));
+  }
+
+  CheckpointServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const response_;  // an UploadResponse
+  const absl::Time start_;
+  grpc::ByteBuffer request_;         // an UploadRequest
+  std::vector<grpc::Slice> slices_;  // of a data message's request_, and views of its bytes
+  std::vector<std::string_view> data_;
+  v1::UploadHeader header_;
+  std::unique_ptr<RankUpload> upload_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
+  return new UploadReactor(this, ctx, resp);
+}
+
+}  // namespace ckpt
