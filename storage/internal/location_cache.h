@@ -17,7 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "storage/checkpoint_store.h"
-#include "storage/internal/rocksdb_store_internal.h"
+#include "storage/internal/index_records.h"
 
 namespace ckpt::rocksdb_store_internal {
 

@@ -27,8 +27,8 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "storage/checkpoint_store.h"
-#include "storage/internal/rocksdb_store_internal.h"
-#include "storage/internal/segment_files.h"
+#include "storage/internal/index_records.h"
+#include "storage/internal/segment_writer.h"
 
 namespace ckpt {
 namespace {

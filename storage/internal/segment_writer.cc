@@ -1,4 +1,4 @@
-#include "storage/internal/segment_files.h"
+#include "storage/internal/segment_writer.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

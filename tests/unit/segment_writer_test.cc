@@ -1,7 +1,7 @@
-// SegmentFiles (storage/internal/segment_files.h): the files that hold the RocksDB store's chunk
+// SegmentFiles (storage/internal/segment_writer.h): the files that hold the RocksDB store's chunk
 // bytes. Small windows and budgets so that every path (shared windows, copies over the budget,
 // chunks larger than a window) runs on little data.
-#include "storage/internal/segment_files.h"
+#include "storage/internal/segment_writer.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 // The RocksDB CheckpointStore (the server's store). Layout: storage/internal/
 // rocksdb_store_internal.h. Chunk bytes live in one segment file per data id
-// (storage/internal/segment_files.h), indexed by location records in RocksDB. Durability: records
+// (storage/internal/segment_writer.h), indexed by location records in RocksDB. Durability: records
 // (strategies, manifests, jobs, the data-id counter) are written with sync=true; chunk bytes and
 // locations are not: a commit first syncs the data id's segment file, and its synced batch also
 // syncs every earlier WAL record (the locations). An upload that never commits is garbage anyway.
@@ -40,8 +40,8 @@
 #include "storage/checkpoint_store.h"
 #include "storage/file_stream.h"
 #include "storage/internal/location_cache.h"
-#include "storage/internal/rocksdb_store_internal.h"
-#include "storage/internal/segment_files.h"
+#include "storage/internal/index_records.h"
+#include "storage/internal/segment_writer.h"
 
 namespace ckpt {
 namespace rocksdb_store_internal {
