@@ -825,7 +825,7 @@ void Harness::MeasureStoreWrite() {
   {
     StoreOptions options;
     options.min_free_disk_bytes = int64_t{64} << 20;
-    auto store = OpenRocksDbStore(dir, options);
+    auto store = OpenSegmentStore(dir, options);
     if (!store.ok()) return Error("store write: open", store.status());
     std::vector<std::string> payloads;
     for (uint32_t k = 0; k < 4; ++k) {
@@ -931,7 +931,7 @@ void Harness::MeasureStorageLimit() {
   {
     StoreOptions options;
     options.min_free_disk_bytes = int64_t{64} << 20;
-    auto store = OpenRocksDbStore(work_ + "/data", options);
+    auto store = OpenSegmentStore(work_ + "/data", options);
     if (!store.ok()) return Error("open store", store.status());
     auto manifest_bytes = (*store)->GetManifest(kCheckpointId);
     if (!manifest_bytes.ok()) return Error("manifest", manifest_bytes.status());
