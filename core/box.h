@@ -1,4 +1,5 @@
-// Axis-aligned boxes of a global tensor: every slice a rank stores is one (spec §3, §4.11).
+// Axis-aligned boxes of a global tensor: every slice a rank stores is one
+// (docs/design.md, "Model" and "Re-sharding").
 #ifndef CKPT_CORE_BOX_H_
 #define CKPT_CORE_BOX_H_
 

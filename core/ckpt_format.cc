@@ -76,7 +76,7 @@ void AppendVarint(uint64_t v, std::string* out) {
 // Names in messages are escaped: a corrupt tag may hold arbitrary bytes.
 std::string Quoted(std::string_view s) { return absl::StrCat("\"", absl::CHexEscape(Sv(s)), "\""); }
 
-// The shape MindSpore's reader gives to stored dims (§1.4): str tensors and dims [0] are scalars.
+// The shape MindSpore's reader gives to stored dims: str tensors and dims [0] are scalars.
 Shape LogicalShape(DType dtype, const std::vector<int64_t>& dims) {
   if (dtype == DType::kStr) return {};
   if (dims.size() == 1 && dims[0] == 0) return {};
@@ -561,7 +561,11 @@ absl::StatusOr<std::optional<CkptTensor>> CkptReader::ParseNextValue() {
       CKPT_RETURN_IF_ERROR(SkipField(key, limit, f.Describe()));
     }
   }
+  CKPT_ASSIGN_OR_RETURN(CkptTensor t, ValueTensor(f));
+  return t;
+}
 
+absl::StatusOr<CkptTensor> CkptReader::ValueTensor(ValueFields& f) const {
   if (f.has_maptensor) {
     return absl::UnimplementedError(absl::StrCat(
         source_->Describe(), ": ", f.Describe(),

@@ -1,4 +1,4 @@
-// MindSpore .ckpt codec (spec §1): a file is a concatenation of one-Value `Checkpoint` messages,
+// MindSpore .ckpt codec: a file is a concatenation of one-Value `Checkpoint` messages,
 // optionally followed by a `crc_num` trailer. Streaming in both directions: the reader holds at
 // most one Value (plus the join of one tensor's consecutive chunks when asked), the writer never
 // needs a whole tensor.
@@ -19,7 +19,7 @@
 
 namespace ckpt {
 
-// MindSpore's SLICE_SIZE: tensors larger than this are written as several Values (§1.2).
+// MindSpore's SLICE_SIZE: tensors larger than this are written as several Values.
 inline constexpr int64_t kCkptSliceBytes = int64_t{512} * 1024 * 1024;
 
 // One decoded tensor (or, from NextValue, one chunk of one).
@@ -31,7 +31,7 @@ struct CkptTensor {
   std::string data;  // row-major little-endian element bytes
 
   // The logical shape: dims, except that [0] for a non-str tensor and any str tensor are
-  // scalars () as MindSpore's reader treats them (§1.4).
+  // scalars () as MindSpore's reader treats them.
   Shape shape() const;
   // For str tensors: the UTF-32LE content decoded to UTF-8.
   absl::StatusOr<std::string> StringValue() const;
@@ -56,7 +56,7 @@ class CkptReader {
   // trailer, if any). Checks dims × dtype size against the content only for whole tensors, i.e.
   // not here.
   absl::StatusOr<std::optional<CkptTensor>> NextValue();
-  // The next tensor with consecutive same-tag Values joined (§1.2), validated: same dims and dtype
+  // The next tensor with consecutive same-tag Values joined, validated: same dims and dtype
   // in every chunk, content size = elements × element size (str: multiple of 4).
   absl::StatusOr<std::optional<CkptTensor>> NextTensor();
 
@@ -79,6 +79,9 @@ class CkptReader {
   absl::Status Skip(int64_t n, std::string_view what);
   absl::Status SkipField(uint64_t key, int64_t limit, std::string_view context);
   absl::Status ParseTensorFields(int64_t limit, ValueFields* fields);
+  // The tensor of a parsed Value, its bytes moved out of `fields`, once the fields are checked: no
+  // map tensor, every required field present, a known dtype.
+  absl::StatusOr<CkptTensor> ValueTensor(ValueFields& fields) const;
   // At a record boundary starting with 'c': consumes and checks the crc_num trailer; false if
   // the bytes are not a trailer.
   absl::StatusOr<bool> ReadTrailer();
@@ -101,9 +104,9 @@ class CkptReader {
 };
 
 struct CkptWriterOptions {
-  // Append the crc_num trailer (§1.5) on Finish().
+  // Append the crc_num trailer (MindSpore's crc_check=True) on Finish().
   bool crc_trailer = false;
-  // Values larger than this are split into consecutive byte chunks (§1.2).
+  // Values larger than this are split into consecutive byte chunks.
   int64_t slice_bytes = kCkptSliceBytes;
 };
 

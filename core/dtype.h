@@ -1,4 +1,4 @@
-// MindSpore tensor element types (spec §1.3) and their sizes.
+// MindSpore tensor element types (the tensor_type strings of .ckpt files) and their sizes.
 #ifndef CKPT_CORE_DTYPE_H_
 #define CKPT_CORE_DTYPE_H_
 
@@ -30,7 +30,7 @@ enum class DType : uint8_t {
 };
 
 // Parses a MindSpore dtype string ("Float32", "BFloat16", "str", ...).
-// INVALID_ARGUMENT naming the string when it is not one of §1.3.
+// INVALID_ARGUMENT naming the string when it is not one of them.
 absl::StatusOr<DType> ParseDType(std::string_view name);
 
 // The exact MindSpore spelling, e.g. "Float32".

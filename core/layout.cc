@@ -19,7 +19,8 @@ std::string AxesString(const std::vector<int32_t>& axes, bool nested) {
   return absl::StrCat("[", absl::StrJoin(axes, ", "), "]");
 }
 
-// Unravels a local rank into dev_matrix coordinates, row-major (last axis fastest, §3.1).
+// Unravels a local rank into dev_matrix coordinates, row-major (last axis fastest, as MindSpore
+// numbers a stage's devices).
 std::vector<int64_t> Unravel(int64_t rank, const std::vector<int64_t>& dev_matrix) {
   std::vector<int64_t> coord(dev_matrix.size());
   for (size_t a = dev_matrix.size(); a-- > 0;) {

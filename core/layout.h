@@ -1,5 +1,6 @@
 // The layout of one parameter: how its global tensor is split over the devices of a pipeline
-// stage (spec §3). Pure index maths, no I/O.
+// stage, as MindSpore's strategy files describe it (docs/design.md, "Model"). Pure index
+// maths, no I/O.
 #ifndef CKPT_CORE_LAYOUT_H_
 #define CKPT_CORE_LAYOUT_H_
 
@@ -16,16 +17,17 @@ namespace ckpt {
 // Value type. A Layout is only meaningful after Validate() accepted it for a global shape;
 // the query methods below assume a validated layout (they return errors, never crash, otherwise).
 struct Layout {
-  // Devices of one pipeline stage viewed as an n-D grid, outermost axis first (§3.1).
+  // Devices of one pipeline stage viewed as an n-D grid, outermost axis first.
   std::vector<int64_t> dev_matrix;
   // One entry per tensor dim: the device axes splitting that dim, counted from the RIGHT of
   // dev_matrix (axis m is dev_matrix[n-1-m]), most significant first. Empty = not split.
-  // A plain MindSpore map [1,-1] is {{1},{}}; nested multi-axis maps (§2.4) have several axes.
+  // A plain MindSpore map [1,-1] is {{1},{}}; nested multi-axis maps have several axes.
   std::vector<std::vector<int32_t>> tensor_map;
-  // True when the layout was written in the nested multi-axis form (§2.4); kept so that export
+  // True when the layout was written in the nested multi-axis form; kept so that export
   // reproduces it. Ignored by the maths.
   bool nested_form = false;
-  // Optimizer (weight) shard (§3.3): 0 = none; size -1 = the whole replica group.
+  // Optimizer (weight) shard: the first dim split further across the replicas of a slice
+  // (MindSpore's opt_weight_shard_step/size): 0 = none; size -1 = the whole replica group.
   int64_t opt_shard_step = 0;
   int64_t opt_shard_size = 0;
   // Unsupported MindSpore features, kept so that Validate() can say so clearly.
@@ -60,11 +62,11 @@ struct Layout {
 
   // Grid cell (per-dim block index) held by local rank r. OUT_OF_RANGE when r >= DeviceCount().
   absl::StatusOr<std::vector<int64_t>> CellOf(int64_t local_rank, size_t tensor_rank) const;
-  // The box of the global tensor that local rank r stores (§3.1, §3.3).
+  // The box of the global tensor that local rank r stores.
   absl::StatusOr<Box> SliceBox(const Shape& global_shape, int64_t local_rank) const;
   // Shape every rank stores.
   absl::StatusOr<Shape> LocalShape(const Shape& global_shape) const;
-  // Global shape from a rank's local shape (§3.5): local[i]*p_i, dim 0 also ×k.
+  // Global shape from a rank's local shape: local[i]*p_i, dim 0 also ×k (k: the optimizer shard).
   absl::StatusOr<Shape> GlobalShapeFromLocal(const Shape& local_shape) const;
 
   // MindSpore-style map for messages: "[1, -1]" or "[[1, 0], [-1]]".

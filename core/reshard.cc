@@ -266,6 +266,15 @@ struct Resharder::Impl {
   }
 
   absl::Status AddCatalogEntries(std::vector<TensorInfo> tensors);
+  // AddCatalogEntries' checks of one tensor: its holders are source ranks, its shape is the one
+  // the source strategy records, and both layouts accept it.
+  absl::Status CheckCatalogTensor(const TensorInfo& t, const Layout* src_layout,
+                                  const Layout* dst_layout) const;
+  // The entry of one checked catalog tensor held by `holders` (every source rank when it lists
+  // none): how it is delivered, to which stages, with which geometry.
+  absl::StatusOr<Entry> CatalogEntry(const TensorInfo& t, const Layout* src_layout,
+                                     const Layout* dst_layout,
+                                     const std::vector<int64_t>& holders);
   absl::Status AddLayoutOnlyEntries();
 
   // Fills stage_geometries once every entry is added.
@@ -289,77 +298,16 @@ absl::Status Resharder::Impl::AddCatalogEntries(std::vector<TensorInfo> tensors)
           absl::StrCat("tensor ", t.name, " appears twice in the checkpoint"));
     }
     if (!Selected(t.name)) continue;
-    for (int64_t h : t.holders) {
-      if (h < 0 || h >= src.world()) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": source rank ", h,
-                                                       " is outside the source world of ",
-                                                       src.world()));
-      }
-    }
+    const Layout* src_layout = SrcLayout(t.name);
+    const Layout* dst_layout = DstLayout(t.name);
+    CKPT_RETURN_IF_ERROR(CheckCatalogTensor(t, src_layout, dst_layout));
     std::vector<int64_t> all_src;
     if (t.holders.empty()) {
       all_src.resize(src.world());
       std::iota(all_src.begin(), all_src.end(), 0);
     }
     const std::vector<int64_t>& holders = t.holders.empty() ? all_src : t.holders;
-
-    const Layout* src_layout = SrcLayout(t.name);
-    const Layout* dst_layout = DstLayout(t.name);
-    if (const StrategyParam* p = src.strategy ? src.strategy->Find(t.name) : nullptr;
-        p && p->tensor_shape && *p->tensor_shape != t.global_shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", t.name, ": the source strategy records shape ",
-          ShapeToString(*p->tensor_shape), " but the checkpoint holds ",
-          ShapeToString(t.global_shape)));
-    }
-    if (src_layout) {
-      if (auto s = src_layout->Validate(t.global_shape); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("parameter ", t.name, ": source layout: ",
-                                                   s.message()));
-      }
-    }
-    if (dst_layout) {
-      if (auto s = dst_layout->Validate(t.global_shape); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("parameter ", t.name,
-                                                   ": destination layout: ", s.message()));
-      }
-    }
-    // Whole-tensor sources: validate the shape the same way (dims >= 1, sizes fit).
-    const size_t rank = t.global_shape.size();
-    CKPT_RETURN_IF_ERROR(NumElements(t.global_shape).status());
-
-    Entry entry;
-    entry.name = t.name;
-    entry.dtype = t.dtype;
-    const Layout src_used = src_layout ? *src_layout : ReplicatedLayout(rank, 1, {0});
-    const std::vector<int64_t>* holder_override = src_layout ? nullptr : &holders;
-    if (!dst.strategy) {
-      // Merged output: one rank receives every tensor whole.
-      entry.kind = (src_layout || !src.strategy) ? TensorKind::kResharded : TensorKind::kVerbatim;
-      if (!src.strategy && rank == 0) entry.kind = TensorKind::kVerbatim;
-      entry.dst_stages = {0};
-      entry.geometry =
-          AddGeometry(t.global_shape, src_used, ReplicatedLayout(rank, 1, {0}), holder_override);
-    } else if (dst_layout) {
-      entry.kind = TensorKind::kResharded;
-      entry.dst_stages = dst_layout->stages;
-      entry.geometry = AddGeometry(t.global_shape, src_used, *dst_layout, holder_override);
-    } else {
-      entry.dst_stages = dst.AllStages();
-      if (src_layout) {
-        if (options.strict) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "parameter ", t.name, " is laid out in the source strategy but not in the "
-              "destination strategy; refusing to deliver it whole (strict mode)"));
-        }
-        entry.kind = TensorKind::kWhole;
-      } else {
-        entry.kind = TensorKind::kVerbatim;
-      }
-      entry.geometry = AddGeometry(t.global_shape, src_used,
-                                   ReplicatedLayout(rank, dst.devices(), entry.dst_stages),
-                                   holder_override);
-    }
+    CKPT_ASSIGN_OR_RETURN(Entry entry, CatalogEntry(t, src_layout, dst_layout, holders));
     if (entry.kind == TensorKind::kVerbatim) {
       verbatim.push_back(std::move(entry));
     } else {
@@ -376,6 +324,77 @@ absl::Status Resharder::Impl::AddCatalogEntries(std::vector<TensorInfo> tensors)
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Resharder::Impl::CheckCatalogTensor(const TensorInfo& t, const Layout* src_layout,
+                                                 const Layout* dst_layout) const {
+  for (int64_t h : t.holders) {
+    if (h < 0 || h >= src.world()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": source rank ", h,
+                                                     " is outside the source world of ",
+                                                     src.world()));
+    }
+  }
+  if (const StrategyParam* p = src.strategy ? src.strategy->Find(t.name) : nullptr;
+      p && p->tensor_shape && *p->tensor_shape != t.global_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", t.name, ": the source strategy records shape ",
+        ShapeToString(*p->tensor_shape), " but the checkpoint holds ",
+        ShapeToString(t.global_shape)));
+  }
+  if (src_layout) {
+    if (auto s = src_layout->Validate(t.global_shape); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("parameter ", t.name, ": source layout: ",
+                                                 s.message()));
+    }
+  }
+  if (dst_layout) {
+    if (auto s = dst_layout->Validate(t.global_shape); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("parameter ", t.name,
+                                                 ": destination layout: ", s.message()));
+    }
+  }
+  // Whole-tensor sources: validate the shape the same way (dims >= 1, sizes fit).
+  return NumElements(t.global_shape).status();
+}
+
+absl::StatusOr<Entry> Resharder::Impl::CatalogEntry(
+    const TensorInfo& t, const Layout* src_layout, const Layout* dst_layout,
+    const std::vector<int64_t>& holders) {
+  const size_t rank = t.global_shape.size();
+  Entry entry;
+  entry.name = t.name;
+  entry.dtype = t.dtype;
+  const Layout src_used = src_layout ? *src_layout : ReplicatedLayout(rank, 1, {0});
+  const std::vector<int64_t>* holder_override = src_layout ? nullptr : &holders;
+  if (!dst.strategy) {
+    // Merged output: one rank receives every tensor whole.
+    entry.kind = (src_layout || !src.strategy) ? TensorKind::kResharded : TensorKind::kVerbatim;
+    if (!src.strategy && rank == 0) entry.kind = TensorKind::kVerbatim;
+    entry.dst_stages = {0};
+    entry.geometry =
+        AddGeometry(t.global_shape, src_used, ReplicatedLayout(rank, 1, {0}), holder_override);
+  } else if (dst_layout) {
+    entry.kind = TensorKind::kResharded;
+    entry.dst_stages = dst_layout->stages;
+    entry.geometry = AddGeometry(t.global_shape, src_used, *dst_layout, holder_override);
+  } else {
+    entry.dst_stages = dst.AllStages();
+    if (src_layout) {
+      if (options.strict) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parameter ", t.name, " is laid out in the source strategy but not in the "
+            "destination strategy; refusing to deliver it whole (strict mode)"));
+      }
+      entry.kind = TensorKind::kWhole;
+    } else {
+      entry.kind = TensorKind::kVerbatim;
+    }
+    entry.geometry = AddGeometry(t.global_shape, src_used,
+                                 ReplicatedLayout(rank, dst.devices(), entry.dst_stages),
+                                 holder_override);
+  }
+  return entry;
 }
 
 absl::Status Resharder::Impl::AddLayoutOnlyEntries() {

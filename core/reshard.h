@@ -1,6 +1,7 @@
-// Re-shard planning (spec §4.11): every destination slice is the union of its intersections with
-// the distinct source slices; no global tensor is ever built. Also the dependency cover: which
-// source ranks one destination rank reads (sufficient and irredundant, ties to the lowest rank).
+// Re-shard planning (docs/design.md, "Re-sharding"): every destination slice is the union of its
+// intersections with the distinct source slices; no global tensor is ever built. Also the
+// dependency cover: which source ranks one destination rank reads (sufficient and irredundant,
+// ties to the lowest rank).
 #ifndef CKPT_CORE_RESHARD_H_
 #define CKPT_CORE_RESHARD_H_
 
@@ -35,15 +36,16 @@ struct TensorInfo {
 bool IsOptimizerStateName(std::string_view name, std::string* weight);
 
 // The layout `strategy` gives `name`: its own entry, or — when `inherit_optimizer_layouts` and the
-// name is an optimizer state of a parameter the strategy has — that weight's (spec §2.2: strategies
-// saved with the default only_trainable_params=True omit optimizer states, whose layouts equal the
-// weight's). Null when neither exists.
+// name is an optimizer state of a parameter the strategy has — that weight's (strategies
+// saved with MindSpore's default only_trainable_params=True omit optimizer states, whose layouts
+// equal the weight's). Null when neither exists.
 const Layout* ResolveLayout(const Strategy& strategy, std::string_view name,
                             bool inherit_optimizer_layouts);
 
 struct PlanOptions {
   // A parameter missing from a strategy whose name is an optimizer state of a weight in that
-  // strategy takes the weight's layout, on both sides (fixes spec §5 item 6). Default on.
+  // strategy takes the weight's layout, on both sides (MindSpore's transform copies such states
+  // verbatim, with the wrong shape for sharded ones). Default on.
   bool inherit_optimizer_layouts = true;
   // Refuse (FAILED_PRECONDITION) a parameter laid out in the source strategy but absent from the
   // destination one, instead of delivering it whole with a warning. Default off.
@@ -81,7 +83,7 @@ struct TensorPlan {
 struct RankPlan {
   int64_t dst_rank = 0;
   // Re-sharded and whole tensors in source catalog order, then the verbatim ones (MindSpore's
-  // output order, §4.10 step 7).
+  // output order in transform_checkpoints).
   std::vector<TensorPlan> tensors;
   std::vector<int64_t> source_ranks;  // the dependency cover, ascending
   std::vector<std::string> warnings;  // e.g. tensors delivered whole

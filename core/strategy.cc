@@ -23,8 +23,9 @@
 namespace ckpt {
 namespace {
 
-// Order-preserving JSON: the first operator item decides a per-stage file's pipeline stage
-// (§2.3), so the file's key order must survive parsing, and export keeps our order too.
+// Order-preserving JSON: the first operator item decides a per-stage file's pipeline stage (as
+// in merge_pipeline_strategys), so the file's key order must survive parsing, and export keeps our
+// order too.
 using Json = nlohmann::ordered_json;
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -114,8 +115,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> FromPlainMap(const std::vector
   return out;
 }
 
-// Nested form (§2.4): one list per tensor dim, [-1] = not split. A 1-D tensor carries an extra
-// empty list so that "several TensorMaps" always means nested form; it is not a tensor dim.
+// Nested (multi-axis) form: one list per tensor dim, [-1] = not split. A 1-D tensor carries an
+// extra empty list so that "several TensorMaps" always means nested form; it is not a tensor dim.
 absl::StatusOr<std::vector<std::vector<int32_t>>> FromNestedMap(
     std::vector<std::vector<int64_t>> dims, std::string_view param) {
   if (dims.size() == 2 && dims[1].empty()) dims.pop_back();
@@ -200,7 +201,7 @@ absl::Status AddStageItem(std::map<std::string, StrategyParam>& params, const st
 }
 
 // Interprets the items of one file: "<stage>-<name>" keys on every item mean a merged pipeline
-// strategy (§2.3), anything else is a single stage.
+// strategy (merge_pipeline_strategys' output), anything else is a single stage.
 absl::StatusOr<Strategy> BuildStrategy(std::vector<LayoutItem> items, std::vector<OpStrategy> ops) {
   if (items.empty()) return NoLayoutItems();
   const bool merged = std::all_of(items.begin(), items.end(),
@@ -212,7 +213,7 @@ absl::StatusOr<Strategy> BuildStrategy(std::vector<LayoutItem> items, std::vecto
       CKPT_RETURN_IF_ERROR(AddStageItem(params, item.key, 0, std::move(item.param)));
       continue;
     }
-    // Split on the FIRST '-' only: parameter names may contain '-' themselves (§5 item 10).
+    // Split on the FIRST '-' only: parameter names may contain '-' themselves.
     const size_t dash = item.key.find('-');
     const std::string_view prefix = std::string_view(item.key).substr(0, dash);
     int64_t stage = 0;
@@ -276,7 +277,7 @@ absl::StatusOr<StrategyParam> ParamFromProto(const ms::ParallelLayouts& pl, std:
     const auto& dims = pl.indices_offset(0).dim();
     layout.indices_offset.assign(dims.begin(), dims.end());
   }
-  // Absent fields read as 0 (older writers lack 6/7, §2.1).
+  // Absent fields read as 0 (older MindSpore versions do not write fields 6 and 7).
   layout.field = pl.field();
   layout.opt_shard_step = pl.opt_weight_shard_step();
   layout.opt_shard_size = pl.opt_weight_shard_size();
@@ -340,7 +341,7 @@ void LayoutToProto(const Layout& layout, ms::ParallelLayouts& pl) {
       if (axes.empty()) map->add_dim(-1);
       for (int32_t m : axes) map->add_dim(m);
     }
-    // The 1-D marker of §2.4: keeps "several TensorMap entries" meaning nested form.
+    // The 1-D marker of the nested form: keeps "several TensorMap entries" meaning nested form.
     if (layout.tensor_map.size() == 1) pl.add_tensor_map();
   } else {
     ms::TensorMap* map = pl.add_tensor_map();
@@ -348,7 +349,7 @@ void LayoutToProto(const Layout& layout, ms::ParallelLayouts& pl) {
       map->add_dim(axes.empty() ? -1 : axes.front());
     }
   }
-  // MindSpore always writes these, empty sub-messages and zeros included (§2.1 wire facts).
+  // MindSpore always writes these, empty sub-messages and zeros included.
   ms::ParamSplitShape* split = pl.add_param_split_shape();
   for (int64_t d : layout.param_split_shape) split->add_dim(d);
   ms::IndicesOffset* offset = pl.add_indices_offset();
@@ -382,7 +383,7 @@ std::string SerializeBinary(const Strategy& strategy) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON form (§2.5).
+// JSON form (MindSpore's to_json/FromJson).
 
 // nlohmann reads non-negative integers as unsigned and negative ones as signed; floats and
 // booleans are not integers here.
@@ -599,65 +600,58 @@ std::string SerializeJson(const Strategy& strategy) {
   return doc.dump(2);
 }
 
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-
-absl::StatusOr<Strategy> Strategy::Create(std::map<std::string, StrategyParam> params,
-                                          int32_t stage_count, std::vector<OpStrategy> ops,
-                                          bool stage_prefixed_names) {
-  if (params.empty()) return absl::InvalidArgumentError("strategy has no parameters");
-  if (stage_count < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("stage_count must be >= 1, got ", stage_count));
+// Strategy::Create's checks of one parameter (name, layout, stages, recorded shape), adding its
+// stages to *used_stages; normalises its layout's nested_form to what the formats can express.
+absl::Status CheckParam(const std::string& name, StrategyParam& param, int32_t stage_count,
+                        std::set<int32_t>* used_stages) {
+  Layout& layout = param.layout;
+  if (name.empty()) return absl::InvalidArgumentError("a parameter name is empty");
+  if (!IsValidUtf8(name)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter name \"", absl::CHexEscape(name), "\" is not valid UTF-8"));
   }
-  std::set<int32_t> used_stages;
-  std::map<int64_t, size_t> device_count_votes;
-  for (auto& [name, param] : params) {
-    Layout& layout = param.layout;
-    if (name.empty()) return absl::InvalidArgumentError("a parameter name is empty");
-    if (!IsValidUtf8(name)) {
+  if (absl::Status s = layout.ValidateStructure(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("parameter ", name, ": ", s.message()));
+  }
+  // Every Strategy must be writable in MindSpore's formats, whose fields are narrower.
+  // (dev_matrix needs no check: ValidateStructure caps a stage far below uint32.)
+  for (int64_t v : {layout.opt_shard_step, layout.opt_shard_size}) {
+    if (v < kInt32Min || v > kInt32Max) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter name \"", absl::CHexEscape(name), "\" is not valid UTF-8"));
+          absl::StrCat("parameter ", name, ": opt_shard (step ", layout.opt_shard_step, ", size ",
+                       layout.opt_shard_size, ") exceeds MindSpore's int32 fields"));
     }
-    if (absl::Status s = layout.ValidateStructure(); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("parameter ", name, ": ", s.message()));
-    }
-    // Every Strategy must be writable in MindSpore's formats, whose fields are narrower.
-    // (dev_matrix needs no check: ValidateStructure caps a stage far below uint32.)
-    for (int64_t v : {layout.opt_shard_step, layout.opt_shard_size}) {
-      if (v < kInt32Min || v > kInt32Max) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter ", name, ": opt_shard (step ", layout.opt_shard_step, ", size ",
-                         layout.opt_shard_size, ") exceeds MindSpore's int32 fields"));
-      }
-    }
-    for (int32_t stage : layout.stages) {
-      if (stage < 0 || stage >= stage_count) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", name, ": pipeline stage ", stage, " is outside [0, ", stage_count, ")"));
-      }
-      used_stages.insert(stage);
-    }
-    // Normalise the spelling flag to what the formats can express so that every Strategy
-    // round-trips: several axes on one dim need the nested form, and a 0-D tensor has no dims
-    // to nest.
-    if (std::any_of(layout.tensor_map.begin(), layout.tensor_map.end(),
-                    [](const std::vector<int32_t>& axes) { return axes.size() > 1; })) {
-      layout.nested_form = true;
-    }
-    if (layout.tensor_map.empty()) layout.nested_form = false;
-    if (param.tensor_shape) {
-      if (absl::Status s = layout.Validate(*param.tensor_shape); !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("parameter ", name, ": tensor_shape ",
-                                         ShapeToString(*param.tensor_shape), ": ", s.message()));
-      }
-    }
-    ++device_count_votes[layout.DeviceCount()];
   }
+  for (int32_t stage : layout.stages) {
+    if (stage < 0 || stage >= stage_count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", name, ": pipeline stage ", stage, " is outside [0, ", stage_count, ")"));
+    }
+    used_stages->insert(stage);
+  }
+  // Normalise the spelling flag to what the formats can express so that every Strategy
+  // round-trips: several axes on one dim need the nested form, and a 0-D tensor has no dims
+  // to nest.
+  if (std::any_of(layout.tensor_map.begin(), layout.tensor_map.end(),
+                  [](const std::vector<int32_t>& axes) { return axes.size() > 1; })) {
+    layout.nested_form = true;
+  }
+  if (layout.tensor_map.empty()) layout.nested_form = false;
+  if (param.tensor_shape) {
+    if (absl::Status s = layout.Validate(*param.tensor_shape); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("parameter ", name, ": tensor_shape ",
+                                       ShapeToString(*param.tensor_shape), ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
 
-  // The most common device count is the strategy's, so the message blames the odd layout out
-  // rather than whichever parameter sorts first.
+// The devices per stage every layout of `params` must have: the most common count, so that the
+// message blames the odd layout out rather than whichever parameter sorts first.
+absl::StatusOr<int64_t> DevicesPerStage(const std::map<std::string, StrategyParam>& params) {
+  std::map<int64_t, size_t> device_count_votes;
+  for (const auto& [name, param] : params) ++device_count_votes[param.layout.DeviceCount()];
   int64_t devices = 0;
   size_t votes = 0;
   for (const auto& [count, n] : device_count_votes) {
@@ -676,17 +670,10 @@ absl::StatusOr<Strategy> Strategy::Create(std::map<std::string, StrategyParam> p
       }
     }
   }
+  return devices;
+}
 
-  // used_stages is a subset of [0, stage_count), so the first gap is found within
-  // used_stages.size() + 1 steps even for a huge stage_count.
-  for (int32_t stage = 0; stage < stage_count; ++stage) {
-    if (!used_stages.contains(stage)) {
-      return absl::InvalidArgumentError(absl::StrCat("strategy is missing pipeline stage ", stage,
-                                                     ": no parameter is placed in it (",
-                                                     stage_count, " stages)"));
-    }
-  }
-
+absl::Status CheckOps(const std::vector<OpStrategy>& ops) {
   for (const OpStrategy& op : ops) {
     if (!IsValidUtf8(op.node_name)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -697,6 +684,35 @@ absl::StatusOr<Strategy> Strategy::Create(std::map<std::string, StrategyParam> p
           absl::StrCat("operator ", op.node_name, ": pipeline stage ", op.stage, " is negative"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<Strategy> Strategy::Create(std::map<std::string, StrategyParam> params,
+                                          int32_t stage_count, std::vector<OpStrategy> ops,
+                                          bool stage_prefixed_names) {
+  if (params.empty()) return absl::InvalidArgumentError("strategy has no parameters");
+  if (stage_count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("stage_count must be >= 1, got ", stage_count));
+  }
+  std::set<int32_t> used_stages;
+  for (auto& [name, param] : params) {
+    CKPT_RETURN_IF_ERROR(CheckParam(name, param, stage_count, &used_stages));
+  }
+  CKPT_ASSIGN_OR_RETURN(const int64_t devices, DevicesPerStage(params));
+  // used_stages is a subset of [0, stage_count), so the first gap is found within
+  // used_stages.size() + 1 steps even for a huge stage_count.
+  for (int32_t stage = 0; stage < stage_count; ++stage) {
+    if (!used_stages.contains(stage)) {
+      return absl::InvalidArgumentError(absl::StrCat("strategy is missing pipeline stage ", stage,
+                                                     ": no parameter is placed in it (",
+                                                     stage_count, " stages)"));
+    }
+  }
+  CKPT_RETURN_IF_ERROR(CheckOps(ops));
 
   Strategy strategy;
   strategy.params_ = std::move(params);

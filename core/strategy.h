@@ -1,5 +1,5 @@
 // A parallel strategy: the layouts of every parameter of a (possibly pipelined) job, and its
-// MindSpore file formats (spec §2): binary ParallelStrategyMap, JSON, and per-stage merge.
+// MindSpore file formats: binary ParallelStrategyMap, JSON, and per-stage merge.
 #ifndef CKPT_CORE_STRATEGY_H_
 #define CKPT_CORE_STRATEGY_H_
 
@@ -72,7 +72,7 @@ enum class StrategyFormat { kBinary, kJson };
 // (first item's layout wins, as MindSpore does). Otherwise the file is one stage (stage 0 of a
 // single-stage strategy). Errors name the field and the parameter.
 absl::StatusOr<Strategy> ParseStrategy(std::string_view bytes, StrategyFormat format);
-// Chooses the format as MindSpore does (§2): `.json` extension → JSON, anything else → binary.
+// Chooses the format as MindSpore does: `.json` extension → JSON, anything else → binary.
 StrategyFormat StrategyFormatForPath(std::string_view path);
 
 // One per-stage (or per-rank) strategy file given to MergeStageStrategies.
@@ -80,13 +80,13 @@ struct StrategyFile {
   std::string path;   // for messages and format detection
   std::string bytes;  // whole file contents
 };
-// merge_pipeline_strategys (§2.3): the stage of each file is its first operator item's stage;
-// files of an already-seen stage are skipped; the stage set must be exactly {0..S-1}; all files
-// must have the same format. The result is a stage-prefixed multi-stage strategy.
+// As MindSpore's merge_pipeline_strategys: the stage of each file is its first operator item's
+// stage; files of an already-seen stage are skipped; the stage set must be exactly {0..S-1}; all
+// files must have the same format. The result is a stage-prefixed multi-stage strategy.
 absl::StatusOr<Strategy> MergeStageStrategies(const std::vector<StrategyFile>& files);
 
 // Export. Binary writes MindSpore's wire form (unpacked repeated fields, fields 5-7 always
-// written, stage prefixes when stage_prefixed_names()); JSON writes §2.5.
+// written, stage prefixes when stage_prefixed_names()); JSON writes MindSpore's JSON form.
 std::string SerializeStrategy(const Strategy& strategy, StrategyFormat format);
 
 }  // namespace ckpt

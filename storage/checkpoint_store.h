@@ -1,7 +1,8 @@
 // The persistent state of ckptd behind one interface: strategies, committed checkpoint manifests,
-// the chunks of tensor bytes they reference, and job records. Two implementations: RocksDB
-// (OpenRocksDbStore below, the default) and in-memory (NewMemoryStore, for tests); one
-// conformance suite (tests/unit/store_conformance_test.cc) runs against both.
+// the chunks of tensor bytes they reference, and job records. Two implementations: the segment
+// store (OpenSegmentStore below, the default: a RocksDB index beside segment files holding the
+// chunk bytes, segment_store.h) and in-memory (NewMemoryStore, for tests); one conformance suite
+// (tests/unit/store_conformance_test.cc) runs against both.
 //
 // Records (strategies, manifests, jobs) are opaque bytes to the store: the service encodes them
 // (proto/ckpt_records.proto). Chunks belong to a *data id*: every upload allocates one, writes its
@@ -44,7 +45,7 @@ struct ChunkWrite {
   ChunkAddress address;
   std::string_view bytes;
   // The writer's stream (an upload's source rank): a store keeps the chunks of one stream
-  // together where it can (the RocksDB store: in extents of its segment file of their own), so
+  // together where it can (the segment store: in extents of its segment file of their own), so
   // that a stored slice is not interleaved with the slices other streams upload at the same time.
   uint32_t stream = 0;
 };
@@ -70,7 +71,7 @@ struct StoreStats {
   int64_t chunks_read = 0;
   int64_t chunk_bytes_written = 0;
   int64_t chunks_written = 0;
-  // RocksDB store: bytes of chunks read as copies (pread) because mapping them would have
+  // Segment store: bytes of chunks read as copies (pread) because mapping them would have
   // exceeded StoreOptions::mapped_bytes_budget (or they are larger than a window), and bytes of
   // segment files' pages mapped now.
   int64_t chunk_bytes_copied = 0;
@@ -138,8 +139,8 @@ class CheckpointStore {
   // --- Maintenance ---
   // Deletes the chunks of every data id that is neither committed nor live (uploads that never
   // committed, e.g. after a crash: at open no data id is live). Returns the number of data ids
-  // collected. Also gives back the disk space of chunks deleted since the last call (RocksDB:
-  // removes their segment files and compacts their deleted location records away).
+  // collected. Also gives back the disk space of chunks deleted since the last call (segment
+  // store: removes their segment files and compacts their deleted location records away).
   virtual absl::StatusOr<int64_t> CollectGarbage() = 0;
   // Flushes everything to stable storage.
   virtual absl::Status Flush() = 0;
@@ -151,18 +152,18 @@ struct StoreOptions {
   // Writes are refused with RESOURCE_EXHAUSTED while free space on the data directory's
   // filesystem is below this (Debian's RocksDB 7.8 aborts on ENOSPC). Default 1 GiB.
   int64_t min_free_disk_bytes = int64_t{1} << 30;
-  // How free space is measured. Null: statvfs of the data directory (RocksDB store), unlimited
+  // How free space is measured. Null: statvfs of the data directory (segment store), unlimited
   // (memory store). Tests inject a function to exercise RESOURCE_EXHAUSTED.
   std::function<absl::StatusOr<int64_t>()> free_disk_bytes;
-  // RocksDB store: chunks are read as views of mapped windows of their segment files while at
+  // Segment store: chunks are read as views of mapped windows of their segment files while at
   // most this many bytes of their pages are mapped (what the mappings may add to the process's
   // RSS; pages are mapped 2 MiB at a time), as copies beyond it. Default 192 MiB.
   int64_t mapped_bytes_budget = int64_t{192} << 20;
 };
 
-// Opens (creating if needed) the RocksDB store in `dir`; collects garbage of uploads that never
+// Opens (creating if needed) the segment store in `dir`; collects garbage of uploads that never
 // committed before returning.
-absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenRocksDbStore(const std::string& dir,
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenSegmentStore(const std::string& dir,
                                                                   const StoreOptions& options = {});
 // A store in memory (tests).
 std::unique_ptr<CheckpointStore> NewMemoryStore(const StoreOptions& options = {});

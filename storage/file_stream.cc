@@ -92,13 +92,9 @@ std::optional<std::string> FileByteSource::Tail(size_t n) {
   if (size_ < 0) return std::nullopt;
   const auto k = static_cast<size_t>(std::min<int64_t>(size_, static_cast<int64_t>(n)));
   std::string out(k, '\0');
-  size_t got = 0;
-  while (got < k) {
-    const ssize_t r = ::pread(fd_, out.data() + got, k - got,
-                              static_cast<off_t>(size_ - static_cast<int64_t>(k - got)));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return std::nullopt;  // an error, or the file shrank: no answer
-    got += static_cast<size_t>(r);
+  // An error, or the file shrank: no answer.
+  if (!PreadFully(fd_, out.data(), k, size_ - static_cast<int64_t>(k), path_).ok()) {
+    return std::nullopt;
   }
   return out;
 }

@@ -1,6 +1,6 @@
 // POSIX file implementations of core's ByteSource/ByteSink, plus small file helpers shared by the
 // client (ckptctl upload/download) and the server (imports, exports). Errors carry the path and
-// the system's reason; codes follow DESIGN.md §5 (see ErrnoToStatus).
+// the system's reason, with the codes ErrnoToStatus (posix_io.h) gives them.
 #ifndef CKPT_STORAGE_FILE_STREAM_H_
 #define CKPT_STORAGE_FILE_STREAM_H_
 

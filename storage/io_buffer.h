@@ -16,11 +16,10 @@ namespace ckpt {
 // three requests and a 4 MiB one as five, most of them ~1 MiB and some a few KiB. An IoBuffer of
 // 2 MiB or more is aligned to 2 MiB and marked MADV_HUGEPAGE, so that where transparent huge
 // pages are available (`enabled` is `always` or `madvise`) each 2 MiB is one page and one
-// segment, and a write goes out in requests of the device's largest size (max_sectors_kb). On the
-// development VM a 2 GiB O_DIRECT write from a 4 MiB buffer took 0.98 s this way against 1.20 s
-// from 4 KiB pages. Where huge pages are unavailable it is ordinary page-aligned memory. Where
-// none is free at once the kernel may first compact memory (its `defrag` setting): a cost paid
-// once per buffer, which AtomicFileSink keeps for the file and the store reuses.
+// segment, and a write goes out in requests of the device's largest size (max_sectors_kb). Where
+// huge pages are unavailable it is ordinary page-aligned memory. Where none is free at once the
+// kernel may first compact memory (its `defrag` setting): a cost paid once per buffer, which
+// AtomicFileSink keeps for the file and the store reuses.
 //
 // Move-only; unmapped on destruction. Not thread-safe (one owner at a time).
 class IoBuffer {

@@ -1,5 +1,5 @@
 // CheckpointStore held entirely in memory, for tests of everything above the store (service,
-// client) and as the reference the RocksDB store is checked against (the conformance suite runs
+// client) and as the reference the segment store is checked against (the conformance suite runs
 // against both). Nothing survives destruction; there is no disk, so "free disk" is whatever
 // StoreOptions::free_disk_bytes reports (unlimited when unset).
 #ifndef CKPT_STORAGE_MEMORY_STORE_H_
@@ -59,7 +59,8 @@ class MemoryStore final : public CheckpointStore {
   StoreStats stats() const override;
 
  private:
-  // (data id, tensor, blob, chunk): ordered like the RocksDB keys, so a data id is one range.
+  // (data id, tensor, blob, chunk): ordered like the segment store's chunk keys, so a data id is
+  // one range.
   using ChunkKey = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t>;
   struct Checkpoint {
     std::string manifest;

@@ -13,7 +13,7 @@ namespace ckpt {
 absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions options) {
   std::unique_ptr<CkptServer> s(new CkptServer());
   s->options_ = options;
-  CKPT_ASSIGN_OR_RETURN(s->store_, OpenRocksDbStore(options.data_dir, options.store));
+  CKPT_ASSIGN_OR_RETURN(s->store_, OpenSegmentStore(options.data_dir, options.store));
   s->manager_ = std::make_unique<CheckpointManager>(s->store_.get(), options.manager);
   JobRunnerOptions job_options = options.jobs;
   job_options.upload = options.manager.upload;

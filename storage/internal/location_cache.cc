@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace ckpt::rocksdb_store_internal {
+namespace ckpt::segment_store_internal {
 
 LocationCache::Lookup LocationCache::Find(const ChunkAddress& address) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -57,4 +57,4 @@ void LocationCache::EraseLocked(std::list<Entry>::iterator it) {
   lru_.erase(it);
 }
 
-}  // namespace ckpt::rocksdb_store_internal
+}  // namespace ckpt::segment_store_internal

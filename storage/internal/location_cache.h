@@ -1,8 +1,8 @@
-// Chunk locations of whole blobs, kept in memory for the RocksDB store (rocksdb_store.cc): a
-// fetch reads a blob's chunks one by one, and looking each up in RocksDB was ~9% of ckptd's CPU
-// in a fetch of 64 KiB chunks; the store instead reads all of a blob's locations with one
+// Chunk locations of whole blobs, kept in memory for the segment store (segment_store.h): a
+// fetch reads a blob's chunks one by one, and a RocksDB lookup per chunk would cost more than the
+// read itself for small chunks; the store instead reads all of a blob's locations with one
 // iterator scan the first time one of its chunks is read, and keeps them here. Only for data ids
-// whose chunks can no longer change (committed); the store drops a data id's entries when it
+// whose chunks cannot change any more (committed); the store drops a data id's entries when it
 // deletes it. Bounded: least recently used blobs go first. Thread-safe. Private to the store.
 #ifndef CKPT_STORAGE_INTERNAL_LOCATION_CACHE_H_
 #define CKPT_STORAGE_INTERNAL_LOCATION_CACHE_H_
@@ -17,9 +17,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "storage/checkpoint_store.h"
-#include "storage/internal/rocksdb_store_internal.h"
+#include "storage/internal/index_records.h"
 
-namespace ckpt::rocksdb_store_internal {
+namespace ckpt::segment_store_internal {
 
 class LocationCache {
  public:
@@ -66,6 +66,6 @@ class LocationCache {
   size_t locations_ = 0;  // guarded by mu_
 };
 
-}  // namespace ckpt::rocksdb_store_internal
+}  // namespace ckpt::segment_store_internal
 
 #endif  // CKPT_STORAGE_INTERNAL_LOCATION_CACHE_H_

@@ -130,7 +130,7 @@ void Harness::MeasureStorageLimit() {
 bool Harness::StoragePasses() {
   StoreOptions options;
   options.min_free_disk_bytes = int64_t{64} << 20;
-  auto store = OpenRocksDbStore(work_ + "/data", options);
+  auto store = OpenSegmentStore(work_ + "/data", options);
   if (!store.ok()) {
     Error("open store", store.status());
     return false;

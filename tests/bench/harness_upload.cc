@@ -83,7 +83,7 @@ void Harness::MeasureStoreWrite() {
   {
     StoreOptions options;
     options.min_free_disk_bytes = int64_t{64} << 20;
-    auto store = OpenRocksDbStore(dir, options);
+    auto store = OpenSegmentStore(dir, options);
     if (!store.ok()) return Error("store write: open", store.status());
     std::vector<std::string> payloads;
     for (uint32_t k = 0; k < 4; ++k) {

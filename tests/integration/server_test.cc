@@ -23,8 +23,8 @@
 #include "gtest/gtest.h"
 #include "health_check.grpc.pb.h"
 #include "nlohmann/json.hpp"
-#include "storage/internal/rocksdb_store_internal.h"
-#include "storage/internal/segment_files.h"
+#include "storage/internal/index_records.h"
+#include "storage/internal/segment_directory.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
@@ -352,14 +352,14 @@ TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
     ASSERT_TRUE(rocksdb::DB::Open(options, dir_ / "data", families, &handles, &db).ok());
     rocksdb::ColumnFamilyHandle* locations = nullptr;
     for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] == rocksdb_store_internal::kLocationsFamily) locations = handles[i];
+      if (names[i] == segment_store_internal::kLocationsFamily) locations = handles[i];
     }
     ASSERT_NE(locations, nullptr);
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
     it->SeekToFirst();
     ASSERT_TRUE(it->Valid());
     const std::string key = it->key().ToString();
-    const auto location = rocksdb_store_internal::DecodeLocation(it->value().ToString());
+    const auto location = segment_store_internal::DecodeLocation(it->value().ToString());
     it.reset();
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
     delete db;
@@ -368,7 +368,7 @@ TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
     uint64_t data_id = 0;
     for (int i = 0; i < 8; ++i) data_id = data_id << 8 | static_cast<unsigned char>(key[i]);
     const std::filesystem::path segment = std::filesystem::path(dir_ / "data") /
-                                          rocksdb_store_internal::kSegmentsDir /
+                                          segment_store_internal::kSegmentsDir /
                                           segment_internal::SegmentFileName(data_id);
     std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
     const auto at = static_cast<std::streamoff>(location->offset + location->length / 2);

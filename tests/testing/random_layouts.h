@@ -1,5 +1,6 @@
 // Random layouts and strategies for property tests, plus an independent brute-force slicer that
-// follows the spec's pseudo-code literally (spec §3.1, §3.3) to cross-check core/layout.
+// follows MindSpore's slicing rules literally (_get_tensor_slice_index and the optimizer shard)
+// to cross-check core/layout.
 #ifndef CKPT_TESTS_TESTING_RANDOM_LAYOUTS_H_
 #define CKPT_TESTS_TESTING_RANDOM_LAYOUTS_H_
 
@@ -32,7 +33,7 @@ Layout RandomLayout(Rng& rng, int64_t devices, size_t tensor_rank, bool allow_op
 Shape RandomShapeFor(Rng& rng, const std::vector<const Layout*>& layouts, size_t tensor_rank);
 
 // Independent slice computation: enumerates the replica group of the rank explicitly, sorts it,
-// and applies §3.1/§3.3 step by step.
+// and applies MindSpore's slicing rules step by step.
 Box BruteForceSliceBox(const Layout& layout, const Shape& global, int64_t local_rank);
 
 // Fills a global tensor of `elements` 4-byte elements with distinct values (index + salt).

@@ -555,7 +555,7 @@ TEST(CkptReaderTest, ErrorsAreSticky) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Chunking (§1.2)
+// Chunking (tensors larger than SLICE_SIZE span several Values)
 
 TEST(CkptChunkingTest, SmallSliceSplitsIntoRepeatedHeaderChunks) {
   std::mt19937_64 rng(3);
@@ -700,7 +700,7 @@ TEST(CkptWriterTest, SinkErrorsAreSticky) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// CRC trailer (§1.5)
+// CRC trailer (crc_num)
 
 TEST(CkptCrcTest, TrailerWrittenDetectedAndVerified) {
   absl::StatusOr<std::string> plain = EncodeCkpt(SampleTensors(), {.slice_bytes = 8});
@@ -911,7 +911,7 @@ TEST(CkptRobustnessTest, RandomByteFlipsNeverCrash) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Real MindSpore files (spec §6), read in place.
+// Real MindSpore files (the fixtures), read in place.
 
 TEST(CkptFixtureTest, GoldenRouterDecodesAndReencodesIdentically) {
   CKPT_REQUIRE_FIXTURE(bytes, "golden_router.ckpt");

@@ -850,7 +850,7 @@ TEST_F(JobRunnerTest, RestartAfterCrashRemovesPartialOutputAndReruns) {
   const std::string db = tmp_ + "/db";
   StoreOptions store_options;
   store_options.min_free_disk_bytes = 0;
-  auto opened = OpenRocksDbStore(db, store_options);
+  auto opened = OpenSegmentStore(db, store_options);
   ASSERT_TRUE(opened.ok()) << opened.status();
   store_ = std::move(*opened);
   MakeManager();
@@ -871,7 +871,7 @@ TEST_F(JobRunnerTest, RestartAfterCrashRemovesPartialOutputAndReruns) {
   manager_.reset();
   store_.reset();
 
-  opened = OpenRocksDbStore(db, store_options);
+  opened = OpenSegmentStore(db, store_options);
   ASSERT_TRUE(opened.ok()) << opened.status();
   store_ = std::move(*opened);
   MakeManager();
@@ -890,7 +890,7 @@ TEST_F(JobRunnerTest, RestartAfterCrashRemovesPartialOutputAndReruns) {
   runner_.reset();
   manager_.reset();
   store_.reset();
-  opened = OpenRocksDbStore(db, store_options);
+  opened = OpenSegmentStore(db, store_options);
   ASSERT_TRUE(opened.ok()) << opened.status();
   store_ = std::move(*opened);
   const v1::Job stored = StoredJob("crash");

@@ -16,7 +16,8 @@ Layout Plain(std::vector<int64_t> dm, std::vector<int32_t> map) {
   return l;
 }
 
-// Spec §3.2: dev [2,4], map [1,-1], shape [32,32]: ranks 0-3 rows 0-15, ranks 4-7 rows 16-31.
+// A worked example: dev [2,4], map [1,-1], shape [32,32]: ranks 0-3 rows 0-15, ranks 4-7 rows
+// 16-31.
 TEST(LayoutTest, WorkedExampleOuterAxis) {
   Layout l = Plain({2, 4}, {1, -1});
   ASSERT_TRUE(l.Validate({32, 32}).ok());
@@ -28,7 +29,7 @@ TEST(LayoutTest, WorkedExampleOuterAxis) {
   EXPECT_EQ(l.CopiesPerSlice(), 4);
 }
 
-// Spec §3.2 counter-example: map [0,-1] splits dim 0 over the inner axis (size 4).
+// The counter-example: map [0,-1] splits dim 0 over the inner axis (size 4).
 TEST(LayoutTest, WorkedExampleInnerAxis) {
   Layout l = Plain({2, 4}, {0, -1});
   EXPECT_EQ(*l.SliceBox({32, 32}, 0), (Box{{0, 0}, {8, 32}}));
@@ -36,7 +37,7 @@ TEST(LayoutTest, WorkedExampleInnerAxis) {
   EXPECT_EQ(*l.SliceBox({32, 32}, 3), (Box{{24, 0}, {32, 32}}));
 }
 
-// Spec §3.3 worked example: D=[4,2], T=[0,-1], S=[16,8], k=4: rank 5 -> rows 12-13, shape [2,8].
+// An optimizer-shard example: D=[4,2], T=[0,-1], S=[16,8], k=4: rank 5 -> rows 12-13, shape [2,8].
 TEST(LayoutTest, OptimizerShardWorkedExample) {
   Layout l = Plain({4, 2}, {0, -1});
   l.opt_shard_step = 2;

@@ -1,9 +1,9 @@
-// storage/internal/location_cache.h: the RocksDB store's in-memory chunk locations of blobs.
+// storage/internal/location_cache.h: the segment store's in-memory chunk locations of blobs.
 #include "storage/internal/location_cache.h"
 
 #include "gtest/gtest.h"
 
-namespace ckpt::rocksdb_store_internal {
+namespace ckpt::segment_store_internal {
 namespace {
 
 LocationCache::Locations Blob(size_t n, uint64_t base) {
@@ -78,4 +78,4 @@ TEST(LocationCacheTest, EraseDataDropsEveryBlobOfThatDataIdOnly) {
 }
 
 }  // namespace
-}  // namespace ckpt::rocksdb_store_internal
+}  // namespace ckpt::segment_store_internal

@@ -1,5 +1,5 @@
-// One conformance suite for every CheckpointStore (DESIGN.md §5), plus tests only the RocksDB
-// store can pass (persistence, on-disk corruption, the directory lock).
+// One conformance suite for every CheckpointStore (storage/checkpoint_store.h), plus tests only
+// the segment store can pass (persistence, on-disk corruption, the directory lock).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -27,8 +27,8 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "storage/checkpoint_store.h"
-#include "storage/internal/rocksdb_store_internal.h"
-#include "storage/internal/segment_files.h"
+#include "storage/internal/index_records.h"
+#include "storage/internal/segment_directory.h"
 
 namespace ckpt {
 namespace {
@@ -71,9 +71,9 @@ ChunkAddress Addr(uint64_t data_id, uint32_t tensor, uint32_t blob, uint32_t chu
   return ChunkAddress{data_id, tensor, blob, chunk};
 }
 
-enum class StoreKind { kMemory, kRocksDb };
+enum class StoreKind { kMemory, kSegment };
 
-std::string KindName(StoreKind kind) { return kind == StoreKind::kMemory ? "Memory" : "RocksDb"; }
+std::string KindName(StoreKind kind) { return kind == StoreKind::kMemory ? "Memory" : "Segment"; }
 void PrintTo(StoreKind kind, std::ostream* os) { *os << KindName(kind); }
 
 // Owns a temporary directory and the store under test; can close and reopen it.
@@ -99,16 +99,16 @@ class StoreFixture : public ::testing::Test {
     std::filesystem::remove_all(root_, ec);
   }
 
-  bool persistent() const { return kind_ == StoreKind::kRocksDb; }
+  bool persistent() const { return kind_ == StoreKind::kSegment; }
 
   absl::StatusOr<std::unique_ptr<CheckpointStore>> Make(const StoreOptions& options) {
     if (kind_ == StoreKind::kMemory) return NewMemoryStore(options);
-    return OpenRocksDbStore(db_dir_, options);
+    return OpenSegmentStore(db_dir_, options);
   }
 
   void Open() { ASSERT_OK_AND_ASSIGN(store_, Make(options_)); }
 
-  // Closes the store and opens the same directory again (RocksDB only).
+  // Closes the store and opens the same directory again (segment store only).
   void Reopen() {
     ASSERT_TRUE(persistent());
     store_.reset();
@@ -430,7 +430,7 @@ TEST_P(StoreConformanceTest, DeleteCheckpointRemovesManifestAndChunks) {
 }
 
 // Reads of data ids not begun yet, and of blobs still being uploaded, find nothing or what is
-// there so far; they must not hide the chunks written later (the RocksDB store keeps the chunk
+// there so far; they must not hide the chunks written later (the segment store keeps the chunk
 // locations of committed blobs in memory).
 TEST_P(StoreConformanceTest, ReadsBeforeAndDuringAnUploadDoNotHideItsChunks) {
   ASSERT_OK_AND_ASSIGN(const uint64_t before, store_->BeginData());
@@ -664,19 +664,19 @@ TEST_P(StoreConformanceTest, StreamsOfOneUploadReadBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreConformanceTest,
-                         ::testing::Values(StoreKind::kMemory, StoreKind::kRocksDb),
+                         ::testing::Values(StoreKind::kMemory, StoreKind::kSegment),
                          [](const ::testing::TestParamInfo<StoreKind>& info) {
                            return KindName(info.param);
                          });
 
-// --- RocksDB only -------------------------------------------------------------------------------
+// --- Segment store only -------------------------------------------------------------------------
 
-class RocksDbStoreTest : public StoreFixture {
+class SegmentStoreTest : public StoreFixture {
  protected:
-  RocksDbStoreTest() : StoreFixture(StoreKind::kRocksDb) {}
+  SegmentStoreTest() : StoreFixture(StoreKind::kSegment) {}
 };
 
-TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
+TEST_F(SegmentStoreTest, EverythingPersistsAcrossReopen) {
   ASSERT_OK(store_->PutStrategy("dp8", "strategy", false));
   ASSERT_OK(store_->PutJob("job-1", "running"));
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {
@@ -722,18 +722,18 @@ TEST_F(RocksDbStoreTest, EverythingPersistsAcrossReopen) {
 int64_t SegmentFileBytes(const std::string& dir) {
   int64_t bytes = 0;
   for (const auto& entry : std::filesystem::directory_iterator(
-           dir + "/" + rocksdb_store_internal::kSegmentsDir)) {
+           dir + "/" + segment_store_internal::kSegmentsDir)) {
     if (entry.path().extension() == ".seg") bytes += static_cast<int64_t>(entry.file_size());
   }
   return bytes;
 }
 
 std::string SegmentPath(const std::string& dir, uint64_t data_id) {
-  return dir + "/" + rocksdb_store_internal::kSegmentsDir + "/" +
+  return dir + "/" + segment_store_internal::kSegmentsDir + "/" +
          segment_internal::SegmentFileName(data_id);
 }
 
-TEST_F(RocksDbStoreTest, DeletedCheckpointsGiveTheirSegmentFilesBack) {
+TEST_F(SegmentStoreTest, DeletedCheckpointsGiveTheirSegmentFilesBack) {
   constexpr int kChunks = 6;
   constexpr int kChunkBytes = 1 << 20;
   std::vector<std::pair<ChunkAddress, std::string>> kept, dropped;
@@ -759,7 +759,7 @@ TEST_F(RocksDbStoreTest, DeletedCheckpointsGiveTheirSegmentFilesBack) {
   for (const auto& [address, bytes] : dropped) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
 }
 
-TEST_F(RocksDbStoreTest, DataIdsNeverRepeatAcrossRestarts) {
+TEST_F(SegmentStoreTest, DataIdsNeverRepeatAcrossRestarts) {
   std::set<uint64_t> seen;
   for (int round = 0; round < 3; ++round) {
     for (int i = 0; i < 3; ++i) {  // begun, never used: still never handed out again
@@ -771,7 +771,7 @@ TEST_F(RocksDbStoreTest, DataIdsNeverRepeatAcrossRestarts) {
   }
 }
 
-TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
+TEST_F(SegmentStoreTest, CorruptedChunkBytesAreDataLoss) {
   const std::string original = RandomBytes(8192, 13);
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {{Addr(0, 2, 0, 5), original}};
   const uint64_t id = Upload(&chunks);
@@ -805,7 +805,7 @@ TEST_F(RocksDbStoreTest, CorruptedChunkBytesAreDataLoss) {
           .ok());
 }
 
-TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
+TEST_F(SegmentStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
   const std::string bytes = RandomBytes(10000, 31);
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {{Addr(0, 0, 0, 0), bytes},
                                                               {Addr(0, 0, 0, 1), bytes}};
@@ -835,7 +835,7 @@ TEST_F(RocksDbStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
   EXPECT_EQ(manifest, "m");
 }
 
-TEST_F(RocksDbStoreTest, SegmentFilesOfUploadsThatNeverCommittedAreCollectedAtOpen) {
+TEST_F(SegmentStoreTest, SegmentFilesOfUploadsThatNeverCommittedAreCollectedAtOpen) {
   std::vector<std::pair<ChunkAddress, std::string>> kept = {
       {Addr(0, 0, 0, 0), RandomBytes(5000, 41)}};
   const uint64_t kept_id = Upload(&kept);
@@ -888,21 +888,21 @@ rocksdb::ColumnFamilyHandle* Family(const std::vector<std::string>& names,
 
 // A database with a column family of chunk bytes (a layout this version does not read) is refused
 // at open with FAILED_PRECONDITION naming the family and the directory, and left as it is.
-TEST_F(RocksDbStoreTest, StoresWithAChunkBytesColumnFamilyAreRefused) {
+TEST_F(SegmentStoreTest, StoresWithAChunkBytesColumnFamilyAreRefused) {
   ASSERT_OK(store_->PutStrategy("s", "strategy", false));
   store_.reset();
   WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>&,
                          const std::vector<rocksdb::ColumnFamilyHandle*>&) {
     rocksdb::ColumnFamilyHandle* chunks = nullptr;
     ASSERT_TRUE(db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(),
-                                       rocksdb_store_internal::kChunkBytesFamily, &chunks)
+                                       segment_store_internal::kChunkBytesFamily, &chunks)
                     .ok());
     EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), chunks,
-                        rocksdb_store_internal::ChunkKey(Addr(1, 0, 0, 0)), "bytes")
+                        segment_store_internal::ChunkKey(Addr(1, 0, 0, 0)), "bytes")
                     .ok());
     EXPECT_TRUE(db->DestroyColumnFamilyHandle(chunks).ok());
   });
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenRocksDbStore(db_dir_, options_);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenSegmentStore(db_dir_, options_);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(Msg(refused.status()),
               AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
@@ -912,18 +912,18 @@ TEST_F(RocksDbStoreTest, StoresWithAChunkBytesColumnFamilyAreRefused) {
   WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
                          const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
     rocksdb::ColumnFamilyHandle* chunks =
-        Family(names, handles, rocksdb_store_internal::kChunkBytesFamily);
+        Family(names, handles, segment_store_internal::kChunkBytesFamily);
     ASSERT_NE(chunks, nullptr);
     std::string value;
     EXPECT_TRUE(db->Get(rocksdb::ReadOptions(), chunks,
-                        rocksdb_store_internal::ChunkKey(Addr(1, 0, 0, 0)), &value)
+                        segment_store_internal::ChunkKey(Addr(1, 0, 0, 0)), &value)
                     .ok());
   });
 }
 
 // A new store records its format version; a store recording another version, or holding records
 // without one, is refused at open with FAILED_PRECONDITION naming the problem.
-TEST_F(RocksDbStoreTest, OpenChecksTheStoreFormatVersion) {
+TEST_F(SegmentStoreTest, OpenChecksTheStoreFormatVersion) {
   ASSERT_OK(store_->PutStrategy("s", "strategy", false));
   store_.reset();
   const std::string key = "v";
@@ -931,7 +931,7 @@ TEST_F(RocksDbStoreTest, OpenChecksTheStoreFormatVersion) {
     WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
                            const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
       rocksdb::ColumnFamilyHandle* meta =
-          Family(names, handles, rocksdb_store_internal::kMetaFamily);
+          Family(names, handles, segment_store_internal::kMetaFamily);
       ASSERT_NE(meta, nullptr);
       if (!version) {
         EXPECT_TRUE(db->Delete(rocksdb::WriteOptions(), meta, key).ok());
@@ -948,21 +948,21 @@ TEST_F(RocksDbStoreTest, OpenChecksTheStoreFormatVersion) {
                          const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
     std::string value;
     ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
-                        Family(names, handles, rocksdb_store_internal::kMetaFamily), key, &value)
+                        Family(names, handles, segment_store_internal::kMetaFamily), key, &value)
                     .ok());
     EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\1", 8));
   });
-  EXPECT_EQ(rocksdb_store_internal::kStoreFormatVersion, 1u);
+  EXPECT_EQ(segment_store_internal::kStoreFormatVersion, 1u);
 
   set_version(2);
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenRocksDbStore(db_dir_, options_);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenSegmentStore(db_dir_, options_);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(Msg(refused.status()),
               AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
                     HasSubstr("it is in store format 2; this version of ckptd reads format 1")));
 
   set_version(std::nullopt);
-  refused = OpenRocksDbStore(db_dir_, options_);
+  refused = OpenSegmentStore(db_dir_, options_);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(Msg(refused.status()), HasSubstr("it holds records but no store format version"));
 
@@ -974,7 +974,7 @@ TEST_F(RocksDbStoreTest, OpenChecksTheStoreFormatVersion) {
 
 // Chunks are views of mapped segment files while the map budget allows, copies beyond it: the
 // bytes are the same either way, and the stats say which.
-TEST_F(RocksDbStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
+TEST_F(SegmentStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {
       {Addr(0, 0, 0, 0), RandomBytes(70000, 61)}, {Addr(0, 0, 0, 1), RandomBytes(5000, 62)}};
   const uint64_t id = Upload(&chunks);
@@ -1002,12 +1002,12 @@ TEST_F(RocksDbStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
   EXPECT_EQ(store_->stats().mapped_bytes, 0);
 
   options_.mapped_bytes_budget = -1;
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> bad = OpenRocksDbStore(db_dir_ + "2", options_);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> bad = OpenSegmentStore(db_dir_ + "2", options_);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
 }
 
-TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> second = OpenRocksDbStore(db_dir_, options_);
+TEST_F(SegmentStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> second = OpenSegmentStore(db_dir_, options_);
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(Msg(second.status()), HasSubstr("cannot open RocksDB store in " + db_dir_));
   EXPECT_THAT(Msg(second.status()), HasSubstr("LOCK"));
@@ -1015,22 +1015,22 @@ TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryFailsNamingIt) {
   EXPECT_OK(store_->PutJob("j", "r"));
 }
 
-TEST_F(RocksDbStoreTest, OpenCreatesMissingDirectories) {
+TEST_F(SegmentStoreTest, OpenCreatesMissingDirectories) {
   const std::string nested = root_ + "/a/b/c";
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointStore> store, OpenRocksDbStore(nested, options_));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointStore> store, OpenSegmentStore(nested, options_));
   EXPECT_OK(store->PutStrategy("s", "r", false));
   EXPECT_TRUE(std::filesystem::exists(nested + "/CURRENT"));
 }
 
-TEST_F(RocksDbStoreTest, OpenOnAFileFailsNamingIt) {
+TEST_F(SegmentStoreTest, OpenOnAFileFailsNamingIt) {
   const std::string file = root_ + "/not_a_dir";
   std::ofstream(file) << "x";
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenRocksDbStore(file, options_);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenSegmentStore(file, options_);
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(Msg(store.status()), HasSubstr(file));
 }
 
-TEST_F(RocksDbStoreTest, MeasuresFreeDiskWhenNotInjected) {
+TEST_F(SegmentStoreTest, MeasuresFreeDiskWhenNotInjected) {
   options_.min_free_disk_bytes = int64_t{1} << 60;  // more than any test machine has
   ASSERT_NO_FATAL_FAILURE(Reopen());
   ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());

@@ -79,7 +79,7 @@ Wire DimsMsg(const std::vector<int64_t>& dims, bool packed = false) {
   return Wire().Repeated(1, dims, packed);
 }
 
-// ParallelLayouts exactly as MindSpore writes it (§2.1 wire facts): one TensorMap per entry of
+// ParallelLayouts exactly as MindSpore writes it: one TensorMap per entry of
 // `maps`, empty param_split_shape/indices_offset, fields 5-7 explicit.
 Wire LayoutsMsg(const std::vector<int64_t>& dev, const std::vector<std::vector<int64_t>>& maps,
                 bool packed = false, int64_t opt_step = 0, int64_t opt_size = 0) {
@@ -158,7 +158,7 @@ void ExpectRoundTrip(const Strategy& strategy, StrategyFormat format) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The real MindSpore fixture (§6): a merged 2-stage GPT2 strategy.
+// The real MindSpore fixture: a merged 2-stage GPT2 strategy.
 
 // "[2, 2]" -> {2, 2}.
 std::vector<int64_t> ParseIntList(std::string_view text) {
@@ -306,7 +306,7 @@ TEST(StrategyFixtureTest, ReserialisedFixtureParsesToTheSameStrategy) {
 
 TEST(StrategyFixtureTest, WritesLayoutItemsByteForByteAsMindSpore) {
   CKPT_REQUIRE_FIXTURE(bytes, kFixture);
-  // The item quoted in spec §2.1 "wire facts": unpacked fields, -1 as a 10-byte varint, empty
+  // One item of the fixture as MindSpore wrote it: unpacked fields, -1 as a 10-byte varint, empty
   // param_split_shape/indices_offset sub-messages, explicit zeros in fields 5-7.
   const std::string item =
       Bytes({0x1a, 0x4e, 0x0a, 0x2b}) + "0-backbone.blocks.0.attention.dense2.weight" +
@@ -513,7 +513,7 @@ TEST(StrategyBinaryTest, RejectsOperatorStageBeyondInt32) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Merged pipeline files ("<stage>-<name>", §2.3).
+// Merged pipeline files ("<stage>-<name>", as merge_pipeline_strategys writes them).
 
 TEST(StrategyMergedFileTest, SplitsNamesOnTheFirstDashOnly) {
   const std::string bytes = StrategyMapBytes(
@@ -680,7 +680,7 @@ TEST(StrategyCreateTest, BinaryNamesThatAreNotUtf8AreRejected) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON form (§2.5).
+// JSON form.
 
 TEST(StrategyJsonTest, ParsesTheDocumentedFormat) {
   const std::string json = R"({
@@ -850,7 +850,7 @@ TEST(StrategyFormatTest, JsonSuffixSelectsJson) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// MergeStageStrategies (§2.3).
+// MergeStageStrategies (MindSpore's merge_pipeline_strategys).
 
 TEST(StrategyMergeTest, MergesPerStageFilesLikeMindSpore) {
   const std::vector<Wire> stage1_ops = {OpItemMsg("Receive_emb", 1, {{2, 1}}),

@@ -1,0 +1,134 @@
+// On-disk layout of the segment store's index, the RocksDB database beside the segment files.
+// Private to the segment store (storage/segment_store*.cc) and its tests (which use it to damage
+// stored bytes behind the store's back); nothing else may depend on it. No RocksDB header.
+//
+// Column families:
+//   meta    's' + strategy name           -> strategy record
+//           'c' + checkpoint id           -> 8-byte big-endian data id + manifest
+//           'd' + 8-byte big-endian id    -> "" (the data id is committed: GC must keep it)
+//           'n'                           -> 8-byte big-endian next data id (never reused)
+//           'v'                           -> 8-byte big-endian store format version
+//                                            (kStoreFormatVersion)
+//   chunk_locations
+//           chunk key (below)             -> 8-byte BE offset | 8-byte BE length of the chunk's
+//                                            bytes in its data id's segment file
+//                                            (segment_directory.h: <dir>/segments/<id hex>.seg)
+//   jobs    job id                        -> job record
+// Chunk key: 8-byte BE data id | 4-byte BE tensor | 4-byte BE blob | 4-byte BE chunk.
+// Big-endian integers make byte order equal numeric order, so one data id (and within it one
+// tensor, one blob) is a contiguous key range that DeleteRange and Seek can address.
+#ifndef CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_
+#define CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "storage/checkpoint_store.h"
+
+namespace ckpt::segment_store_internal {
+
+inline constexpr char kMetaFamily[] = "meta";
+inline constexpr char kLocationsFamily[] = "chunk_locations";
+inline constexpr char kSegmentsDir[] = "segments";  // under the store's directory
+inline constexpr char kJobsFamily[] = "jobs";
+
+// The layout above (with the records of proto/ckpt_records.proto it holds) as one number, checked
+// at open: a store recording another one is refused with FAILED_PRECONDITION. Any change to the
+// layout or to the meaning of a record gives it a new number.
+inline constexpr uint64_t kStoreFormatVersion = 1;
+
+// A column family of this name holds chunk bytes in RocksDB itself, a layout this version does
+// not read: a store that has one is refused at open (FAILED_PRECONDITION naming it).
+inline constexpr char kChunkBytesFamily[] = "chunks";
+
+// Meta record-type prefixes and single keys (the meta family above).
+inline constexpr char kStrategyPrefix = 's';
+inline constexpr char kCheckpointPrefix = 'c';
+inline constexpr char kCommittedPrefix = 'd';
+inline constexpr char kCounterKey[] = "n";
+inline constexpr char kFormatKey[] = "v";
+
+inline constexpr size_t kChunkKeyBytes = 20;
+
+// Appends the low `bytes` bytes of `value`, most significant first.
+inline void AppendBigEndian(std::string* out, uint64_t value, int bytes) {
+  for (int shift = 8 * (bytes - 1); shift >= 0; shift -= 8) {
+    out->push_back(static_cast<char>((value >> shift) & 0xff));
+  }
+}
+
+// The `bytes`-byte big-endian integer at `p` (AppendBigEndian's inverse).
+inline uint64_t DecodeBigEndian(const char* p, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<unsigned char>(p[i]);
+  return value;
+}
+
+inline std::string BigEndian64(uint64_t value) {
+  std::string out;
+  out.reserve(8);
+  AppendBigEndian(&out, value, 8);
+  return out;
+}
+
+// The meta key of record type `prefix` named `name`.
+inline std::string MetaKey(char prefix, std::string_view name) {
+  std::string key(1, prefix);
+  key.append(name);
+  return key;
+}
+
+// The meta key of `data_id`'s committed marker.
+inline std::string CommittedKey(uint64_t data_id) {
+  return MetaKey(kCommittedPrefix, BigEndian64(data_id));
+}
+
+// The chunk key of `address` (chunk_locations family).
+inline std::string ChunkKey(const ChunkAddress& address) {
+  std::string key;
+  key.reserve(kChunkKeyBytes);
+  AppendBigEndian(&key, address.data_id, 8);
+  AppendBigEndian(&key, address.tensor, 4);
+  AppendBigEndian(&key, address.blob, 4);
+  AppendBigEndian(&key, address.chunk, 4);
+  return key;
+}
+
+// [begin, end) of every chunk key of `data_id`. Data ids come from a counter starting at 1, so
+// data_id + 1 never overflows in practice; the maximum id maps to an end past every key.
+inline std::pair<std::string, std::string> DataIdRange(uint64_t data_id) {
+  std::string end = data_id == std::numeric_limits<uint64_t>::max()
+                        ? std::string(kChunkKeyBytes + 1, '\xff')
+                        : BigEndian64(data_id + 1);
+  return {BigEndian64(data_id), std::move(end)};
+}
+
+// Where a chunk's bytes are in its data id's segment file.
+struct ChunkLocation {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+inline constexpr size_t kLocationBytes = 16;
+
+inline std::string EncodeLocation(const ChunkLocation& location) {
+  std::string value;
+  value.reserve(kLocationBytes);
+  AppendBigEndian(&value, location.offset, 8);
+  AppendBigEndian(&value, location.length, 8);
+  return value;
+}
+
+// nullopt unless `value` has kLocationBytes bytes.
+inline std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
+  if (value.size() != kLocationBytes) return std::nullopt;
+  return ChunkLocation{DecodeBigEndian(value.data(), 8), DecodeBigEndian(value.data() + 8, 8)};
+}
+
+}  // namespace ckpt::segment_store_internal
+
+#endif  // CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_

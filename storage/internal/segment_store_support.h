@@ -1,0 +1,29 @@
+// Helpers of the segment store's implementation files (storage/segment_store*.cc): reading
+// RocksDB statuses, slices of string_views, and the store's logger. Private to the store; the only
+// place besides those files that includes RocksDB headers.
+#ifndef CKPT_STORAGE_INTERNAL_SEGMENT_STORE_SUPPORT_H_
+#define CKPT_STORAGE_INTERNAL_SEGMENT_STORE_SUPPORT_H_
+
+#include <memory>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "rocksdb/slice.h"
+#include "rocksdb/status.h"
+#include "spdlog/logger.h"
+
+namespace ckpt::segment_store_internal {
+
+// The one function that reads a rocksdb::Status: a full disk is RESOURCE_EXHAUSTED, corruption
+// DATA_LOSS, a missing key NOT_FOUND, anything else INTERNAL. `doing` says what was being done
+// ("reading chunk data 7 tensor 0 blob 0 chunk 3") and prefixes the message.
+absl::Status FromRocks(const rocksdb::Status& status, std::string_view doing);
+
+inline rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+
+// The "storage" logger: the one the service registered, else a clone of the default logger.
+std::shared_ptr<spdlog::logger> StoreLog();
+
+}  // namespace ckpt::segment_store_internal
+
+#endif  // CKPT_STORAGE_INTERNAL_SEGMENT_STORE_SUPPORT_H_

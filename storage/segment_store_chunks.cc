@@ -1,0 +1,259 @@
+// SegmentStore (segment_store.h): data ids, chunk writes (bytes to the segment writer, locations
+// to RocksDB) and chunk reads (locations from the cache or RocksDB, bytes from the segment
+// reader).
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+#include "storage/internal/index_records.h"
+#include "storage/internal/location_cache.h"
+#include "storage/internal/segment_reader.h"
+#include "storage/internal/segment_store_support.h"
+#include "storage/internal/segment_writer.h"
+#include "storage/segment_store.h"
+
+namespace ckpt {
+namespace {
+
+using segment_store_internal::BigEndian64;
+using segment_store_internal::ChunkKey;
+using segment_store_internal::ChunkLocation;
+using segment_store_internal::DecodeBigEndian;
+using segment_store_internal::DecodeLocation;
+using segment_store_internal::EncodeLocation;
+using segment_store_internal::FromRocks;
+using segment_store_internal::kChunkKeyBytes;
+using segment_store_internal::kLocationBytes;
+using segment_store_internal::LocationCache;
+
+absl::Status NotLive(uint64_t data_id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "data id ", data_id, " is not live (never begun, already committed or discarded)"));
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> SegmentStore::BeginData() {
+  uint64_t data_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(id_mu_);
+    data_id = next_data_id_;
+    // Persist before handing the id out: after a crash the id must not be handed out again, or a
+    // new upload could inherit chunks (or a committed marker) of an old one.
+    rocksdb::WriteBatch batch;
+    CKPT_RETURN_IF_ERROR(
+        FromRocks(batch.Put(meta_, segment_store_internal::kCounterKey, BigEndian64(data_id + 1)),
+                  "batching data id"));
+    CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/true, "persisting the data id counter"));
+    next_data_id_ = data_id + 1;
+  }
+  std::lock_guard<std::mutex> lock(data_mu_);
+  data_.emplace(data_id, DataEntry{});
+  return data_id;
+}
+
+absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
+  if (chunks.empty()) return absl::OkStatus();
+  int64_t incoming = 0;
+  std::vector<uint64_t> ids;
+  for (const ChunkWrite& c : chunks) {
+    incoming += static_cast<int64_t>(c.bytes.size());
+    ids.push_back(c.address.data_id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+
+  // Register as a writer of every data id, so a commit or discard waits for this write.
+  {
+    std::lock_guard<std::mutex> lock(data_mu_);
+    for (uint64_t id : ids) {
+      auto it = data_.find(id);
+      if (it == data_.end() || it->second.state != DataState::kLive) return NotLive(id);
+    }
+    for (uint64_t id : ids) ++data_[id].writers;
+  }
+  absl::Cleanup unregister = [&] {
+    {
+      std::lock_guard<std::mutex> lock(data_mu_);
+      for (uint64_t id : ids) --data_[id].writers;
+    }
+    data_cv_.notify_all();
+  };
+
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(incoming));
+  // The bytes go to each data id's segment file; the batch records where (unsynced: the commit
+  // syncs the segment file, then its synced batch syncs the write-ahead log that holds these
+  // records).
+  rocksdb::WriteBatch batch(/*reserved_bytes=*/chunks.size() *
+                            (kChunkKeyBytes + kLocationBytes + 16));
+  CKPT_RETURN_IF_ERROR(AppendChunks(chunks, &batch));
+  CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false,
+                             absl::StrCat("recording ", chunks.size(), " chunks (", incoming,
+                                          " bytes) of data id ", chunks.front().address.data_id)));
+  NoteWritten(incoming);
+  chunks_written_.fetch_add(static_cast<int64_t>(chunks.size()), std::memory_order_relaxed);
+  chunk_bytes_written_.fetch_add(incoming, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
+                                        rocksdb::WriteBatch* batch) {
+  // One append per data id and stream (usually one in all).
+  std::vector<std::pair<uint64_t, uint32_t>> lanes;
+  for (const ChunkWrite& c : chunks) lanes.push_back({c.address.data_id, c.stream});
+  std::sort(lanes.begin(), lanes.end());
+  lanes.erase(std::unique(lanes.begin(), lanes.end()), lanes.end());
+  std::vector<std::string_view> pieces;
+  for (const auto& [id, stream] : lanes) {
+    auto in_lane = [&](const ChunkWrite& c) {
+      return c.address.data_id == id && c.stream == stream;
+    };
+    pieces.clear();
+    for (const ChunkWrite& c : chunks) {
+      if (in_lane(c)) pieces.push_back(c.bytes);
+    }
+    const std::string doing = absl::StrCat("writing ", pieces.size(), " chunks of data id ", id);
+    absl::StatusOr<std::vector<uint64_t>> offsets = writer_->Append(id, pieces, stream);
+    if (!offsets.ok()) {
+      return absl::Status(offsets.status().code(),
+                          absl::StrCat(doing, ": ", offsets.status().message()));
+    }
+    size_t k = 0;
+    for (const ChunkWrite& c : chunks) {
+      if (!in_lane(c)) continue;
+      const ChunkLocation location{(*offsets)[k++], c.bytes.size()};
+      CKPT_RETURN_IF_ERROR(
+          FromRocks(batch->Put(locations_, ChunkKey(c.address), EncodeLocation(location)),
+                    absl::StrCat("batching chunk ", c.address.ToString())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool SegmentStore::IsLive(uint64_t data_id) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  return data_.contains(data_id);
+}
+
+std::optional<ChunkLocation> SegmentStore::ScanBlobLocations(const ChunkAddress& address) {
+  ChunkAddress first = address;
+  first.chunk = 0;
+  const std::string from = ChunkKey(first);
+  const rocksdb::Slice blob(from.data(), kChunkKeyBytes - 4);
+  LocationCache::Locations locations;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
+  for (it->Seek(from); it->Valid() && it->key().starts_with(blob); it->Next()) {
+    if (it->key().size() != kChunkKeyBytes) return std::nullopt;
+    // The key's last 4 bytes (ChunkKey).
+    const uint64_t chunk = DecodeBigEndian(it->key().data() + kChunkKeyBytes - 4, 4);
+    // A damaged record stays out: its chunk is then looked up alone, which reports it.
+    const std::optional<ChunkLocation> location =
+        DecodeLocation(std::string_view(it->value().data(), it->value().size()));
+    if (chunk >= kMaxCachedLocations) return std::nullopt;  // too large to keep
+    if (chunk >= locations.size()) locations.resize(size_t{chunk} + 1, LocationCache::kNoChunk);
+    locations[chunk] = location.value_or(LocationCache::kNoChunk);
+  }
+  if (!it->status().ok()) return std::nullopt;  // the lookup alone reports the error
+  std::optional<ChunkLocation> found;
+  if (address.chunk < locations.size() &&
+      locations[address.chunk].offset != LocationCache::kNoChunk.offset) {
+    found = locations[address.chunk];
+  }
+  location_cache_->Insert(address, std::move(locations));
+  return found;
+}
+
+absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
+    const ChunkAddress& address) {
+  // The chunk is named only when something went wrong: no string is built per read.
+  auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
+  // Chunks of committed data: their blob's locations, read with one scan for the whole blob.
+  // Chunks of data being uploaded may still be added: those are looked up one by one, and so is
+  // a chunk its cached blob lacks (which is then not found).
+  const LocationCache::Lookup cached = location_cache_->Find(address);
+  std::optional<ChunkLocation> location = cached.location;
+  if (!cached.blob_cached && !IsLive(address.data_id)) location = ScanBlobLocations(address);
+  std::string key;  // built only when needed
+  rocksdb::Status found = rocksdb::Status::OK();
+  if (!location) {
+    key = ChunkKey(address);
+    rocksdb::PinnableSlice value;
+    found = db_->Get(rocksdb::ReadOptions(), locations_, key, &value);
+    if (found.ok()) {
+      location = DecodeLocation(std::string_view(value.data(), value.size()));
+      if (!location) {
+        return absl::DataLossError(absl::StrCat(what(), ": location record of ", value.size(),
+                                                " bytes, expected ", kLocationBytes));
+      }
+    }
+  }
+  if (location) {
+    absl::StatusOr<std::unique_ptr<ChunkData>> data =
+        reader_->Read(address.data_id, location->offset, location->length, "");
+    if (absl::IsDataLoss(data.status())) {
+      // The checkpoint may have been deleted between the lookup and the read (its segment file
+      // goes right after its records): that is NOT_FOUND, not damage.
+      if (key.empty()) key = ChunkKey(address);
+      rocksdb::PinnableSlice again;
+      if (db_->Get(rocksdb::ReadOptions(), locations_, key, &again).IsNotFound()) {
+        return absl::NotFoundError(
+            absl::StrCat("chunk ", address.ToString(), " not found (deleted while being read)"));
+      }
+    }
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat(what(), ": ", data.status().message()));
+    }
+    chunks_read_.fetch_add(1, std::memory_order_relaxed);
+    chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
+    return *std::move(data);
+  }
+  if (!found.IsNotFound()) return FromRocks(found, what());
+  return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
+}
+
+absl::Status SegmentStore::ClaimLiveData(uint64_t data_id) {
+  std::unique_lock<std::mutex> lock(data_mu_);
+  auto it = data_.find(data_id);
+  if (it == data_.end() || it->second.state != DataState::kLive) return NotLive(data_id);
+  it->second.state = DataState::kClosing;
+  // unordered_map references stay valid across other insertions and erasures.
+  DataEntry& entry = it->second;
+  data_cv_.wait(lock, [&] { return entry.writers == 0; });
+  return absl::OkStatus();
+}
+
+void SegmentStore::ReleaseClaim(uint64_t data_id, bool forget) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  if (forget) {
+    data_.erase(data_id);
+  } else {
+    data_[data_id].state = DataState::kLive;
+  }
+}
+
+absl::Status SegmentStore::DiscardData(uint64_t data_id) {
+  CKPT_RETURN_IF_ERROR(ClaimLiveData(data_id));
+  // Forget first: if the delete below fails, the chunks are garbage and CollectGarbage retries.
+  ReleaseClaim(data_id, /*forget=*/true);
+  rocksdb::WriteBatch batch;
+  const std::string doing = absl::StrCat("discarding chunks of data id ", data_id);
+  CKPT_RETURN_IF_ERROR(BatchDeleteChunks(&batch, data_id, doing));
+  // Unsynced: if lost in a crash, the chunks belong to an uncommitted id and are collected at open.
+  CKPT_RETURN_IF_ERROR(Write(&batch, /*sync=*/false, doing));
+  deleted_ranges_.fetch_add(1, std::memory_order_relaxed);
+  RemoveSegment(data_id);
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt
