@@ -301,7 +301,11 @@ class FetchReceiver:
             bounds = list(itertools.accumulate(part_bytes, initial=0))
             if bounds[-1] != size or 0 in part_bytes or min(part_bytes) < 0:
                 self._parts_error(part_bytes, size)
-            actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+            if max(part_bytes) < _GIL_FREE_HASH_BYTES:
+                one_shot = _XXH3_ONE_SHOT
+                actual = [one_shot(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+            else:
+                actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
             if actual != part_checksums:
                 i = next(i for i, (a, e) in enumerate(zip(actual, part_checksums)) if a != e)
                 self._checksum_error(actual[i], bounds[i], part_bytes[i], part_checksums[i])
@@ -358,9 +362,13 @@ class FetchReceiver:
         lo = boxes[:, 0]
         hi = boxes[:, 1]
         extent = hi - lo
-        inside = ((lo[:, 0] >= first) & (hi[:, 0] <= last) & (extent > 0).all(axis=1) &
-                  (lo[:, 1:] >= 0).all(axis=1) & (hi[:, 1:] <= local[1:]).all(axis=1))
-        if not inside.all():
+        # Inside the band (first <= lo, hi <= last along dim 0; 0 <= lo, hi <= local beyond)
+        # and not empty: checked as three whole-array comparisons, the culprit found only on a
+        # failure.
+        if not ((lo >= (first,) + (0,) * (rank - 1)).all() and
+                (hi <= (last,) + tuple(local[1:])).all() and (extent > 0).all()):
+            inside = ((lo[:, 0] >= first) & (hi[:, 0] <= last) & (extent > 0).all(axis=1) &
+                      (lo[:, 1:] >= 0).all(axis=1) & (hi[:, 1:] <= local[1:]).all(axis=1))
             i = int(np.argmin(inside))
             raise DataLoss(f"tensor {name}: tile {_box_text(lo[i], hi[i])} leaves the band "
                            f"{_band_text(first, last, local)}")
@@ -451,29 +459,29 @@ def _copy_tiles(band: _Band, lo: np.ndarray, extent: np.ndarray, offsets: np.nda
     block even when their heights differ. Any other tile is copied by itself.
     """
     k, rank = lo.shape
-    lo0 = lo[:, 0]
-    h = extent[:, 0]
     if rank == 1:
         # One element per row: as tiles of width 1 in a slice of width 1.
-        lo1 = np.zeros(k, np.int64)
-        w = np.ones(k, np.int64)
         width = 1
         elem = itemsize
-        spans = np.ones(k, bool)
+        ones = np.ones(k, np.int64)
+        q = np.column_stack((lo[:, 0], extent[:, 0], ones, ones, ones - 1, offsets))
     else:
-        lo1 = lo[:, 1]
-        w = extent[:, 1]
         width = local[1]
         elem = itemsize * math.prod(local[2:])  # bytes of one index of dim 1
-        spans = ((lo[:, 2:] == 0) & (extent[:, 2:] == local[2:])).all(axis=1)
-    # Tile i continues the run of tile i - 1: same row range, same width, the next columns.
-    same = ((lo0[1:] == lo0[:-1]) & (h[1:] == h[:-1]) & (w[1:] == w[:-1]) &
-            (lo1[1:] == lo1[:-1] + w[:-1]) & spans[1:] & spans[:-1])
+        if rank == 2:
+            spans = np.ones(k, np.int64)
+        else:
+            spans = ((lo[:, 2:] == 0) & (extent[:, 2:] == local[2:])).all(axis=1)
+        q = np.column_stack((lo[:, 0], extent[:, 0], extent[:, 1], spans, lo[:, 1], offsets))
+    # Per tile: row start, height, width, spans the dims after dim 1, column start, offset.
+    # Tile i continues the run of tile i - 1 when the first four agree (same rows, same width,
+    # spanning) and its columns start where the previous tile's end.
+    same = ((q[1:, :4] == q[:-1, :4]).all(axis=1) & (q[1:, 4] == q[:-1, 4] + q[:-1, 2]) &
+            (q[1:, 3] == 1))
     starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    counts = np.diff(np.append(starts, k))
-    runs = list(zip(starts.tolist(), counts.tolist(), lo0[starts].tolist(),
-                    lo1[starts].tolist(), h[starts].tolist(), w[starts].tolist(),
-                    spans[starts].tolist(), offsets[starts].tolist()))
+    counts = np.diff(starts, append=k).tolist()
+    runs = [(start, n, r0, c0, hh, ww, spanning == 1, offset) for start, n, (
+        r0, hh, ww, spanning, c0, offset) in zip(starts.tolist(), counts, q[starts].tolist())]
     first = band.first
     flat = band.flat
     j = 0
