@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
   app.add_flag("--keep", keep, "Keep the work directory");
   app.add_option("--cases", cases,
                  "Comma-separated: all, transport, storage, fetch (or 8to3, row_to_col, "
-                 "opt_to_plain, merged), python (with 8to3), concurrent, transform, deps. Upload "
-                 "always runs.")
+                 "opt_to_plain, merged), python, concurrent, transform, deps. Upload always "
+                 "runs.")
       ->capture_default_str();
   // Internal modes: the harness re-executes itself.
   std::string transport_port_file, server, fetch_strategy, src_dir, baseline_out;

@@ -145,9 +145,7 @@ void Harness::MeasureUploaded() {
   if (Selected("transport")) MeasureTransportLimit();
   if (Selected("storage")) MeasureStorageLimit();
   for (const FetchCase& c : FetchCases()) {
-    // The Python phase compares itself with the 8to3 case, so selecting it selects that too.
-    const bool for_python = c.name == "8to3" && Selected("python");
-    if (server_ && (Selected("fetch") || Selected(c.name) || for_python)) MeasureFetch(c);
+    if (server_ && (Selected("fetch") || Selected(c.name))) MeasureFetch(c);
   }
   if (server_ && Selected("python")) MeasurePython();
   if (server_ && Selected("concurrent")) MeasureConcurrent();

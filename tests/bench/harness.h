@@ -158,13 +158,12 @@ class Harness {
   void ConcurrentServerFigures(const absl::StatusOr<v1::ServerStats>& after_warmup);
 
   // harness_python.cc: the Python client (tests/bench/python_fetch_bench.py in a child process)
-  // fetches the 8to3 case's ranks; its throughput is compared with the C++ library's 8to3 figure
-  // of this run (fetch_), its peak RSS with the largest rank's bytes.
+  // and this process's C++ client library fetch every rank of the 8to3 case in alternating
+  // passes; their medians are compared, and the Python process's peak RSS with the largest
+  // rank's bytes.
   void MeasurePython();
   nlohmann::json PythonJson() const;
   void PythonRows(std::vector<Row>* rows) const;
-  // The C++ library's 8to3 result of this run, if measured.
-  const FetchResult* CppEightToThree() const;
 
   // harness_transform.cc.
   // kRepeats alternating passes of the export job and the baseline, then their medians.
@@ -263,6 +262,9 @@ class Harness {
     double gibps = 0;                   // median of its measured passes
     std::vector<double> passes_gibps;   // each measured pass
     std::optional<double> warmup_gibps;
+    double cpp_gibps = 0;                   // the C++ library's, median of the passes between
+    std::vector<double> cpp_passes_gibps;   // each measured pass (the one before each Python's)
+    std::optional<double> cpp_warmup_gibps;
     int64_t bytes = 0;                  // of one pass (every rank)
     int64_t max_rank_bytes = 0;         // the most tensor bytes it held at once
     int64_t peak_rss_bytes = 0;         // the child's ru_maxrss
