@@ -259,16 +259,16 @@ class Harness {
   std::optional<double> baseline_cpu_seconds_;
   // The Python client's 8to3 fetch (harness_python.cc); nullopt: not measured.
   struct PythonResult {
-    double gibps = 0;                   // median of its measured passes
-    std::vector<double> passes_gibps;   // each measured pass
+    double gibps = 0;                  // median of its measured passes
+    std::vector<double> passes_gibps;  // each measured pass
     std::optional<double> warmup_gibps;
-    double cpp_gibps = 0;                   // the C++ library's, median of the passes between
-    std::vector<double> cpp_passes_gibps;   // each measured pass (the one before each Python's)
+    double cpp_gibps = 0;                  // the C++ library's, median of the passes between
+    std::vector<double> cpp_passes_gibps;  // each measured pass (the one before each Python's)
     std::optional<double> cpp_warmup_gibps;
-    int64_t bytes = 0;                  // of one pass (every rank)
-    int64_t max_rank_bytes = 0;         // the most tensor bytes it held at once
-    int64_t peak_rss_bytes = 0;         // the child's ru_maxrss
-    int64_t baseline_rss_bytes = 0;     // resident after import and connect, before fetching
+    int64_t bytes = 0;                    // of one pass (every rank)
+    int64_t max_rank_bytes = 0;           // the most tensor bytes it held at once
+    int64_t peak_rss_bytes = 0;           // the child's ru_maxrss
+    int64_t baseline_rss_bytes = 0;       // resident after import and connect, before fetching
     std::optional<double> cpu_s_per_gib;  // the Python process's own
   };
   std::optional<PythonResult> python_;

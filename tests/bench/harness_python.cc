@@ -56,8 +56,8 @@ absl::StatusOr<json> ParseLine(const std::optional<std::string>& line, const cha
   }
   json j = json::parse(*line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("bytes")) {
-    return absl::InternalError(absl::StrCat(CKPT_BENCH_PYTHON_SCRIPT, " printed '", *line,
-                                            "' instead of ", what));
+    return absl::InternalError(
+        absl::StrCat(CKPT_BENCH_PYTHON_SCRIPT, " printed '", *line, "' instead of ", what));
   }
   return j;
 }
@@ -70,9 +70,12 @@ void Harness::MeasurePython() {
   if (!destination.ok()) return Error("python fetch", destination.status());
   const int64_t ranks = destination->world_size();
   const std::vector<std::string> argv = {
-      CKPT_BENCH_PYTHON3, CKPT_BENCH_PYTHON_SCRIPT, "--server", server_->address(),
-      "--checkpoint", kCheckpointId, "--dst-strategy", kThreeName, "--ranks",
-      absl::StrCat("0-", ranks - 1), "--pythonpath", absl::StrCat(CKPT_BENCH_BUILD_DIR, "/python"),
+      CKPT_BENCH_PYTHON3, CKPT_BENCH_PYTHON_SCRIPT,
+      "--server",         server_->address(),
+      "--checkpoint",     kCheckpointId,
+      "--dst-strategy",   kThreeName,
+      "--ranks",          absl::StrCat("0-", ranks - 1),
+      "--pythonpath",     absl::StrCat(CKPT_BENCH_BUILD_DIR, "/python"),
       "--stdin-passes"};
   auto child = Child::Spawn(argv, {.pipe_stdin = true, .pipe_stdout = true});
   if (!child.ok()) return Error("python fetch: start", child.status());
@@ -122,7 +125,8 @@ void Harness::MeasurePython() {
   const json& j = *summary;
   r.max_rank_bytes = j["max_rank_bytes"].get<int64_t>();
   r.baseline_rss_bytes = j["baseline_rss_bytes"].get<int64_t>();
-  if (j["cpu_seconds_per_gib"].is_number()) r.cpu_s_per_gib = j["cpu_seconds_per_gib"].get<double>();
+  if (j["cpu_seconds_per_gib"].is_number())
+    r.cpu_s_per_gib = j["cpu_seconds_per_gib"].get<double>();
   r.peak_rss_bytes = exit.max_rss_kib * 1024;
   r.gibps = Median(r.passes_gibps);
   r.cpp_gibps = Median(r.cpp_passes_gibps);
@@ -168,19 +172,19 @@ void Harness::PythonRows(std::vector<Row>* rows) const {
   if (!p.passes_gibps.empty()) {
     rows->push_back({"  Python passes (alternating with C++)",
                      PassesText(p.passes_gibps, p.warmup_gibps), "", ""});
-    rows->push_back({"  C++ library passes", PassesText(p.cpp_passes_gibps, p.cpp_warmup_gibps),
-                     "", ""});
+    rows->push_back(
+        {"  C++ library passes", PassesText(p.cpp_passes_gibps, p.cpp_warmup_gibps), "", ""});
   }
   rows->push_back({"  CPU per GiB (Python process)", Fmt(p.cpu_s_per_gib, " s"), "", ""});
   const double peak_mib = p.peak_rss_bytes / kMiB;
   const double held_mib = p.max_rank_bytes / kMiB;
   const double limit_mib = kRssFactor * held_mib + kRssAllowanceMiB;
-  rows->push_back({"  Python peak RSS / largest rank fetched",
-                   absl::StrFormat("%.0f / %.0f MiB (at start %.0f MiB)", peak_mib, held_mib,
-                                   p.baseline_rss_bytes / kMiB),
-                   absl::StrFormat("<= %.1fx + %.0f MiB = %.0f MiB", kRssFactor, kRssAllowanceMiB,
-                                   limit_mib),
-                   Verdict(peak_mib <= limit_mib)});
+  rows->push_back(
+      {"  Python peak RSS / largest rank fetched",
+       absl::StrFormat("%.0f / %.0f MiB (at start %.0f MiB)", peak_mib, held_mib,
+                       p.baseline_rss_bytes / kMiB),
+       absl::StrFormat("<= %.1fx + %.0f MiB = %.0f MiB", kRssFactor, kRssAllowanceMiB, limit_mib),
+       Verdict(peak_mib <= limit_mib)});
 }
 
 }  // namespace ckpt::bench

@@ -212,6 +212,17 @@ class ParserTest(unittest.TestCase):
         self.assertEqual(examples[0].first_line(), "python (2 lines)")
         self.assertEqual(examples[2].command, "import sys\n")
         self.assertEqual(examples[2].expected, [])
+        # A script must exit 0 even if its output shows a ckptctl error line.
+        script = self.parse_ok("""
+            ```python run
+            print("ckptctl: NOT_FOUND: shown by the script")
+            ```
+
+            ```text
+            ckptctl: NOT_FOUND: shown by the script
+            ```
+            """)[0]
+        self.assertFalse(script.expects_failure())
 
     def test_unclosed_fence_and_stray_output_are_errors(self):
         errors = self.errors_of("""
