@@ -262,7 +262,7 @@ class Harness {
     double gibps = 0;                  // median of its measured passes
     std::vector<double> passes_gibps;  // each measured pass
     std::optional<double> warmup_gibps;
-    double cpp_gibps = 0;                  // the C++ library's, median of the passes between
+    double cpp_gibps = 0;                  // the C++ library's, median of its measured passes
     std::vector<double> cpp_passes_gibps;  // each measured pass (the one before each Python's)
     std::optional<double> cpp_warmup_gibps;
     int64_t bytes = 0;                    // of one pass (every rank)
