@@ -61,7 +61,8 @@ endforeach()
 foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "deps_all_ranks_ms"
              "upload;gibps" "upload;disk_write_gibps" "upload;store_write_gibps"
              "upload;first_pass_gibps"
-             "concurrent;gibps" "concurrent;warmup_gibps" "transform;baseline_seconds")
+             "concurrent;gibps" "concurrent;warmup_gibps" "transform;baseline_seconds"
+             "python;gibps" "python;ratio_to_cpp" "python;peak_rss_bytes" "python;max_rank_bytes")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
     message(FATAL_ERROR "${path} is ${type}, expected a number")
@@ -73,7 +74,7 @@ endforeach()
 # cases and the concurrent phase after an unmeasured warm-up pass, which gets no transport pass).
 foreach(check "transport_passes_gibps;18" "storage_passes_gibps;3" "concurrent;runs_gibps;3"
               "transform;runs_seconds;3" "transform;baseline_runs_seconds;3"
-              "upload;disk_write_runs_gibps;3")
+              "upload;disk_write_runs_gibps;3" "python;passes_gibps;3")
   list(POP_BACK check want)
   string(JSON got ERROR_VARIABLE error LENGTH "${json}" ${check})
   if(error)

@@ -147,6 +147,7 @@ void Harness::MeasureUploaded() {
   for (const FetchCase& c : FetchCases()) {
     if (server_ && (Selected("fetch") || Selected(c.name))) MeasureFetch(c);
   }
+  if (server_ && Selected("python")) MeasurePython();
   if (server_ && Selected("concurrent")) MeasureConcurrent();
   StopTransportServer();
   if (server_ && Selected("transform")) MeasureTransformPhase();

@@ -7,7 +7,8 @@
 // harness_upload.cc (disk and store write limits, upload, first fetch), harness_limits.cc
 // (transport limit, verified-read ceiling, storage limit), harness_fetch.cc (the fetch cases),
 // harness_concurrent.cc (concurrent workers), harness_transform.cc (export job against the
-// baseline) and harness_report.cc (table and JSON).
+// baseline), harness_python.cc (the Python client against the C++ one) and harness_report.cc
+// (table and JSON).
 #ifndef CKPT_TESTS_BENCH_HARNESS_H_
 #define CKPT_TESTS_BENCH_HARNESS_H_
 
@@ -156,6 +157,14 @@ class Harness {
   // ckptd's peak RSS and the share of reads that went as copies, after the passes.
   void ConcurrentServerFigures(const absl::StatusOr<v1::ServerStats>& after_warmup);
 
+  // harness_python.cc: the Python client (tests/bench/python_fetch_bench.py in a child process)
+  // and this process's C++ client library fetch every rank of the 8to3 case in alternating
+  // passes; their medians are compared, and the Python process's peak RSS with the largest
+  // rank's bytes.
+  void MeasurePython();
+  nlohmann::json PythonJson() const;
+  void PythonRows(std::vector<Row>* rows) const;
+
   // harness_transform.cc.
   // kRepeats alternating passes of the export job and the baseline, then their medians.
   void MeasureTransformPhase();
@@ -248,6 +257,21 @@ class Harness {
   std::optional<double> baseline_seconds_;
   std::optional<double> baseline_rss_mib_;
   std::optional<double> baseline_cpu_seconds_;
+  // The Python client's 8to3 fetch (harness_python.cc); nullopt: not measured.
+  struct PythonResult {
+    double gibps = 0;                  // median of its measured passes
+    std::vector<double> passes_gibps;  // each measured pass
+    std::optional<double> warmup_gibps;
+    double cpp_gibps = 0;                  // the C++ library's, median of its measured passes
+    std::vector<double> cpp_passes_gibps;  // each measured pass (the one before each Python's)
+    std::optional<double> cpp_warmup_gibps;
+    int64_t bytes = 0;                    // of one pass (every rank)
+    int64_t max_rank_bytes = 0;           // the most tensor bytes it held at once
+    int64_t peak_rss_bytes = 0;           // the child's ru_maxrss
+    int64_t baseline_rss_bytes = 0;       // resident after import and connect, before fetching
+    std::optional<double> cpu_s_per_gib;  // the Python process's own
+  };
+  std::optional<PythonResult> python_;
   std::optional<DepsResult> deps_;
   std::optional<double> upload_gibps_;
   std::optional<CpuPerGib> upload_cpu_;       // of the median pass

@@ -100,6 +100,7 @@ json Harness::Results() const {
                         {"max_source_ranks", deps_->max_sources}};
   }
   j["upload"] = UploadJson();
+  j["python"] = PythonJson();
   json targets = json::array();
   for (const Row& r : Table()) {
     if (r.result.empty()) continue;
@@ -174,6 +175,7 @@ std::vector<Row> Harness::Table() const {
   std::vector<Row> rows;
   LimitRows(&rows);
   FetchRows(&rows);
+  if (Selected("python")) PythonRows(&rows);
   if (Selected("concurrent")) ConcurrentRows(&rows);
   if (Selected("transform")) TransformRows(&rows);
   if (Selected("deps")) {

@@ -23,9 +23,14 @@ as a program that fetches repeatedly would; `--no-malloc-tuning` leaves glibc's 
 `--mode iter` measures Client.iter_fetch, dropping each array as it completes; `--mode file`
 measures Client.fetch_to_file into --out (default /dev/null).
 
+`--stdin-passes` lets another program interleave its own passes with these (the bench harness
+alternates them with the C++ library's): the script prints `ready` once connected, then runs one
+pass per `go` line on stdin, printing `{"gibps", "bytes", "seconds"}` for it, and on `quit` (or end
+of input) prints the JSON object above, the first pass counting as the warm-up, and exits.
+
 Usage: python_fetch_bench.py --server HOST:PORT --checkpoint ID
            (--dst-strategy NAME --ranks 0,1,2 | --merged) [--passes 3] [--mode fetch]
-           [--pythonpath build/python] [--no-malloc-tuning]
+           [--pythonpath build/python] [--no-malloc-tuning] [--stdin-passes]
 """
 
 import argparse
@@ -66,6 +71,8 @@ def main():
     parser.add_argument("--out", default="/dev/null")
     parser.add_argument("--pythonpath", help="directory holding the ckptd package")
     parser.add_argument("--no-malloc-tuning", action="store_true")
+    parser.add_argument("--stdin-passes", action="store_true",
+                        help="one pass per 'go' line on stdin (see the module's docstring)")
     args = parser.parse_args()
     if args.pythonpath:
         sys.path.insert(0, args.pythonpath)
@@ -100,16 +107,36 @@ def main():
         return sizes, time.perf_counter() - start
 
     baseline_rss = rss_bytes()
-    sizes, seconds = one_pass()
+    if args.stdin_passes:
+        print("ready", flush=True)
+        commands = (line.strip() for line in sys.stdin)
+        more = lambda: next(commands, "quit") == "go"  # noqa: E731
+    else:
+        budget = [args.passes + 1]
+
+        def more():
+            budget[0] -= 1
+            return budget[0] >= 0
+
+    def reported_pass():
+        sizes, seconds = one_pass()
+        if args.stdin_passes:
+            print(json.dumps({"gibps": sum(sizes) / seconds / (1 << 30), "bytes": sum(sizes),
+                              "seconds": seconds}), flush=True)
+        return sizes, seconds
+
+    if not more():
+        parser.error("no pass was run")
+    sizes, seconds = reported_pass()
     warmup = sum(sizes) / seconds / (1 << 30)
     passes = []
     cpu_start = os.times()
-    for _ in range(args.passes):
-        sizes, seconds = one_pass()
+    while more():
+        sizes, seconds = reported_pass()
         passes.append(sum(sizes) / seconds / (1 << 30))
     cpu_end = os.times()
     cpu = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
-    gib = sum(sizes) * args.passes / (1 << 30)
+    gib = sum(sizes) * len(passes) / (1 << 30)
     json.dump({
         "checkpoint": args.checkpoint,
         "dst_strategy": args.dst_strategy,

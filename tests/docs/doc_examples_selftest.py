@@ -28,6 +28,10 @@ def matches(expected: str, actual: str, workdirs=()) -> bool:
     return rde.output_matches(doc(expected).split("\n"), doc(actual).split("\n"), workdirs)
 
 
+NO_COMMAND = ("doc.md: no runnable command: no `$ ` line in any ```console block and no "
+              "```python run block")
+
+
 class ParserTest(unittest.TestCase):
 
     def parse_ok(self, text):
@@ -164,9 +168,61 @@ class ParserTest(unittest.TestCase):
             ```sh
             make test
             ```
-            """), ["doc.md: no runnable command: no `$ ` line in any ```console block"])
-        self.assertEqual(self.errors_of(""), [
-            "doc.md: no runnable command: no `$ ` line in any ```console block"])
+            """), [NO_COMMAND])
+        self.assertEqual(self.errors_of(""), [NO_COMMAND])
+        # A python block without the `run` word is not a runnable example either.
+        self.assertEqual(self.errors_of("""
+            ```python
+            print("not run")
+            ```
+            """), [NO_COMMAND])
+
+    def test_python_run_blocks_and_their_output(self):
+        examples = self.parse_ok("""
+            ```python run
+            print("a")
+            print("b")
+            ```
+
+            ```text
+            a
+            b
+            ```
+            ```python
+            print("signature only, not run")
+            ```
+            ```console
+            $ echo x
+            x
+            ```
+            ```python run
+            import sys
+            ```
+            Text between: the text block below is not its output.
+
+            ```text
+            not output
+            ```
+            """)
+        self.assertEqual([e.script for e in examples], [True, False, True])
+        self.assertEqual(examples[0].command, 'print("a")\nprint("b")\n')
+        self.assertEqual(examples[0].expected, ["a", "b"])
+        self.assertEqual(examples[0].line, 1)
+        self.assertEqual(examples[0].expected_line(), 7)
+        self.assertEqual(examples[0].first_line(), "python (2 lines)")
+        self.assertEqual(examples[2].command, "import sys\n")
+        self.assertEqual(examples[2].expected, [])
+        # A script must exit 0 even if its output shows a ckptctl error line.
+        script = self.parse_ok("""
+            ```python run
+            print("ckptctl: NOT_FOUND: shown by the script")
+            ```
+
+            ```text
+            ckptctl: NOT_FOUND: shown by the script
+            ```
+            """)[0]
+        self.assertFalse(script.expects_failure())
 
     def test_unclosed_fence_and_stray_output_are_errors(self):
         errors = self.errors_of("""
@@ -362,10 +418,11 @@ class RunnerTest(unittest.TestCase):
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
         return path
 
-    def run_doc(self, text, timeout=30):
+    def run_doc(self, text, timeout=30, pythonpath=()):
         path = self.write(os.path.join(self.tmp.name, "doc.md"), doc(text))
         out = io.StringIO()
-        status = rde.run_document(path, self.ckptd, self.ckptctl, "docs_t", timeout, out=out)
+        status = rde.run_document(path, self.ckptd, self.ckptctl, "docs_t", timeout, out=out,
+                                  pythonpath=pythonpath)
         return status, out.getvalue()
 
     def assert_server_stopped_and_cleaned(self):
@@ -401,6 +458,62 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(status, 0, out)
         self.assertEqual(out.rstrip("\n").split("\n")[-1], "docs_t: 7 passed, 0 failed")
         self.assert_server_stopped_and_cleaned()
+
+    def test_python_scripts_run_in_order_with_the_environment(self):
+        libdir = os.path.join(self.tmp.name, "lib")
+        os.mkdir(libdir)
+        self.write(os.path.join(libdir, "docmod.py"), "GREETING = 'hello from docmod'\n")
+        status, out = self.run_doc("""
+            ```console
+            $ echo written > file.txt
+            ```
+            ```python run
+            import os, docmod
+            print(docmod.GREETING)
+            print(open("file.txt").read().strip(), os.environ["CKPT_SERVER"])
+            open("from_python.txt", "w").write("py\\n")
+            ```
+
+            ```text
+            hello from docmod
+            written 127.0.0.1:...
+            ```
+            ```console
+            $ cat from_python.txt
+            py
+            ```
+            """, pythonpath=[libdir])
+        self.assertEqual(status, 0, out)
+        self.assertIn("ok   doc.md:4  python (4 lines)", out)
+        self.assertEqual(out.rstrip("\n").split("\n")[-1], "docs_t: 3 passed, 0 failed")
+
+    def test_python_script_failures(self):
+        status, out = self.run_doc("""
+            ```python run
+            print("other")
+            ```
+
+            ```text
+            expected
+            ```
+            ```python run
+            raise SystemExit("broken")
+            ```
+            ```python run
+            print("unexpected")
+            ```
+            ```python run
+            pass
+            ```
+            """)
+        self.assertEqual(status, 1, out)
+        self.assertIn("FAIL doc.md:1  python (1 lines)", out)
+        self.assertIn("-expected", out)
+        self.assertIn("FAIL doc.md:8  python (1 lines)", out)
+        self.assertIn("exit status 1 (expected 0)", out)
+        self.assertIn("FAIL doc.md:11  python (1 lines)", out)
+        self.assertIn("+unexpected", out)
+        self.assertEqual(out.rstrip("\n").split("\n")[-1], "docs_t: 1 passed, 3 failed")
 
     def test_output_mismatch_fails_with_a_diff(self):
         status, out = self.run_doc("""

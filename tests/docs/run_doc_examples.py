@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs every command example of one Markdown document against a temporary real ckptd.
 
-Usage: run_doc_examples.py --ckptd PATH --ckptctl PATH [--name NAME] [--timeout S] DOCUMENT
+Usage: run_doc_examples.py --ckptd PATH --ckptctl PATH [--name NAME] [--timeout S]
+                           [--python PATH] [--pythonpath DIR]... DOCUMENT
 
 The format of the examples:
 
@@ -17,6 +18,12 @@ The format of the examples:
     after normalising addresses, durations, rates, timestamps and the working directory (written
     `$PWD` in the document). A line that is exactly `...` matches zero or more lines; `...` inside
     a line matches any text within that line.
+  * A `python` block whose info string has the word `run` (```` ```python run ````) is a Python
+    script: it runs in document order with the commands, as `PYTHON FILE` (--python, default this
+    interpreter) in the same directory and environment, PYTHONPATH starting with the --pythonpath
+    directories. It must exit 0. Its expected output is the ```` ```text ```` block that follows
+    it with only blank lines between, compared as a command's; without one it must print nothing.
+    Other `python` blocks (signatures, fragments needing MindSpore) are not run.
   * A `$ ckptctl` line outside a `console` block is an error, as is a document without commands.
 
 Prints one line per command, a diff for each failure, and a closing summary line
@@ -31,6 +38,7 @@ import dataclasses
 import difflib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -48,6 +56,9 @@ GRPC_ERROR_CODES = (
 )
 # An expected-output line that marks its command as one that must exit non-zero.
 _FAILURE_LINE = re.compile(r"^ckptctl: (?:%s|error)(?::|\s|$)" % "|".join(GRPC_ERROR_CODES))
+
+# The word of a ```python info string that makes the block a runnable script.
+RUN_WORD = "run"
 
 _FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _ESCAPED_COMMAND = re.compile(r"^\s*\$ ckptctl(?:\s|$)")
@@ -84,19 +95,28 @@ class DocumentError:
 
 @dataclasses.dataclass
 class Example:
-    """One command of a `console` block and the output the document shows for it."""
-    line: int                 # 1-based line of the command's first line in the document
-    command: str              # what `bash -c` runs (continuation lines joined with newlines)
+    """One command of a `console` block, or one runnable `python` block, and the output the
+    document shows for it."""
+    line: int                 # 1-based line of the command's first line (of a script: its fence)
+    command: str              # what `bash -c` runs (continuation lines joined with newlines), or
+                              # a script's source
     expected: List[str]       # expected output lines as written (fence indentation removed)
+    script: bool = False      # a Python script rather than a shell command
+    expected_at: Optional[int] = None  # a script's: 1-based line of its output's first line
 
     def expects_failure(self) -> bool:
-        return expects_failure(self.expected)
+        """Scripts always must exit 0; a command when its output shows a ckptctl error."""
+        return not self.script and expects_failure(self.expected)
 
     def first_line(self) -> str:
+        if self.script:
+            return "python (%d lines)" % len(self.command.rstrip("\n").split("\n"))
         return self.command.split("\n", 1)[0]
 
     def expected_line(self) -> int:
         """1-based document line of the first expected output line."""
+        if self.script:
+            return self.expected_at if self.expected_at is not None else self.line
         return self.line + self.command.count("\n") + 1
 
 
@@ -124,6 +144,8 @@ def parse_document(text: str) -> Tuple[List[Example], List[DocumentError]]:
     examples: List[Example] = []
     errors: List[DocumentError] = []
     lines = text.split("\n")
+    # The runnable script whose output block may come next (only blank lines since it closed).
+    pending_script: Optional[Example] = None
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -145,8 +167,21 @@ def parse_document(text: str) -> Tuple[List[Example], List[DocumentError]]:
                 i += 1
             if not closed:
                 errors.append(DocumentError(start + 1, "fenced block is never closed"))
+            words = info.split()
             if language == "console":
                 examples.extend(_parse_console_block(body, errors))
+                pending_script = None
+            elif language == "python" and RUN_WORD in words[1:]:
+                pending_script = Example(line=start + 1,
+                                         command="\n".join(content for _, content in body) + "\n",
+                                         expected=[], script=True)
+                examples.append(pending_script)
+                i += 1
+                continue
+            elif language == "text" and pending_script is not None:
+                pending_script.expected = [content for _, content in body]
+                pending_script.expected_at = start + 2
+                pending_script = None
             else:
                 kind = "```" + language if language else "plain ```"
                 for number, content in body:
@@ -154,15 +189,19 @@ def parse_document(text: str) -> Tuple[List[Example], List[DocumentError]]:
                         errors.append(DocumentError(
                             number, "`$ ckptctl` line in a %s block, which is not run (only "
                             "```console blocks run)" % kind))
+                pending_script = None
             i += 1
             continue
+        if line.strip():
+            pending_script = None
         if _ESCAPED_COMMAND.match(line):
             errors.append(DocumentError(
                 i + 1, "`$ ckptctl` line outside a ```console block, which is not run"))
         i += 1
     if not examples:
         errors.append(DocumentError(
-            None, "no runnable command: no `$ ` line in any ```console block"))
+            None, "no runnable command: no `$ ` line in any ```console block and no ```python "
+            "run block"))
     return examples, errors
 
 
@@ -322,6 +361,16 @@ def run_command(command: str, cwd: str, env: dict, timeout: float) -> CommandRes
     return CommandResult(status=status, output=lines)
 
 
+def run_script(source: str, path: str, python: str, cwd: str, env: dict,
+               timeout: float) -> CommandResult:
+    """Writes a runnable Python block to `path` (so that a traceback names it) and runs it with
+    `python`, output as run_command's."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(source)
+    return run_command("exec %s -u %s" % (shlex.quote(python), shlex.quote(path)), cwd, env,
+                       timeout)
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -411,8 +460,13 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line if line else line for line in text.split("\n"))
 
 
-def _environment(ckptd: str, ckptctl: str) -> dict:
+def _environment(ckptd: str, ckptctl: str, pythonpath: Sequence[str] = ()) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTD_")}
+    if pythonpath:
+        paths = [os.path.abspath(p) for p in pythonpath]
+        if env.get("PYTHONPATH"):
+            paths.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     dirs = []
     for binary in (ckptctl, ckptd):
         d = os.path.dirname(os.path.abspath(binary))
@@ -423,7 +477,8 @@ def _environment(ckptd: str, ckptctl: str) -> dict:
 
 
 def run_document(doc_path: str, ckptd: str, ckptctl: str, name: str, timeout: float,
-                 out=sys.stdout) -> int:
+                 out=sys.stdout, python: Optional[str] = None,
+                 pythonpath: Sequence[str] = ()) -> int:
     """Runs the examples of one document; returns the process exit code (0: all passed)."""
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
@@ -458,14 +513,20 @@ def run_document(doc_path: str, ckptd: str, ckptctl: str, name: str, timeout: fl
         workdir = os.path.join(base, "work")
         os.mkdir(workdir)
         workdirs = [workdir, os.path.realpath(workdir)]
-        env = _environment(ckptd, ckptctl)
+        env = _environment(ckptd, ckptctl, pythonpath)
         server = Server(ckptd, workdir, os.path.join(base, "ckptd-data"),
                         os.path.join(base, "ckptd.port"), os.path.join(base, "ckptd.log"), env)
         server.wait_listening(timeout=30)
         env["CKPT_SERVER"] = "127.0.0.1:%d" % server.port
         say("ckptd listening on %s; working directory %s" % (env["CKPT_SERVER"], workdir))
         for example in examples:
-            result = run_command(example.command, workdir, env, timeout)
+            if example.script:
+                script_path = os.path.join(base, "%s-line-%d.py" % (
+                    re.sub(r"[^\w.-]", "_", doc_label), example.line))
+                result = run_script(example.command, script_path, python or sys.executable,
+                                    workdir, env, timeout)
+            else:
+                result = run_command(example.command, workdir, env, timeout)
             want_failure = example.expects_failure()
             expected_status = "non-zero" if want_failure else "0"
             if result.status is None:
@@ -477,11 +538,14 @@ def run_document(doc_path: str, ckptd: str, ckptctl: str, name: str, timeout: fl
             where = "%s:%d" % (doc_label, example.line)
             if status_ok and output_ok:
                 passed += 1
-                say("ok   %s  $ %s" % (where, example.first_line()))
+                say("ok   %s  %s%s" % (where, "" if example.script else "$ ",
+                                         example.first_line()))
                 continue
             failed += 1
-            say("FAIL %s  $ %s" % (where, example.first_line()))
-            if "\n" in example.command:
+            say("FAIL %s  %s%s" % (where, "" if example.script else "$ ", example.first_line()))
+            if example.script:
+                say(_indent("script:\n" + _indent(example.command.rstrip("\n"), "  > ")))
+            elif "\n" in example.command:
                 say(_indent("command:\n" + _indent(example.command, "  $ ")))
             say(_indent("%s; output %s" % (status_text, "as expected" if output_ok else "differs")))
             if not output_ok:
@@ -528,11 +592,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--name", help="name in the summary line (default: the document's name)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds each command may run (default 120)")
+    parser.add_argument("--python", help="interpreter of ```python run blocks (default: the one "
+                        "running this script)")
+    parser.add_argument("--pythonpath", action="append", default=[],
+                        help="directory put first on PYTHONPATH for every example (repeatable)")
     parser.add_argument("document", help="Markdown file whose examples to run")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     name = args.name or os.path.basename(args.document)
-    return run_document(args.document, args.ckptd, args.ckptctl, name, args.timeout)
+    return run_document(args.document, args.ckptd, args.ckptctl, name, args.timeout,
+                        python=args.python, pythonpath=args.pythonpath)
 
 
 if __name__ == "__main__":

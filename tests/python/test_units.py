@@ -141,6 +141,71 @@ def test_tiles_in_any_order_assemble_the_slice(shape, tile, band_rows):
     assert out["t"].dtype == np.uint16 and out["t"].tobytes() == raw
 
 
+def tile_rows(first, heights, widths, shape):
+    """Boxes of tile rows as the server cuts a band: rows of the given heights from `first`,
+    each cut along dim 1 into the given widths, spanning every dim after it."""
+    boxes, r = [], first
+    for height in heights:
+        c = 0
+        for width in widths:
+            boxes.append(([r, c] + [0] * (len(shape) - 2),
+                          [r + height, c + width] + list(shape[2:])))
+            c += width
+        r += height
+    return boxes
+
+
+@pytest.mark.parametrize("shape,heights,widths", [
+    ((20, 12), [3, 3, 2, 2, 2, 4, 4], [4, 4, 4]),   # grids of equal tiles, heights changing
+    ((20, 12), [3, 3, 2, 2, 2, 4, 4], [5, 5, 2]),   # a narrower last column: one run per row
+    ((20, 12), [1, 4, 2, 6, 7], [12]),              # whole rows of different heights: one block
+    ((9, 4, 3), [2, 2, 5], [2, 2]),                 # 3-D, tiles spanning the last dim
+    ((9, 4, 3), [4, 5], [4]),                       # 3-D whole rows
+])
+def test_tile_rows_as_the_server_cuts_them(shape, heights, widths):
+    values = np.random.default_rng(3).integers(0, 2 ** 31, size=shape, dtype=np.int32)
+    raw = values.tobytes()
+    boxes = tile_rows(0, heights, widths, shape)
+    lo = np.array([b[0] for b in boxes])
+    hi = np.array([b[1] for b in boxes])
+    assert _fetch._tiles_partition_rows(lo, hi, 0, shape[0], shape)
+    # One band, cut across messages at an arbitrary tile; then the same tiles shuffled.
+    start = [summary(1, len(raw)), header("t", "Int32", list(shape), len(raw))]
+    cut = len(boxes) // 3 + 1
+    ordered = start + [tiles_message(values, boxes[:cut], shape[0]),
+                       tiles_message(values, boxes[cut:], shape[0])]
+    assert receive(ordered)["t"].tobytes() == raw
+    shuffled = [boxes[i] for i in np.random.default_rng(4).permutation(len(boxes))]
+    assert receive(start + [tiles_message(values, shuffled, shape[0])])["t"].tobytes() == raw
+
+
+def test_tile_row_partition_check_is_exact():
+    shape = (10, 8)
+    lo = np.array([[0, 0], [0, 4], [4, 0], [4, 4], [6, 0]])
+    hi = np.array([[4, 4], [4, 8], [6, 4], [6, 8], [10, 8]])
+    assert _fetch._tiles_partition_rows(lo, hi, 0, 10, shape)
+    assert _fetch._tiles_partition_rows(lo[::-1].copy(), hi[::-1].copy(), 0, 10, shape)
+    assert not _fetch._tiles_partition_rows(lo, hi, 0, 11, shape)   # not up to the band's end
+    assert not _fetch._tiles_partition_rows(lo + [1, 0], hi + [1, 0], 0, 11, shape)
+    gap = hi.copy()
+    gap[0, 1] = 3                                                     # a hole in the first row
+    assert not _fetch._tiles_partition_rows(lo, gap, 0, 10, shape)
+    ragged = hi.copy()
+    ragged[1, 0] = 5                                                  # row ranges disagree
+    assert not _fetch._tiles_partition_rows(lo, ragged, 0, 10, shape)
+    assert not _fetch._tiles_partition_rows(np.array([[0, 0], [0, 0]]),
+                                            np.array([[2, 8], [2, 8]]), 0, 2, shape)
+    # Whatever it accepts never overlaps (brute force over random tile sets).
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        n = int(rng.integers(1, 6))
+        lo = rng.integers(0, 3, size=(n, 2)) * [2, 4]
+        hi = lo + rng.integers(1, 3, size=(n, 2)) * [2, 4]
+        if _fetch._tiles_partition_rows(lo, hi, 0, int(hi[:, 0].max()), (10, 8)):
+            assert not any((np.maximum(lo[i], lo[j]) < np.minimum(hi[i], hi[j])).all()
+                           for i in range(n) for j in range(i + 1, n))
+
+
 def test_checksum_mismatch_names_tensor_and_byte_range():
     raw = bytes(range(200))
     good = _wire.parse_data_message(rows_message(raw[100:], parts=[40, 60]))
@@ -176,6 +241,12 @@ def test_malformed_streams_are_refused():
         receive(start + [T.fetch_data(bytes(16))])
     with pytest.raises(ckptd.DataLoss, match="1 part sizes and 2 part checksums"):
         receive(start + [T.fetch_data(bytes(16), part_bytes=[16], part_checksums=[1, 2])])
+    with pytest.raises(ckptd.DataLoss, match="lists part 1 of 0 bytes at offset 8"):
+        receive(start + [T.fetch_data(bytes(16), part_bytes=[8, 0, 8],
+                                      part_checksums=[h(bytes(8)), h(b""), h(bytes(8))])])
+    with pytest.raises(ckptd.DataLoss, match="lists part 1 of 12 bytes at offset 8"):
+        receive(start + [T.fetch_data(bytes(16), part_bytes=[8, 12],
+                                      part_checksums=[h(bytes(8)), h(bytes(8))])])
     with pytest.raises(ckptd.DataLoss, match="the parts of a data message cover 8 of its 16"):
         receive(start + [T.fetch_data(bytes(16), part_bytes=[8], part_checksums=[h(bytes(8))])])
     with pytest.raises(ckptd.DataLoss, match="more than its 16 announced bytes"):

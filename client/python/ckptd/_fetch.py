@@ -32,13 +32,18 @@ from ckptd.errors import DataLoss, Internal
 MAX_BAND_BYTES = 256 << 20
 
 _XXH3 = xxhash.xxh3_64
+_XXH3_ONE_SHOT = xxhash.xxh3_64_intdigest
+# Parts at least this large are hashed with the hasher object, whose update releases the GIL
+# (the one-shot function does not), so that the receiving thread runs meanwhile; smaller ones
+# with the one-shot function, which costs less per call than creating a hasher.
+_GIL_FREE_HASH_BYTES = 64 << 10
 
 
 def _xxh3(data) -> int:
-    """XXH3-64 (seed 0) of a bytes-like object, without a copy. The hasher object's update
-    releases the GIL (the one-shot xxh3_64_intdigest does not), so a receiving thread runs
-    meanwhile."""
-    return _XXH3(data).intdigest()
+    """XXH3-64 (seed 0) of a bytes-like object, without a copy."""
+    if len(data) >= _GIL_FREE_HASH_BYTES:
+        return _XXH3(data).intdigest()
+    return _XXH3_ONE_SHOT(data)
 
 
 class TensorInfo:
@@ -286,19 +291,24 @@ class FetchReceiver:
             raise DataLoss(f"tensor {name}: a data message lists {len(part_bytes)} part sizes "
                            f"and {len(part_checksums)} part checksums (expected at least one of "
                            f"each, as many of one as of the other)")
-        offset = 0
-        for i, part in enumerate(part_bytes):
-            if part == 0 or part > size - offset:
-                raise DataLoss(f"tensor {name}: a data message of {size} bytes lists part {i} "
-                               f"of {part} bytes at offset {offset}")
-            end = offset + part
-            actual = _xxh3(data[offset:end])
-            if actual != part_checksums[i]:
-                self._checksum_error(actual, offset, part, part_checksums[i])
-            offset = end
-        if offset != size:
-            raise DataLoss(f"tensor {name}: the parts of a data message cover {offset} of its "
-                           f"{size} bytes")
+        if len(part_bytes) == 1:
+            if part_bytes[0] != size or size == 0:
+                self._parts_error(part_bytes, size)
+            actual = _xxh3(data)
+            if actual != part_checksums[0]:
+                self._checksum_error(actual, 0, size, part_checksums[0])
+        else:
+            bounds = list(itertools.accumulate(part_bytes, initial=0))
+            if bounds[-1] != size or 0 in part_bytes or min(part_bytes) < 0:
+                self._parts_error(part_bytes, size)
+            if max(part_bytes) < _GIL_FREE_HASH_BYTES:
+                one_shot = _XXH3_ONE_SHOT
+                actual = [one_shot(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+            else:
+                actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+            if actual != part_checksums:
+                i = next(i for i, (a, e) in enumerate(zip(actual, part_checksums)) if a != e)
+                self._checksum_error(actual[i], bounds[i], part_bytes[i], part_checksums[i])
         if m.tile_box:
             self._add_tiles(m)
             return
@@ -315,9 +325,7 @@ class FetchReceiver:
         it at the first row not yet delivered; completes the band once its tiles cover it.
 
         The tiles are checked together (NumPy on their boxes) and copied as few NumPy
-        assignments as their arrangement allows: a run of whole-row tiles is one contiguous
-        copy, a 2-D grid of equal tiles (the server's usual message) one strided copy, any
-        other tile its own strided copy."""
+        assignments as their arrangement allows (`_copy_tiles`)."""
         c = self._current
         name = c.info.name
         local = c.info.local_shape
@@ -354,9 +362,13 @@ class FetchReceiver:
         lo = boxes[:, 0]
         hi = boxes[:, 1]
         extent = hi - lo
-        inside = ((lo[:, 0] >= first) & (hi[:, 0] <= last) & (extent > 0).all(axis=1) &
-                  (lo[:, 1:] >= 0).all(axis=1) & (hi[:, 1:] <= local[1:]).all(axis=1))
-        if not inside.all():
+        # Inside the band (first <= lo, hi <= last along dim 0; 0 <= lo, hi <= local beyond)
+        # and not empty: checked as three whole-array comparisons, the culprit found only on a
+        # failure.
+        if not ((lo >= (first,) + (0,) * (rank - 1)).all() and
+                (hi <= (last,) + tuple(local[1:])).all() and (extent > 0).all()):
+            inside = ((lo[:, 0] >= first) & (hi[:, 0] <= last) & (extent > 0).all(axis=1) &
+                      (lo[:, 1:] >= 0).all(axis=1) & (hi[:, 1:] <= local[1:]).all(axis=1))
             i = int(np.argmin(inside))
             raise DataLoss(f"tensor {name}: tile {_box_text(lo[i], hi[i])} leaves the band "
                            f"{_band_text(first, last, local)}")
@@ -374,35 +386,13 @@ class FetchReceiver:
         band.covered = covered
         band.boxes.append(boxes)
 
-        data = m.data
-        if not self._copy_grid(band, lo, extent, data, rank, itemsize):
-            whole = (lo[:, 1:] == 0).all(axis=1) & (hi[:, 1:] == local[1:]).all(axis=1)
-            offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
-            target = band.target
-            run_start = run_rows = run_offset = 0
-            for i in range(k):
-                lo0 = int(lo[i, 0])
-                hi0 = int(hi[i, 0])
-                if whole[i]:
-                    # Whole rows: contiguous in the band, as a run of them in the message.
-                    if run_rows and lo0 == run_start + run_rows:
-                        run_rows += hi0 - lo0
-                        continue
-                    if run_rows:
-                        self._copy_rows(band, row_bytes, run_start, run_rows, data, run_offset)
-                    run_start, run_rows, run_offset = lo0, hi0 - lo0, offsets[i]
-                    continue
-                region = (slice(lo0 - first, hi0 - first),) + tuple(
-                    slice(int(lo[i, d]), int(hi[i, d])) for d in range(1, rank))
-                shape = tuple(extent[i].tolist()) + (itemsize,)
-                target[region] = np.frombuffer(
-                    data[offsets[i]:offsets[i] + part_bytes[i]], np.uint8).reshape(shape)
-            if run_rows:
-                self._copy_rows(band, row_bytes, run_start, run_rows, data, run_offset)
+        offsets = np.cumsum(sizes) - sizes
+        _copy_tiles(band, lo, extent, offsets, m.data, local, itemsize, row_bytes)
         if band.covered < band.volume:
             return
         all_boxes = band.boxes[0] if len(band.boxes) == 1 else np.concatenate(band.boxes)
-        if _tiles_overlap(all_boxes[:, 0], all_boxes[:, 1]):
+        if (not _tiles_partition_rows(all_boxes[:, 0], all_boxes[:, 1], first, last, local) and
+                _tiles_overlap(all_boxes[:, 0], all_boxes[:, 1])):
             raise DataLoss(f"tensor {name}: the tiles of band {_band_text(first, last, local)} "
                            f"overlap")
         band_bytes = band.volume * itemsize
@@ -412,43 +402,20 @@ class FetchReceiver:
         self._bytes += band_bytes
         self._report()
 
-    @staticmethod
-    def _copy_rows(band: _Band, row_bytes: int, start: int, rows: int, data, offset) -> None:
-        """Copies `rows` whole rows from `data` at `offset` to row `start` of the band."""
-        n = rows * row_bytes
-        begin = (start - band.first) * row_bytes
-        band.flat[begin:begin + n] = np.frombuffer(data[offset:offset + n], np.uint8)
-
-    @staticmethod
-    def _copy_grid(band: _Band, lo: np.ndarray, extent: np.ndarray, data, rank: int,
-                   itemsize: int) -> bool:
-        """Copies the tiles at once when they are equal boxes of a 2-D slice forming a
-        gi x gj grid in row-major order (tile t at row gi // gj, column t % gj); False, copying
-        nothing, otherwise. The boxes were checked to lie in the band."""
-        k = len(lo)
-        if rank != 2 or k < 2 or not (extent == extent[0]).all():
-            return False
-        h, w = (int(x) for x in extent[0])
-        lo0 = int(lo[0, 0])
-        lo1 = int(lo[0, 1])
-        gj = int(np.argmax(lo[:, 0] != lo0)) or k
-        if k % gj:
-            return False
-        gi = k // gj
-        t = np.arange(k)
-        if not ((lo[:, 0] == lo0 + (t // gj) * h).all() and
-                (lo[:, 1] == lo1 + (t % gj) * w).all()):
-            return False
-        row_stride = band.target.strides[0]
-        # The grid as (grid row, grid column, tile row, tile row's bytes) over the band's bytes;
-        # NumPy checks that it stays inside them.
-        dest = np.ndarray((gi, gj, h, w * itemsize), np.uint8, band.flat,
-                          (lo0 - band.first) * row_stride + lo1 * itemsize,
-                          (h * row_stride, w * itemsize, row_stride, 1))
-        dest[...] = np.frombuffer(data, np.uint8).reshape(gi, gj, h, w * itemsize)
-        return True
-
     # ------------------------------------------------------------------------ helpers
+
+    def _parts_error(self, part_bytes, size: int) -> None:
+        """Raises DataLoss for part sizes that do not cut a message of `size` bytes into
+        non-empty parts end to end."""
+        name = self._current.info.name
+        offset = 0
+        for i, part in enumerate(part_bytes):
+            if part <= 0 or part > size - offset:
+                raise DataLoss(f"tensor {name}: a data message of {size} bytes lists part {i} "
+                               f"of {part} bytes at offset {offset}")
+            offset += part
+        raise DataLoss(f"tensor {name}: the parts of a data message cover {offset} of its "
+                       f"{size} bytes")
 
     def _checksum_error(self, actual: int, offset: int, size: int, expected: int) -> None:
         c = self._current
@@ -478,12 +445,125 @@ class FetchReceiver:
             self._progress(self._bytes, self.summary.total_bytes)
 
 
+def _copy_tiles(band: _Band, lo: np.ndarray, extent: np.ndarray, offsets: np.ndarray, data,
+                local, itemsize: int, row_bytes: int) -> None:
+    """Copies a message's tiles (boxes [lo, lo + extent) of the slice `local`, checked to lie in
+    the band; tile i's bytes at `offsets[i]` of `data`) into the band, with as few NumPy
+    assignments as their arrangement allows.
+
+    The server cuts a band into tile rows: tiles of equal boxes side by side along dim 1, each
+    spanning every dim after it, in row-major order. Consecutive tiles forming such a row are
+    one run; consecutive runs of the same tiles stacked along dim 0 are one grid, copied as one
+    strided assignment (grid row, tile, tile row, bytes of a tile row). Runs of single tiles
+    spanning whole rows are contiguous in the band and the message alike, and are copied as one
+    block even when their heights differ. Any other tile is copied by itself.
+    """
+    k, rank = lo.shape
+    if rank == 1:
+        # One element per row: as tiles of width 1 in a slice of width 1.
+        width = 1
+        elem = itemsize
+        ones = np.ones(k, np.int64)
+        q = np.column_stack((lo[:, 0], extent[:, 0], ones, ones, ones - 1, offsets))
+    else:
+        width = local[1]
+        elem = itemsize * math.prod(local[2:])  # bytes of one index of dim 1
+        if rank == 2:
+            spans = np.ones(k, np.int64)
+        else:
+            spans = ((lo[:, 2:] == 0) & (extent[:, 2:] == local[2:])).all(axis=1)
+        q = np.column_stack((lo[:, 0], extent[:, 0], extent[:, 1], spans, lo[:, 1], offsets))
+    # Per tile: row start, height, width, spans the dims after dim 1, column start, offset.
+    # Tile i continues the run of tile i - 1 when the first four agree (same rows, same width,
+    # spanning) and its columns start where the previous tile's end.
+    same = ((q[1:, :4] == q[:-1, :4]).all(axis=1) & (q[1:, 4] == q[:-1, 4] + q[:-1, 2]) &
+            (q[1:, 3] == 1))
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    counts = np.diff(starts, append=k).tolist()
+    runs = [(start, n, r0, c0, hh, ww, spanning == 1, offset) for start, n, (
+        r0, hh, ww, spanning, c0, offset) in zip(starts.tolist(), counts, q[starts].tolist())]
+    first = band.first
+    flat = band.flat
+    j = 0
+    while j < len(runs):
+        start, n, r0, c0, hh, ww, spanning, offset = runs[j]
+        if not spanning:
+            # A tile cut in a dim after dim 1 (not the server's usual layout): by itself.
+            region = (slice(r0 - first, r0 - first + hh),) + tuple(
+                slice(int(lo[start, d]), int(lo[start, d] + extent[start, d]))
+                for d in range(1, rank))
+            shape = tuple(extent[start].tolist()) + (itemsize,)
+            nbytes = math.prod(shape)
+            band.target[region] = np.frombuffer(data, np.uint8, nbytes, offset).reshape(shape)
+            j += 1
+            continue
+        if n == 1 and c0 == 0 and ww == width:
+            # Whole rows: followed by more whole-row tiles at the next rows, one block.
+            rows = hh
+            j += 1
+            while j < len(runs):
+                _, n2, r2, c2, h2, w2, spanning2, _ = runs[j]
+                if not (spanning2 and n2 == 1 and c2 == 0 and w2 == width and r2 == r0 + rows):
+                    break
+                rows += h2
+                j += 1
+            nbytes = rows * row_bytes
+            begin = (r0 - first) * row_bytes
+            flat[begin:begin + nbytes] = np.frombuffer(data, np.uint8, nbytes, offset)
+            continue
+        # A grid: the runs below this one with the same tiles at the same columns.
+        gi = 1
+        j += 1
+        while j < len(runs):
+            _, n2, r2, c2, h2, w2, spanning2, _ = runs[j]
+            if not (spanning2 and n2 == n and c2 == c0 and h2 == hh and w2 == ww and
+                    r2 == r0 + gi * hh):
+                break
+            gi += 1
+            j += 1
+        tile_row = ww * elem
+        dest = np.ndarray((gi, n, hh, tile_row), np.uint8, flat,
+                          (r0 - first) * row_bytes + c0 * elem,
+                          (hh * row_bytes, tile_row, row_bytes, 1))
+        dest[...] = np.frombuffer(data, np.uint8, gi * n * hh * tile_row,
+                                  offset).reshape(gi, n, hh, tile_row)
+
+
 def _box_text(lo, hi) -> str:
     return "[" + ", ".join(f"{l}:{h}" for l, h in zip(lo, hi)) + ")"
 
 
 def _band_text(first: int, last: int, local) -> str:
     return _box_text((first,) + (0,) * (len(local) - 1), (last,) + tuple(local[1:]))
+
+
+def _tiles_partition_rows(lo: np.ndarray, hi: np.ndarray, first: int, last: int, local) -> bool:
+    """Whether the boxes [lo[i], hi[i]) (shape (n, rank), each inside the band) cut the band of
+    rows [first, last) of slice `local` into tile rows: boxes sharing their row range side by
+    side along dim 1 from 0 to its end, each spanning every dim after it, and those row ranges
+    end to end from `first` to `last`. Such boxes cannot overlap. False says nothing about an
+    overlap (the server's usual arrangement is checked with a few NumPy operations;
+    `_tiles_overlap` decides any other)."""
+    n, rank = lo.shape
+    if rank < 2:
+        return False
+    if rank > 2 and not ((lo[:, 2:] == 0).all() and (hi[:, 2:] == local[2:]).all()):
+        return False
+    order = np.lexsort((lo[:, 1], lo[:, 0]))  # by row range start, then column
+    lo0, hi0, lo1, hi1 = lo[order, 0], hi[order, 0], lo[order, 1], hi[order, 1]
+    # A box starts a tile row where its row start differs from its predecessor's.
+    starts = np.concatenate(([True], lo0[1:] != lo0[:-1]))
+    ends = np.concatenate((starts[1:], [True]))
+    if (hi0 != np.maximum.accumulate(np.where(starts, hi0, 0))).any():
+        return False  # boxes with the same row start but different row ends
+    # Within a tile row the columns run end to end from 0 to the slice's width.
+    if (lo1[starts] != 0).any() or (hi1[ends] != local[1]).any():
+        return False
+    if (lo1[1:][~starts[1:]] != hi1[:-1][~starts[1:]]).any():
+        return False
+    # The tile rows run end to end from the band's first row to its last.
+    row_lo, row_hi = lo0[starts], hi0[starts]
+    return bool(row_lo[0] == first and row_hi[-1] == last and (row_lo[1:] == row_hi[:-1]).all())
 
 
 def _tiles_overlap(lo: np.ndarray, hi: np.ndarray) -> bool:
