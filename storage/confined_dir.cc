@@ -112,8 +112,8 @@ absl::StatusOr<int64_t> RemoveTreeAtDepth(int dir_fd, const std::string& name,
   if (errno == ENOENT) return 0;
   if (errno != EISDIR && errno != EPERM) return ErrnoToStatus(errno, "remove", display);
   if (depth >= kMaxRemoveDepth) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("not removing ", Sv(display), ": more than ", kMaxRemoveDepth, " levels deep"));
+    return absl::FailedPreconditionError(absl::StrCat("not removing ", Sv(display), ": more than ",
+                                                      kMaxRemoveDepth, " levels deep"));
   }
   const int fd = ::openat(dir_fd, name.c_str(), kDirFlags | O_NOFOLLOW);
   if (fd < 0) {
@@ -138,7 +138,8 @@ absl::StatusOr<int64_t> RemoveTreeAtDepth(int dir_fd, const std::string& name,
   ::closedir(d);
   int64_t removed = 0;
   for (const std::string& entry : entries) {
-    auto sub = RemoveTreeAtDepth(dir.get(), entry, absl::StrCat(Sv(display), "/", entry), depth + 1);
+    auto sub =
+        RemoveTreeAtDepth(dir.get(), entry, absl::StrCat(Sv(display), "/", entry), depth + 1);
     if (!sub.ok()) return sub.status();
     removed += *sub;
   }
@@ -198,7 +199,8 @@ absl::Status RenameNoReplaceAt(int from_dir, const std::string& from, int to_dir
       }
       return ErrnoToStatus(errno, "link to", display);
     }
-    if (::unlinkat(from_dir, from.c_str(), 0) != 0) return ErrnoToStatus(errno, "rename to", display);
+    if (::unlinkat(from_dir, from.c_str(), 0) != 0)
+      return ErrnoToStatus(errno, "rename to", display);
     return absl::OkStatus();
   }
   if (::fstatat(to_dir, to.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
@@ -228,7 +230,8 @@ absl::StatusOr<std::unique_ptr<ConfinedRoot>> ConfinedRoot::Open(const std::stri
   if (fd < 0) {
     const int err = errno;
     if (err == ENOTDIR) {
-      return absl::FailedPreconditionError(absl::StrCat("export root ", root, " is not a directory"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("export root ", root, " is not a directory"));
     }
     return ErrnoToStatus(err, "open export root", root);
   }
@@ -261,8 +264,8 @@ absl::StatusOr<std::string> ConfinedRoot::Normalize(std::string_view what,
       return true;
     };
     if (!strip(path_) && !strip(canonical_)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(quoted(), " is outside the server's export root; give a path relative to it"));
+      return absl::PermissionDeniedError(absl::StrCat(
+          quoted(), " is outside the server's export root; give a path relative to it"));
     }
   }
   std::string out;

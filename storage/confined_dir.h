@@ -74,8 +74,7 @@ absl::Status RenameNoReplaceAt(int from_dir, const std::string& from, int to_dir
 // never following a symlink (a symlink is removed itself). A missing entry is not an error.
 // Returns the number of entries removed; errors name `display`. Trees deeper than 64 levels are
 // refused (FAILED_PRECONDITION) rather than recursed into.
-absl::StatusOr<int64_t> RemoveTreeAt(int dir_fd, const std::string& name,
-                                     std::string_view display);
+absl::StatusOr<int64_t> RemoveTreeAt(int dir_fd, const std::string& name, std::string_view display);
 
 // fsync of an open directory (makes entries created or renamed in it durable).
 absl::Status SyncDirectoryFd(int dir_fd, std::string_view display);

@@ -176,8 +176,10 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
   return ErrnoToStatus(last_errno, "create", temp_path);
 }
 
-absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::CreateAt(
-    int dir_fd, const std::string& name, const std::string& display, bool try_direct_io) {
+absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::CreateAt(int dir_fd,
+                                                                         const std::string& name,
+                                                                         const std::string& display,
+                                                                         bool try_direct_io) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     return absl::InvalidArgumentError(absl::StrCat("invalid output file name \"", name, "\""));
   }

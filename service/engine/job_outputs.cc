@@ -248,7 +248,8 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
   const std::string partial = PartialPath(out.name, request.job_id());
   const std::string partial_shown = PartialPath(shown, request.job_id());
   const std::string prefix = PrefixOf(target);
-  RemoveTreeQuietly(parent, partial, partial_shown);  // a clean point, whatever an earlier attempt left
+  // A clean point, whatever an earlier attempt left.
+  RemoveTreeQuietly(parent, partial, partial_shown);
 
   std::vector<int64_t> ranks(target.ranks().begin(), target.ranks().end());
   if (ranks.empty()) {
@@ -297,8 +298,8 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
         }));
     CKPT_RETURN_IF_ERROR(SyncDirectoryFd(staging.get(), partial_shown));  // the rank_<r> entries
     CKPT_RETURN_IF_ERROR(Check(e));
-    CKPT_RETURN_IF_ERROR(
-        RenameNoReplaceAt(parent, partial, parent, out.name, absl::StrCat("export_dir \"", shown, "\"")));
+    CKPT_RETURN_IF_ERROR(RenameNoReplaceAt(parent, partial, parent, out.name,
+                                           absl::StrCat("export_dir \"", shown, "\"")));
     return SyncDirectoryFd(parent, absl::StrCat("the parent directory of ", shown));
   }();
   if (!status.ok()) RemoveTreeQuietly(parent, partial, partial_shown);
@@ -330,10 +331,9 @@ absl::Status JobRunner::RunMerged(Entry* e, const v1::SubmitTransformRequest& re
     // The file is assembled inside a job-specific directory, so that whatever a crash leaves
     // behind (AtomicFileSink's randomly named temporary included) is found and removed by name.
     CKPT_ASSIGN_OR_RETURN(UniqueFd staging, MakeDirAt(parent, partial, partial_shown));
-    CKPT_ASSIGN_OR_RETURN(
-        std::unique_ptr<AtomicFileSink> file,
-        AtomicFileSink::CreateAt(staging.get(), out.name,
-                                 absl::StrCat(partial_shown, "/", out.name)));
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> file,
+                          AtomicFileSink::CreateAt(staging.get(), out.name,
+                                                   absl::StrCat(partial_shown, "/", out.name)));
     CkptFileSink sink(file.get());
     CKPT_RETURN_IF_ERROR(Pump(e, fetches[0], &sink));
     CKPT_RETURN_IF_ERROR(sink.Finish());

@@ -46,8 +46,8 @@ namespace {
 
 // An export target's prefix and ranks, each in destination strategy `strategy` (named
 // `strategy_name`) and listed at most once.
-absl::Status ValidateExportRanks(const v1::TransformTarget& target, const std::string& strategy_name,
-                                 const Strategy& strategy) {
+absl::Status ValidateExportRanks(const v1::TransformTarget& target,
+                                 const std::string& strategy_name, const Strategy& strategy) {
   if (!target.prefix().empty()) CKPT_RETURN_IF_ERROR(ValidateRankFilePrefix(target.prefix()));
   std::set<int64_t> seen;
   for (int64_t r : target.ranks()) {
@@ -117,8 +117,7 @@ absl::StatusOr<std::string> JobRunner::ValidateOutput(const v1::SubmitTransformR
       return id;
     }
     case v1::TransformTarget::kExportDir:
-      CKPT_RETURN_IF_ERROR(
-          ValidateExportRanks(target, request.destination_strategy(), *strategy));
+      CKPT_RETURN_IF_ERROR(ValidateExportRanks(target, request.destination_strategy(), *strategy));
       [[fallthrough]];
     case v1::TransformTarget::kMergedFile: {
       CKPT_ASSIGN_OR_RETURN(std::string output, FileOutput(target));
@@ -128,8 +127,7 @@ absl::StatusOr<std::string> JobRunner::ValidateOutput(const v1::SubmitTransformR
         const bool dir = S_ISDIR(st.st_mode);
         return absl::AlreadyExistsError(absl::StrCat(
             job_internal::OutputField(target), " \"", job_internal::OutputSpelling(target),
-            "\" already exists", dir ? " as a directory" : "",
-            "; transform writes a new ",
+            "\" already exists", dir ? " as a directory" : "", "; transform writes a new ",
             target.output_case() == v1::TransformTarget::kExportDir ? "directory" : "file",
             " and never replaces or merges into an existing one"));
       }
@@ -164,11 +162,10 @@ absl::Status JobRunner::CheckOutputFree(v1::TransformTarget::OutputCase kind,
       other_output = *std::move(normalised);
     }
     if (other_output == output) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " (", job_internal::StateName(e->job.state()),
-                       ") already writes ", kind == v1::TransformTarget::kNewCheckpointId
-                                                ? output
-                                                : absl::StrCat("\"", output, "\"")));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " (", job_internal::StateName(e->job.state()), ") already writes ",
+          kind == v1::TransformTarget::kNewCheckpointId ? output
+                                                        : absl::StrCat("\"", output, "\"")));
     }
   }
   return absl::OkStatus();
@@ -178,9 +175,10 @@ absl::StatusOr<std::string> JobRunner::FileOutput(const v1::TransformTarget& tar
   const char* what = job_internal::OutputField(target);
   if (export_root_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, " output is disabled on this server: ckptd writes server-side files only beneath "
-              "the directory given by its --export-root flag (CKPTD_EXPORT_ROOT), which is not "
-              "set; use --as NEW to store the result, or export on the client side"));
+        what,
+        " output is disabled on this server: ckptd writes server-side files only beneath "
+        "the directory given by its --export-root flag (CKPTD_EXPORT_ROOT), which is not "
+        "set; use --as NEW to store the result, or export on the client side"));
   }
   const std::string& spelling = job_internal::OutputSpelling(target);
   if (target.output_case() == v1::TransformTarget::kMergedFile && !spelling.empty() &&

@@ -1,7 +1,7 @@
-// Transform jobs and exports end to end: a real ckptd on 127.0.0.1:0 (with --export-root DIR/export)
-// driven through the ckptctl binary as an operator would. Every file a job or an export writes is compared byte for
-// byte with what `ckptctl fetch` delivers for the same rank, which the server tests check against
-// independently generated slices.
+// Transform jobs and exports end to end: a real ckptd on 127.0.0.1:0 (with --export-root
+// DIR/export) driven through the ckptctl binary as an operator would. Every file a job or an
+// export writes is compared byte for byte with what `ckptctl fetch` delivers for the same rank,
+// which the server tests check against independently generated slices.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -267,9 +267,9 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   auto second = CtlOk(submit);
   EXPECT_THAT(second.stdout_text, HasSubstr("job J1 already exists with this request"));
   // The same id for another request is refused.
-  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "other",
-                      "--id", "J1"},
-                     "ALREADY_EXISTS");
+  ExpectOneLineError(
+      {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "other", "--id", "J1"},
+      "ALREADY_EXISTS");
 
   auto watch = CtlOk({"jobs", "watch", "J1"});
   EXPECT_THAT(watch.stdout_text, HasSubstr("job J1 SUCCEEDED: demo -> export idem "));
@@ -324,13 +324,13 @@ TEST_F(JobsCliTest, BadInputsGetOneLineErrors) {
                      "nope");
   ExpectOneLineError({"transform", "demo", "--dst-strategy", "nope", "--export-dir", "x"}, "nope");
   for (const char* bad : {"", "a", "0,,1", "-1", "2-1", "0,0", "1-2-3"}) {
-    ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "x",
-                        "--ranks", bad},
-                       "--ranks");
+    ExpectOneLineError(
+        {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "x", "--ranks", bad},
+        "--ranks");
   }
-  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "x",
-                      "--ranks", "0,7"},
-                     "OUT_OF_RANGE");
+  ExpectOneLineError(
+      {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "x", "--ranks", "0,7"},
+      "OUT_OF_RANGE");
   ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst"}, "exactly one of");
   ExpectOneLineError({"transform", "demo", "--export-dir", "x"}, "needs --dst-strategy");
   ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--as", "d4", "--ranks", "0"},
@@ -520,7 +520,8 @@ TEST_F(JobsCliTest, PathEscapesAndExistingTargetsAreRefused) {
   for (const Case& c : cases) {
     for (const char* flag : {"--export-dir", "--merged-file"}) {
       std::vector<std::string> args = {"transform", "demo", flag, c.path, "--wait"};
-      if (std::string(flag) == "--export-dir") args.insert(args.begin() + 2, {"--dst-strategy", "dst"});
+      if (std::string(flag) == "--export-dir")
+        args.insert(args.begin() + 2, {"--dst-strategy", "dst"});
       auto r = Ctl(args);
       EXPECT_NE(r.exit_code, 0) << c.path;
       EXPECT_EQ(testing::SplitLines(r.stderr_text).size(), 1u) << r.stderr_text;
@@ -546,7 +547,8 @@ TEST_F(JobsCliTest, PathEscapesAndExistingTargetsAreRefused) {
   EXPECT_TRUE(EntriesOf(outside).empty());
   EXPECT_EQ(testing::ReadFileOrDie(InRoot("taken.ckpt")), "keep me");
   EXPECT_EQ(EntriesOf(InRoot("taken-dir")), std::set<std::string>{"file"});
-  EXPECT_EQ(EntriesOf(root_), (std::set<std::string>{"sub", "taken-dir", "taken.ckpt", "to-outside"}));
+  EXPECT_EQ(EntriesOf(root_),
+            (std::set<std::string>{"sub", "taken-dir", "taken.ckpt", "to-outside"}));
   EXPECT_EQ(EntriesOf(InRoot("sub")), (std::set<std::string>{"merged.ckpt", "up-and-out"}));
 }
 
@@ -561,7 +563,8 @@ TEST_F(JobsCliTest, SymlinkSwappedInDuringARunningJobIsNeverFollowed) {
   const std::string outside = dir_ / "outside";
   fs::create_directories(outside);
   fs::create_directories(InRoot("sub"));
-  CtlOk({"transform", "big", "--dst-strategy", "bigdst", "--export-dir", "sub/out", "--id", "swap"});
+  CtlOk(
+      {"transform", "big", "--dst-strategy", "bigdst", "--export-dir", "sub/out", "--id", "swap"});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   v1::Job job;
   while (std::chrono::steady_clock::now() < deadline) {

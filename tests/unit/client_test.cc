@@ -679,16 +679,16 @@ TEST(ServerCommandsTest, TransformArgumentCombinations) {
   TransformCommand relative = base;
   relative.export_dir = "out";
   const absl::Status relative_status = run(relative);
-  EXPECT_THAT(relative_status.code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
-                                                       absl::StatusCode::kDeadlineExceeded))
+  EXPECT_THAT(relative_status.code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << relative_status;
 
   TransformCommand relative_file;
   relative_file.checkpoint_id = "c1";
   relative_file.merged_file = "merged.ckpt";
   const absl::Status relative_file_status = run(relative_file);
-  EXPECT_THAT(relative_file_status.code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
-                                                            absl::StatusCode::kDeadlineExceeded))
+  EXPECT_THAT(relative_file_status.code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << relative_file_status;
 
   TransformCommand merged_with_strategy = base;

@@ -90,11 +90,12 @@ TEST_P(ConfinedDirTest, DotDotAndAbsolutePathsCannotLeave) {
 }
 
 TEST_P(ConfinedDirTest, SymlinksOutOfTheRootAreRefusedWhateverTheirTargetIs) {
-  fs::create_directory_symlink(outside_, root_ + "/abs");        // absolute, to an existing dir
+  fs::create_directory_symlink(outside_, root_ + "/abs");           // absolute, to an existing dir
   fs::create_directory_symlink("../../outside", root_ + "/a/rel");  // relative, climbing out
   fs::create_directory_symlink("/nonexistent-xyz", root_ + "/dangling");
   fs::create_directory_symlink("/proc/self/cwd", root_ + "/magic");
-  for (const char* rel : {"abs", "abs/sub", "a/rel", "a/rel/sub", "dangling", "dangling/x", "magic"}) {
+  for (const char* rel :
+       {"abs", "abs/sub", "a/rel", "a/rel/sub", "dangling", "dangling/x", "magic"}) {
     EXPECT_EQ(Open(rel), -EXDEV) << rel;
   }
 }
@@ -163,9 +164,9 @@ TEST_F(ConfinedRootTest, NormalizeKeepsRelativePathsAndAbsoluteOnesBeneathTheRoo
 }
 
 TEST_F(ConfinedRootTest, NormalizeRefusesEscapesWithoutNamingTheRoot) {
-  for (const std::string& p : std::vector<std::string>{
-           "../x", "a/../../x", "a/../b", "/etc/x", dir_ + "/outside/x", dir_ + "/root-linkx/y",
-           dir_ + "/root-link/../outside"}) {
+  for (const std::string& p :
+       std::vector<std::string>{"../x", "a/../../x", "a/../b", "/etc/x", dir_ + "/outside/x",
+                                dir_ + "/root-linkx/y", dir_ + "/root-link/../outside"}) {
     const absl::Status s = root_->Normalize("export_dir", p).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << p << ": " << s;
     EXPECT_THAT(s.message(), HasSubstr("export_dir \"" + p + "\"")) << s;
@@ -197,7 +198,8 @@ TEST_F(ConfinedRootTest, OpenParentReportsEscapesAndMissingParentsByTheCallersSp
   EXPECT_THAT(escape.message(), HasSubstr("\"out/x\""));
   EXPECT_THAT(escape.message(), Not(HasSubstr(dir_)));
   // Whether the target behind the symlink exists makes no difference to the answer.
-  const absl::Status missing_behind = root_->OpenParent("out/nope/x", "export_dir", "out/nope/x").status();
+  const absl::Status missing_behind =
+      root_->OpenParent("out/nope/x", "export_dir", "out/nope/x").status();
   EXPECT_EQ(missing_behind.code(), absl::StatusCode::kPermissionDenied) << missing_behind;
 
   const absl::Status missing = root_->OpenParent("nope/x", "export_dir", "nope/x").status();

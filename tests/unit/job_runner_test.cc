@@ -465,7 +465,8 @@ TEST_F(JobRunnerTest, ExportSubsetOfRanksWithPrefixRelativeToTheRoot) {
   ASSERT_TRUE(fs::create_directory(dir));
   auto taken = runner_->Submit(ExportRequest("sub", "out/", {2, 0}, "transformed"));
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
-  EXPECT_THAT(std::string(taken.status().message()), HasSubstr("export_dir \"out/\" already exists"));
+  EXPECT_THAT(std::string(taken.status().message()),
+              HasSubstr("export_dir \"out/\" already exists"));
   ASSERT_TRUE(fs::remove(dir));
   Submit(ExportRequest("sub", "./out/", {2, 0}, "transformed"));
   const v1::Job job = WaitDone("sub");
@@ -1074,7 +1075,8 @@ TEST_F(JobRunnerTest, SymlinkPlantedAtTheOutputDuringTheJobIsNotReplaced) {
   fs::create_symlink(outside + "/victim.ckpt", root + "/merged.ckpt");
   const v1::Job job = WaitDone("plant");
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(job.reason(), HasSubstr("ALREADY_EXISTS: merged_file \"merged.ckpt\" already exists"));
+  EXPECT_THAT(job.reason(),
+              HasSubstr("ALREADY_EXISTS: merged_file \"merged.ckpt\" already exists"));
   EXPECT_THAT(job.reason(), ::testing::Not(HasSubstr(tmp_)));
   EXPECT_TRUE(fs::is_symlink(root + "/merged.ckpt"));
   EXPECT_TRUE(Entries(outside).empty());
