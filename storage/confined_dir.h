@@ -109,8 +109,8 @@ class ConfinedRoot {
   };
   // Opens the parent of `relative` (a Normalize result) beneath the root. Errors name `display`
   // (the caller's spelling) and never anything outside the root: PERMISSION_DENIED when the
-  // parent's resolution would leave the root, FAILED_PRECONDITION when it does not exist or is
-  // not a directory.
+  // parent's resolution would leave the root (or meets a symlink loop or a magic link),
+  // FAILED_PRECONDITION when it does not exist or is not a directory.
   absl::StatusOr<Location> OpenParent(const std::string& relative, std::string_view what,
                                       std::string_view display) const;
 

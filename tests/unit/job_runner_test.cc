@@ -1083,5 +1083,27 @@ TEST_F(JobRunnerTest, SymlinkPlantedAtTheOutputDuringTheJobIsNotReplaced) {
   EXPECT_EQ(Entries(root).size(), 1u) << "only the planted symlink";
 }
 
+// Outputs are created with the process's umask (not a fixed mode).
+TEST_F(JobRunnerTest, FileOutputsFollowTheUmask) {
+  const mode_t old_mask = ::umask(027);
+  StartRunner();
+  Submit(ExportRequest("e", "out"));
+  Submit(MergedRequest("m", "ck", "m.ckpt"));
+  const v1::Job e = WaitDone("e");
+  const v1::Job m = WaitDone("m");
+  ::umask(old_mask);
+  ASSERT_EQ(e.state(), v1::JOB_STATE_SUCCEEDED) << e.reason();
+  ASSERT_EQ(m.state(), v1::JOB_STATE_SUCCEEDED) << m.reason();
+  auto mode = [](const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(tmp_ + "/out"), 0750u);
+  EXPECT_EQ(mode(tmp_ + "/out/rank_0"), 0750u);
+  EXPECT_EQ(mode(tmp_ + "/out/rank_0/checkpoint_0.ckpt"), 0640u);
+  EXPECT_EQ(mode(tmp_ + "/m.ckpt"), 0640u);
+}
+
 }  // namespace
 }  // namespace ckpt
