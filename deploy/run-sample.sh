@@ -97,7 +97,7 @@ trap stop_server EXIT
 
 section "Start a temporary ckptd (any free port, data in $SERVER_TMP/data)"
 "$CKPTD" --listen 127.0.0.1:0 --port-file "$SERVER_TMP/port" --data "$SERVER_TMP/data" \
-  >"$SERVER_TMP/ckptd.log" 2>&1 &
+  --export-root "$SAMPLE_DIR" >"$SERVER_TMP/ckptd.log" 2>&1 &
 CKPTD_PID=$!
 for _ in $(seq 1 300); do
   [ -s "$SERVER_TMP/port" ] && break
@@ -116,7 +116,8 @@ CKPT_SERVER="127.0.0.1:$(cat "$SERVER_TMP/port")"
 export CKPT_SERVER
 echo "ckptd is listening on $CKPT_SERVER (ckptctl reads \$CKPT_SERVER)"
 
-# Absolute paths for the server: it writes transform outputs on its own filesystem.
+# The server writes transform outputs only beneath its --export-root ($SAMPLE_DIR): their paths
+# are relative to it (out/...).
 OUT="$(cd "$SAMPLE_DIR" && pwd)/out"
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -138,9 +139,9 @@ run export demo --dst-strategy dst --dir "$OUT/export"
 
 section "Server-side transform jobs: a new stored checkpoint, an export directory, a merged file"
 run transform demo --dst-strategy dst --as demo_dst --wait
-run transform demo --dst-strategy dst --export-dir "$OUT/server-export" --ranks 0,2 \
+run transform demo --dst-strategy dst --export-dir out/server-export --ranks 0,2 \
   --id export-02 --wait
-run transform demo --merged-file "$OUT/merged.ckpt" --wait
+run transform demo --merged-file out/merged.ckpt --wait
 run jobs ls
 run jobs get export-02
 echo
@@ -152,7 +153,7 @@ done
 
 section "Errors are one line on stderr and a non-zero exit"
 run fetch demo --dst-strategy dst --rank 3 --out "$OUT/x.ckpt" || true
-run transform demo --dst-strategy dst --export-dir relative/dir || true
+run transform demo --dst-strategy dst --export-dir ../outside-the-export-root || true
 
 section "Stop the server (SIGTERM drains in-flight calls and flushes the store)"
 stop_server

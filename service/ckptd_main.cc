@@ -92,6 +92,10 @@ void AddJobFlags(CLI::App& app, Flags& f) {
       ->envname("CKPTD_JOB_RANK_WORKERS")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--export-root", f.options.jobs.export_root,
+                 "Directory beneath which transform jobs write --export-dir/--merged-file "
+                 "outputs (their paths are relative to it); unset: such jobs are refused")
+      ->envname("CKPTD_EXPORT_ROOT");
   app.add_option("--job-bandwidth-mib", f.job_bandwidth_mib,
                  "Cap on the MiB/s all transform jobs together move (0: unlimited)")
       ->envname("CKPTD_JOB_BANDWIDTH_MIB")

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "core/absl_compat.h"
 #include "core/status_macros.h"
+#include "storage/confined_dir.h"
 
 namespace ckpt {
 namespace {
@@ -124,6 +125,7 @@ AtomicFileSink::AtomicFileSink(std::string path, std::string temp_path, int fd, 
 
 AtomicFileSink::~AtomicFileSink() {
   if (!committed_) Abandon();
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std::string& path,
@@ -172,6 +174,45 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
     if (last_errno != EEXIST) break;
   }
   return ErrnoToStatus(last_errno, "create", temp_path);
+}
+
+absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::CreateAt(int dir_fd,
+                                                                         const std::string& name,
+                                                                         const std::string& display,
+                                                                         bool try_direct_io) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("invalid output file name \"", name, "\""));
+  }
+  absl::StatusOr<IoBuffer> buffer = IoBuffer::Allocate(kBufferBytes);
+  if (!buffer.ok()) {
+    return absl::Status(buffer.status().code(), absl::StrCat("the write buffer for ", display, ": ",
+                                                             buffer.status().message()));
+  }
+  const int dir = ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+  if (dir < 0) return ErrnoToStatus(errno, "open the directory of", display);
+  int last_errno = EEXIST;
+  std::string temp_name;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    temp_name = absl::StrCat(name, ".tmp.", RandomSuffix());
+    const int fd = ::openat(dir, temp_name.c_str(),
+                            O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      const int flags = ::fcntl(fd, F_GETFL);
+      const bool direct = try_direct_io && DirectIoAllowed() && flags >= 0 &&
+                          ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
+      std::unique_ptr<AtomicFileSink> sink(
+          new AtomicFileSink(display, absl::StrCat(display, temp_name.substr(name.size())), fd,
+                             direct, /*in_place=*/false, *std::move(buffer)));
+      sink->dir_fd_ = dir;
+      sink->name_ = name;
+      sink->temp_name_ = std::move(temp_name);
+      return sink;
+    }
+    last_errno = errno;
+    if (last_errno != EEXIST) break;
+  }
+  ::close(dir);
+  return ErrnoToStatus(last_errno, "create", absl::StrCat(display, temp_name.substr(name.size())));
 }
 
 bool AtomicFileSink::StopDirectIo() {
@@ -332,7 +373,9 @@ absl::Status AtomicFileSink::Commit() {
     fd_ = -1;
     if (rc != 0) s = ErrnoToStatus(errno, "close", temp_path_);
   }
-  if (s.ok() && ::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+  if (s.ok() && dir_fd_ >= 0) {
+    s = RenameNoReplaceAt(dir_fd_, temp_name_, dir_fd_, name_, path_);
+  } else if (s.ok() && ::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     s = ErrnoToStatus(errno, absl::StrCat("rename ", temp_path_, " to"), path_);
   }
   if (!s.ok()) {
@@ -341,6 +384,7 @@ absl::Status AtomicFileSink::Commit() {
     return s;
   }
   committed_ = true;
+  if (dir_fd_ >= 0) return SyncDirectoryFd(dir_fd_, path_);
   // Make the rename durable: without syncing the directory a crash may lose the new entry.
   const std::string dir = DirName(path_);
   return SyncDirectory(dir);
@@ -355,7 +399,12 @@ void AtomicFileSink::Abandon() {
     ::close(fd_);
     fd_ = -1;
   }
-  if (!in_place_) ::unlink(temp_path_.c_str());  // best effort: it may already be gone
+  // Best effort: it may already be gone.
+  if (dir_fd_ >= 0) {
+    ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
+  } else if (!in_place_) {
+    ::unlink(temp_path_.c_str());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

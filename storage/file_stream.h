@@ -80,6 +80,15 @@ class AtomicFileSink final : public ByteSink {
   // a directory, a block device or a socket.
   static absl::StatusOr<std::unique_ptr<AtomicFileSink>> Create(const std::string& path,
                                                                 bool try_direct_io = true);
+  // The same for entry `name` of the open directory `dir_fd` (duplicated; the caller keeps its
+  // own): the temporary file is created in that directory and Commit() publishes it there with
+  // renameat2(RENAME_NOREPLACE), so no path is resolved again, a symlink is never followed and an
+  // existing `name` is never replaced (ALREADY_EXISTS). `display` names the file in errors (the
+  // temporary file as `display`.tmp.<random>).
+  static absl::StatusOr<std::unique_ptr<AtomicFileSink>> CreateAt(int dir_fd,
+                                                                  const std::string& name,
+                                                                  const std::string& display,
+                                                                  bool try_direct_io = true);
 
   ~AtomicFileSink() override;
   AtomicFileSink(const AtomicFileSink&) = delete;
@@ -153,6 +162,10 @@ class AtomicFileSink final : public ByteSink {
   int64_t writeback_start_ = 0;  // file_bytes_ at the last sync_file_range
   bool committed_ = false;
   absl::Status status_;  // first error; sticky
+  // CreateAt only: the directory (owned) and the entry names in it; -1 for a path-based sink.
+  int dir_fd_ = -1;
+  std::string name_;
+  std::string temp_name_;
 };
 
 // Reads a whole small file (strategy files, JSON). INVALID_ARGUMENT when it is larger than

@@ -37,12 +37,12 @@ struct TransformCommand {
   std::string destination_strategy;
   // Exactly one output: a new stored checkpoint (--as)...
   std::string new_checkpoint_id;
-  // ...an export directory on the server's filesystem (absolute) with optional ranks LIST and
-  // file name prefix...
+  // ...an export directory on the server's filesystem (relative to the server's export root)
+  // with optional ranks LIST and file name prefix...
   std::string export_dir;
   std::optional<std::string> ranks;
   std::string prefix;
-  // ...or one merged .ckpt on the server's filesystem (absolute).
+  // ...or one merged .ckpt on the server's filesystem (relative to its export root).
   std::string merged_file;
   // Client-chosen job id (--id): resubmitting the same request returns the same job.
   std::string job_id;

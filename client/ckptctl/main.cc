@@ -222,10 +222,12 @@ void AddTransformCommand(CLI::App& app, CommandLine& c) {
                                      "Store the result as this new checkpoint id");
   auto* dir = c.transform->add_option(
       "--export-dir", cmd.export_dir,
-      "Write DIR/rank_<r>/<prefix><r>.ckpt on the server's filesystem (absolute path)");
+      "Write DIR/rank_<r>/<prefix><r>.ckpt on the server, DIR relative to the server's "
+      "export root (ckptd --export-root); DIR must not exist");
   auto* file = c.transform->add_option(
       "--merged-file", cmd.merged_file,
-      "Write one .ckpt of whole tensors on the server's filesystem (absolute path)");
+      "Write one .ckpt of whole tensors on the server, FILE relative to the server's export "
+      "root (ckptd --export-root); FILE must not exist");
   as->excludes(dir)->excludes(file);
   dir->excludes(file);
   c.transform_ranks = c.transform->add_option(

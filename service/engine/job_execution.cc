@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,27 +19,28 @@
 #include "service/engine/job_internal.h"
 #include "service/engine/job_runner.h"
 #include "spdlog/spdlog.h"
+#include "storage/confined_dir.h"
 
 namespace ckpt {
 
 using job_internal::CheckStop;
 using job_internal::kCancelledReason;
 using job_internal::Logger;
-using job_internal::OutputPath;
-using job_internal::RemoveTree;
+using job_internal::OutputSpelling;
+using job_internal::RemoveTreeQuietly;
 using job_internal::StateName;
 using job_internal::StatusText;
 using job_internal::TargetText;
 
 namespace job_internal {
 
-void RemoveTree(const std::string& path) {
-  std::error_code ec;
-  const auto removed = std::filesystem::remove_all(path, ec);
-  if (ec) {
-    Logger()->warn("event=job_cleanup path={} error=\"{}\"", path, ec.message());
-  } else if (removed > 0 && removed != static_cast<std::uintmax_t>(-1)) {
-    Logger()->info("event=job_cleanup path={} removed_entries={}", path, removed);
+void RemoveTreeQuietly(int dir_fd, const std::string& name, const std::string& display) {
+  const absl::StatusOr<int64_t> removed = RemoveTreeAt(dir_fd, name, display);
+  if (!removed.ok()) {
+    Logger()->warn("event=job_cleanup path=\"{}\" error=\"{}\"", display,
+                   std::string(removed.status().message()));
+  } else if (*removed > 0) {
+    Logger()->info("event=job_cleanup path=\"{}\" removed_entries={}", display, *removed);
   }
 }
 
@@ -175,7 +175,16 @@ void JobRunner::RemovePartialOutput(const v1::Job& job) {
   const v1::TransformTarget& t = job.request().target();
   if (t.output_case() == v1::TransformTarget::kExportDir ||
       t.output_case() == v1::TransformTarget::kMergedFile) {
-    RemoveTree(PartialPath(OutputPath(t), job.id()));
+    // Only beneath the export root, as the job itself would write: a record this server's root
+    // refuses never wrote anything through it.
+    absl::StatusOr<ConfinedRoot::Location> out = OpenFileOutput(t);
+    if (!out.ok()) {
+      Logger()->info("event=job_cleanup job={} skipped=\"{}\"", job.id(),
+                     std::string(out.status().message()));
+      return;
+    }
+    RemoveTreeQuietly(out->parent.get(), PartialPath(out->name, job.id()),
+                      PartialPath(OutputSpelling(t), job.id()));
   }
   // A new checkpoint has no partial output to find: an uncommitted upload is invisible, and
   // its chunks are collected by the store (at open after a crash; DiscardData in process).

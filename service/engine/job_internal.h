@@ -5,8 +5,6 @@
 #ifndef CKPT_SERVICE_ENGINE_JOB_INTERNAL_H_
 #define CKPT_SERVICE_ENGINE_JOB_INTERNAL_H_
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -108,19 +106,15 @@ const char* StateName(v1::JobState state);
 // "new_checkpoint=X", "export_dir=/d", "merged_file=/f" for logs and messages.
 std::string TargetText(const v1::TransformTarget& t);
 
-// Accepts an absolute, normalised path and drops trailing slashes: the temporary sibling and
-// the conflict check between jobs both rely on one spelling per location. `what` names the path
-// in errors.
-absl::StatusOr<std::string> CleanOutputPath(const std::string& what, const std::string& path);
-// The path of a job's file output (export_dir or merged_file), already validated at submission.
-std::string OutputPath(const v1::TransformTarget& t);
-std::string ParentOf(const std::string& path);
-// Whether `path` exists (lstat: a symlink counts as existing and as not being a directory).
-bool Exists(const std::string& path, struct stat* st = nullptr);
-absl::StatusOr<bool> IsEmptyDir(const std::string& path);
-// Removes `path` and everything under it. Best effort: a leftover is logged, and removed again by
-// the next start.
-void RemoveTree(const std::string& path);
+// "export_dir" or "merged_file": the name of a file output's field, for messages.
+const char* OutputField(const v1::TransformTarget& t);
+// A file output's path as the caller gave it (relative to the export root), for messages: errors
+// name outputs only this way, never by their location on the server.
+const std::string& OutputSpelling(const v1::TransformTarget& t);
+// Removes entry `name` of directory `dir_fd` and everything under it, never following a symlink
+// (RemoveTreeAt). Best effort: a leftover is logged (as `display`), and removed again by the next
+// start.
+void RemoveTreeQuietly(int dir_fd, const std::string& name, const std::string& display);
 
 // The fetch of destination rank `rank` (or of the merged tensors).
 v1::FetchRequest FetchFor(const v1::SubmitTransformRequest& r, int64_t rank, bool merged);

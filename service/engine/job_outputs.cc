@@ -1,13 +1,12 @@
 // The three outputs of transform jobs: a new stored checkpoint, an export directory in
 // MindSpore's layout, and one merged .ckpt file.
-#include <stdio.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,34 +25,56 @@
 #include "service/engine/job_runner.h"
 #include "service/engine/upload_session.h"
 #include "spdlog/spdlog.h"
+#include "storage/confined_dir.h"
 #include "storage/file_stream.h"
 #include "storage/posix_io.h"
 
 namespace ckpt {
 
 using job_internal::CheckStop;
-using job_internal::Exists;
 using job_internal::FetchFor;
-using job_internal::IsEmptyDir;
 using job_internal::Logger;
-using job_internal::OutputPath;
-using job_internal::ParentOf;
-using job_internal::RemoveTree;
+using job_internal::RemoveTreeQuietly;
 
 namespace {
-
-std::string BaseNameOf(const std::string& path) {
-  return std::filesystem::path(path).filename().string();
-}
 
 // The file name prefix of an export's rank files (validated at submission).
 std::string PrefixOf(const v1::TransformTarget& t) {
   return t.prefix().empty() ? std::string(kDefaultRankFilePrefix) : t.prefix();
 }
 
-absl::Status MakeDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0) return ErrnoToStatus(errno, "mkdir", path);
-  return absl::OkStatus();
+// Creates directory `name` in `dir_fd` (mode 0777 minus the umask) and opens it without
+// following a symlink. Errors name `shown`.
+absl::StatusOr<UniqueFd> MakeDirAt(int dir_fd, const std::string& name, const std::string& shown) {
+  if (::mkdirat(dir_fd, name.c_str(), 0777) != 0) return ErrnoToStatus(errno, "mkdir", shown);
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open", shown);
+  return UniqueFd(fd);
+}
+
+// Whether entry `name` of `dir_fd` exists (a symlink counts, and is not followed).
+bool EntryExists(int dir_fd, const std::string& name) {
+  struct stat st;
+  return ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+// Whether directory `name` of `dir_fd` holds every rank file of an export (regular files in real
+// rank directories; no symlink followed).
+bool ExportComplete(int dir_fd, const std::string& name, const std::string& prefix,
+                    const std::vector<int64_t>& ranks) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  const UniqueFd dir(fd);
+  return std::all_of(ranks.begin(), ranks.end(), [&](int64_t r) {
+    const int rank_fd = ::openat(dir.get(), RankDirName(r).c_str(),
+                                 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (rank_fd < 0) return false;
+    const UniqueFd rank_dir(rank_fd);
+    struct stat st;
+    return ::fstatat(rank_dir.get(), RankFileName(prefix, r).c_str(), &st, AT_SYMLINK_NOFOLLOW) ==
+               0 &&
+           S_ISREG(st.st_mode);
+  });
 }
 
 // Calls fn(i, stop) for every i in [0, count) on up to `parallelism` threads: the caller's and
@@ -219,10 +240,16 @@ absl::Status JobRunner::RunNewCheckpoint(Entry* e, const v1::SubmitTransformRequ
 absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& request,
                                   int32_t attempt) {
   const v1::TransformTarget& target = request.target();
-  const std::string dir = OutputPath(target);
-  const std::string partial = PartialPath(dir, request.job_id());
+  const std::string& shown = target.export_dir();  // errors name the output only this way
+  // The parent is resolved beneath the export root once, here; everything below is relative to
+  // its descriptor, so a symlink swapped into the path while the job runs is never followed.
+  CKPT_ASSIGN_OR_RETURN(ConfinedRoot::Location out, OpenFileOutput(target));
+  const int parent = out.parent.get();
+  const std::string partial = PartialPath(out.name, request.job_id());
+  const std::string partial_shown = PartialPath(shown, request.job_id());
   const std::string prefix = PrefixOf(target);
-  RemoveTree(partial);  // a clean point, whatever an earlier attempt left
+  // A clean point, whatever an earlier attempt left.
+  RemoveTreeQuietly(parent, partial, partial_shown);
 
   std::vector<int64_t> ranks(target.ranks().begin(), target.ranks().end());
   if (ranks.empty()) {
@@ -232,28 +259,15 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
   }
   std::sort(ranks.begin(), ranks.end());
 
-  struct stat st;
-  if (Exists(dir, &st)) {
-    // DIR was absent or empty at submission, and only the final rename fills it: if an earlier
-    // attempt got that far (and the process died before recording SUCCEEDED), it is complete.
-    const bool complete =
-        attempt > 1 && std::all_of(ranks.begin(), ranks.end(), [&](int64_t r) {
-          struct stat f;
-          return ::stat(RankFilePath(dir, prefix, r).c_str(), &f) == 0 && S_ISREG(f.st_mode);
-        });
-    if (complete) {
-      Logger()->info("event=job_output_present job={} dir={}", request.job_id(), dir);
+  if (EntryExists(parent, out.name)) {
+    // DIR was absent at submission, and only the final rename creates it: if an earlier attempt
+    // got that far (and the process died before recording SUCCEEDED), it is complete.
+    if (attempt > 1 && ExportComplete(parent, out.name, prefix, ranks)) {
+      Logger()->info("event=job_output_present job={} dir={}", request.job_id(), shown);
       return absl::OkStatus();
     }
-    if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("export directory ", dir, " exists and is not a directory"));
-    }
-    CKPT_ASSIGN_OR_RETURN(bool empty, IsEmptyDir(dir));
-    if (!empty) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("export directory ", dir, " exists and is not empty"));
-    }
+    return absl::AlreadyExistsError(absl::StrCat(
+        "export_dir \"", shown, "\" already exists; transform never replaces or merges into it"));
   }
 
   std::vector<v1::FetchRequest> fetches;
@@ -261,66 +275,76 @@ absl::Status JobRunner::RunExport(Entry* e, const v1::SubmitTransformRequest& re
   CKPT_RETURN_IF_ERROR(ComputeTotals(e, fetches));
 
   const absl::Status status = [&]() -> absl::Status {
-    CKPT_RETURN_IF_ERROR(MakeDir(partial));
+    CKPT_ASSIGN_OR_RETURN(UniqueFd staging, MakeDirAt(parent, partial, partial_shown));
     CKPT_RETURN_IF_ERROR(ForEachInParallel(
         ranks.size(), options_.rank_workers,
         [&](size_t i, const std::atomic<bool>& stop) -> absl::Status {
           const int64_t r = ranks[i];
-          CKPT_RETURN_IF_ERROR(MakeDir(absl::StrCat(partial, "/", RankDirName(r))));
-          CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> file,
-                                AtomicFileSink::Create(RankFilePath(partial, prefix, r)));
-          CkptFileSink sink(file.get());
+          const std::string rank_dir = RankDirName(r);
+          const std::string file = RankFileName(prefix, r);
+          const std::string rank_shown = absl::StrCat(shown, "/", rank_dir);
+          CKPT_ASSIGN_OR_RETURN(UniqueFd dir, MakeDirAt(staging.get(), rank_dir, rank_shown));
+          CKPT_ASSIGN_OR_RETURN(
+              std::unique_ptr<AtomicFileSink> sink_file,
+              AtomicFileSink::CreateAt(dir.get(), file, absl::StrCat(rank_shown, "/", file)));
+          CkptFileSink sink(sink_file.get());
           CKPT_RETURN_IF_ERROR(Pump(e, fetches[i], &sink, &stop));
           CKPT_RETURN_IF_ERROR(sink.Finish());
-          CKPT_RETURN_IF_ERROR(file->Commit());
+          CKPT_RETURN_IF_ERROR(sink_file->Commit());
           Update(e, Change::kProgress, [](v1::Job* j) {
             j->mutable_progress()->set_ranks_done(j->progress().ranks_done() + 1);
           });
           return absl::OkStatus();
         }));
-    CKPT_RETURN_IF_ERROR(SyncDirectory(partial));  // the rank_<r> entries
+    CKPT_RETURN_IF_ERROR(SyncDirectoryFd(staging.get(), partial_shown));  // the rank_<r> entries
     CKPT_RETURN_IF_ERROR(Check(e));
-    // rename(2) replaces an empty directory atomically and refuses a non-empty one, which is
-    // exactly the submission rule.
-    if (::rename(partial.c_str(), dir.c_str()) != 0) return ErrnoToStatus(errno, "rename", dir);
-    return SyncDirectory(ParentOf(dir));
+    CKPT_RETURN_IF_ERROR(RenameNoReplaceAt(parent, partial, parent, out.name,
+                                           absl::StrCat("export_dir \"", shown, "\"")));
+    return SyncDirectoryFd(parent, absl::StrCat("the parent directory of ", shown));
   }();
-  if (!status.ok()) RemoveTree(partial);
+  if (!status.ok()) RemoveTreeQuietly(parent, partial, partial_shown);
   return status;
 }
 
 absl::Status JobRunner::RunMerged(Entry* e, const v1::SubmitTransformRequest& request,
                                   int32_t attempt) {
-  const std::string path = OutputPath(request.target());
-  const std::string partial = PartialPath(path, request.job_id());
-  RemoveTree(partial);
-  if (Exists(path)) {
+  const std::string& shown = request.target().merged_file();
+  CKPT_ASSIGN_OR_RETURN(ConfinedRoot::Location out, OpenFileOutput(request.target()));
+  const int parent = out.parent.get();
+  const std::string partial = PartialPath(out.name, request.job_id());
+  const std::string partial_shown = PartialPath(shown, request.job_id());
+  RemoveTreeQuietly(parent, partial, partial_shown);
+  if (EntryExists(parent, out.name)) {
     // Absent at submission and written only by the final rename (see RunExport).
     struct stat st;
-    if (attempt > 1 && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-      Logger()->info("event=job_output_present job={} file={}", request.job_id(), path);
+    if (attempt > 1 && ::fstatat(parent, out.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode)) {
+      Logger()->info("event=job_output_present job={} file={}", request.job_id(), shown);
       return absl::OkStatus();
     }
-    return absl::FailedPreconditionError(absl::StrCat(path, " already exists"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("merged_file \"", shown, "\" already exists; transform never replaces it"));
   }
   const std::vector<v1::FetchRequest> fetches = {FetchFor(request, 0, true)};
   CKPT_RETURN_IF_ERROR(ComputeTotals(e, fetches));
   const absl::Status status = [&]() -> absl::Status {
     // The file is assembled inside a job-specific directory, so that whatever a crash leaves
     // behind (AtomicFileSink's randomly named temporary included) is found and removed by name.
-    CKPT_RETURN_IF_ERROR(MakeDir(partial));
-    const std::string staged = absl::StrCat(partial, "/", BaseNameOf(path));
-    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> file, AtomicFileSink::Create(staged));
+    CKPT_ASSIGN_OR_RETURN(UniqueFd staging, MakeDirAt(parent, partial, partial_shown));
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> file,
+                          AtomicFileSink::CreateAt(staging.get(), out.name,
+                                                   absl::StrCat(partial_shown, "/", out.name)));
     CkptFileSink sink(file.get());
     CKPT_RETURN_IF_ERROR(Pump(e, fetches[0], &sink));
     CKPT_RETURN_IF_ERROR(sink.Finish());
     CKPT_RETURN_IF_ERROR(file->Commit());
     Update(e, Change::kProgress, [](v1::Job* j) { j->mutable_progress()->set_ranks_done(1); });
     CKPT_RETURN_IF_ERROR(Check(e));
-    CKPT_RETURN_IF_ERROR(RenameNoReplace(staged, path));
-    return SyncDirectory(ParentOf(path));
+    CKPT_RETURN_IF_ERROR(RenameNoReplaceAt(staging.get(), out.name, parent, out.name,
+                                           absl::StrCat("merged_file \"", shown, "\"")));
+    return SyncDirectoryFd(parent, absl::StrCat("the parent directory of ", shown));
   }();
-  RemoveTree(partial);  // empty after success
+  RemoveTreeQuietly(parent, partial, partial_shown);  // empty after success
   return status;
 }
 

@@ -116,6 +116,14 @@ std::shared_ptr<JobRunner::Entry> JobRunner::Find(const std::string& id) const {
 }
 
 absl::Status JobRunner::Start() {
+  if (!options_.export_root.empty() && export_root_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<ConfinedRoot>> root = ConfinedRoot::Open(options_.export_root);
+    if (!root.ok()) {
+      return absl::Status(root.status().code(),
+                          absl::StrCat("--export-root: ", root.status().message()));
+    }
+    export_root_ = *std::move(root);
+  }
   CKPT_ASSIGN_OR_RETURN(std::vector<JobRecord> records, store_->ListJobs());
   std::vector<std::shared_ptr<Entry>> queued;
   std::map<std::string, std::shared_ptr<Entry>> loaded;
@@ -151,8 +159,10 @@ absl::Status JobRunner::Start() {
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     threads_.emplace_back([this] { WorkerLoop(); });
   }
-  Logger()->info("event=jobs_start jobs={} queued={} workers={} bandwidth={}", jobs_.size(),
-                 queued.size(), std::max(1, options_.workers), options_.max_bytes_per_second);
+  Logger()->info("event=jobs_start jobs={} queued={} workers={} bandwidth={} export_root=\"{}\"",
+                 jobs_.size(), queued.size(), std::max(1, options_.workers),
+                 options_.max_bytes_per_second,
+                 export_root_ ? export_root_->path() : std::string("(none: file outputs refused)"));
   return absl::OkStatus();
 }
 

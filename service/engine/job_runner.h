@@ -6,6 +6,12 @@
 //     chunked, checksummed and committed exactly like an uploaded one);
 //   - an export directory DIR/rank_<r>/<prefix><r>.ckpt in MindSpore's layout;
 //   - one merged .ckpt with every tensor whole.
+// File outputs are confined beneath JobRunnerOptions::export_root (storage/confined_dir.h): their
+// paths are relative to it, resolved by the kernel beneath a descriptor of it (never leaving it,
+// whatever symlinks lie on the way), written relative to the descriptor of their parent directory
+// opened when the job starts (a symlink planted later is never followed) and published with
+// renameat2(RENAME_NOREPLACE) (an existing entry is never replaced or merged into). Without an
+// export root, file-output jobs are refused.
 // Every byte written therefore equals what Fetch serves for the same rank, in the same order
 // (MindSpore's: transformed tensors in source order, then verbatim ones).
 //
@@ -43,6 +49,7 @@
 #include "core/strategy.h"
 #include "service/engine/manager.h"
 #include "service/engine/upload_session.h"
+#include "storage/confined_dir.h"
 
 namespace ckpt {
 
@@ -73,6 +80,10 @@ struct JobRunnerOptions {
   // Chunking of checkpoints written by jobs. Should equal ManagerOptions::upload so that a
   // job-written checkpoint is stored exactly like an uploaded one.
   UploadOptions upload;
+  // The directory beneath which export_dir and merged_file outputs are written (ckptd
+  // --export-root); it must exist when Start() runs. Empty: such jobs are refused
+  // (FAILED_PRECONDITION) and only new-checkpoint jobs run.
+  std::string export_root;
 };
 
 // Where a job writes one fetched rank (job_internal.h).
@@ -116,8 +127,9 @@ class JobRunner {
   JobRunner(const JobRunner&) = delete;
   JobRunner& operator=(const JobRunner&) = delete;
 
-  // Loads every job record; QUEUED and RUNNING jobs are queued again (RUNNING ones after their
-  // partial output is removed), then the job threads start. Call once, before the other calls.
+  // Opens the export root (when set; its errors fail the start), loads every job record; QUEUED
+  // and RUNNING jobs are queued again (RUNNING ones after their partial output is removed), then
+  // the job threads start. Call once, before the other calls.
   absl::Status Start();
   // Stops the job threads promptly. A running job keeps its RUNNING record so that the next
   // Start() runs it again; its partial output is removed. Watches end (callback with null).
@@ -127,8 +139,10 @@ class JobRunner {
   // Validates and records a job (QUEUED). Same id + same request: the existing job with
   // created = false; same id + another request: ALREADY_EXISTS. Errors: INVALID_ARGUMENT (bad
   // request), NOT_FOUND (checkpoint or strategy), OUT_OF_RANGE (rank >= destination world),
-  // FAILED_PRECONDITION (output exists or another active job writes it), ALREADY_EXISTS (the
-  // new checkpoint id is taken).
+  // FAILED_PRECONDITION (no export root for a file output, its parent directory missing, or
+  // another active job writes the same output), PERMISSION_DENIED (a file output that leads
+  // outside the export root), ALREADY_EXISTS (the output file or directory, or the new
+  // checkpoint id, exists). Errors name file outputs as the caller spelled them.
   absl::StatusOr<SubmitResult> Submit(const v1::SubmitTransformRequest& request);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Job> Get(const std::string& id) const;
@@ -144,7 +158,8 @@ class JobRunner {
 
   static bool IsTerminal(v1::JobState state);
   // Where a file output is assembled before it is renamed into place:
-  // "<output>.ckptd-partial-<job id>" (a sibling, so that the rename stays on one filesystem).
+  // "<output>.ckptd-partial-<job id>" (a sibling in the same directory, so that the rename stays
+  // in one directory descriptor and on one filesystem).
   static std::string PartialPath(const std::string& output, const std::string& job_id);
 
  private:
@@ -161,6 +176,12 @@ class JobRunner {
                                              const Strategy* strategy);
   absl::Status CheckOutputFree(v1::TransformTarget::OutputCase kind,
                                const std::string& output) const;
+  // A file output's path normalised relative to the export root (ConfinedRoot::Normalize):
+  // FAILED_PRECONDITION without an export root, PERMISSION_DENIED for a path that leaves it,
+  // INVALID_ARGUMENT for a merged_file spelled as a directory (a trailing '/').
+  absl::StatusOr<std::string> FileOutput(const v1::TransformTarget& target) const;
+  // Opens a file output's parent directory beneath the export root (ConfinedRoot::OpenParent).
+  absl::StatusOr<ConfinedRoot::Location> OpenFileOutput(const v1::TransformTarget& target) const;
   std::shared_ptr<Entry> Find(const std::string& id) const;
 
   void WorkerLoop();
@@ -193,6 +214,8 @@ class JobRunner {
   CheckpointStore* const store_;
   const JobRunnerOptions options_;
   std::unique_ptr<TokenBucket> bucket_;  // null: unlimited
+  // Opened by Start() when options_.export_root is set; null otherwise. Immutable after Start().
+  std::unique_ptr<ConfinedRoot> export_root_;
 
   // Serialises submissions (validation touches the store and the filesystem) so that two
   // submissions of one id cannot both create it. Taken before mu_.

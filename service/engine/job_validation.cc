@@ -1,9 +1,8 @@
 // Submission checks of transform jobs and the rules for their output paths.
-#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -15,58 +14,18 @@
 #include "core/status_macros.h"
 #include "service/engine/job_internal.h"
 #include "service/engine/job_runner.h"
+#include "storage/confined_dir.h"
 #include "storage/posix_io.h"
 
 namespace ckpt {
 namespace job_internal {
 
-absl::StatusOr<std::string> CleanOutputPath(const std::string& what, const std::string& path) {
-  if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be an absolute path on the server, got \"", path, "\""));
-  }
-  if (path.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL character"));
-  }
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  if (p == "/") return absl::InvalidArgumentError(absl::StrCat(what, " cannot be /"));
-  if (std::filesystem::path(p).lexically_normal().string() != p) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " \"", path, "\" must be normalised (no '.', '..' or repeated '/')"));
-  }
-  return p;
+const char* OutputField(const v1::TransformTarget& t) {
+  return t.output_case() == v1::TransformTarget::kExportDir ? "export_dir" : "merged_file";
 }
 
-std::string ParentOf(const std::string& path) {
-  return std::filesystem::path(path).parent_path().string();
-}
-
-std::string OutputPath(const v1::TransformTarget& t) {
-  const std::string& raw =
-      t.output_case() == v1::TransformTarget::kExportDir ? t.export_dir() : t.merged_file();
-  auto clean = CleanOutputPath("output", raw);
-  return clean.ok() ? *clean : raw;
-}
-
-bool Exists(const std::string& path, struct stat* st) {
-  struct stat local;
-  return ::lstat(path.c_str(), st ? st : &local) == 0;
-}
-
-absl::StatusOr<bool> IsEmptyDir(const std::string& path) {
-  DIR* d = ::opendir(path.c_str());
-  if (d == nullptr) return ErrnoToStatus(errno, "opendir", path);
-  bool empty = true;
-  while (struct dirent* ent = ::readdir(d)) {
-    const std::string_view name = ent->d_name;
-    if (name != "." && name != "..") {
-      empty = false;
-      break;
-    }
-  }
-  ::closedir(d);
-  return empty;
+const std::string& OutputSpelling(const v1::TransformTarget& t) {
+  return t.output_case() == v1::TransformTarget::kExportDir ? t.export_dir() : t.merged_file();
 }
 
 v1::FetchRequest FetchFor(const v1::SubmitTransformRequest& r, int64_t rank, bool merged) {
@@ -85,14 +44,10 @@ v1::FetchRequest FetchFor(const v1::SubmitTransformRequest& r, int64_t rank, boo
 
 namespace {
 
-// An export target: its directory, absent or empty, its file name prefix (empty: the default)
-// and its ranks, each in destination strategy `strategy` (named `strategy_name`) and listed at
-// most once. Returns the cleaned directory.
-absl::StatusOr<std::string> ValidateExportTarget(const v1::TransformTarget& target,
-                                                 const std::string& strategy_name,
-                                                 const Strategy& strategy) {
-  CKPT_ASSIGN_OR_RETURN(std::string dir,
-                        job_internal::CleanOutputPath("export_dir", target.export_dir()));
+// An export target's prefix and ranks, each in destination strategy `strategy` (named
+// `strategy_name`) and listed at most once.
+absl::Status ValidateExportRanks(const v1::TransformTarget& target,
+                                 const std::string& strategy_name, const Strategy& strategy) {
   if (!target.prefix().empty()) CKPT_RETURN_IF_ERROR(ValidateRankFilePrefix(target.prefix()));
   std::set<int64_t> seen;
   for (int64_t r : target.ranks()) {
@@ -103,39 +58,6 @@ absl::StatusOr<std::string> ValidateExportTarget(const v1::TransformTarget& targ
     if (!seen.insert(r).second) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", r, " is listed twice"));
     }
-  }
-  struct stat st;
-  if (job_internal::Exists(dir, &st)) {
-    if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("export directory ", dir, " exists and is not a directory"));
-    }
-    CKPT_ASSIGN_OR_RETURN(bool empty, job_internal::IsEmptyDir(dir));
-    if (!empty) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("export directory ", dir, " exists and is not empty"));
-    }
-  }
-  return dir;
-}
-
-// A merged-file target: its path, which must not exist. Returns the cleaned path.
-absl::StatusOr<std::string> ValidateMergedTarget(const v1::TransformTarget& target) {
-  CKPT_ASSIGN_OR_RETURN(std::string path,
-                        job_internal::CleanOutputPath("merged_file", target.merged_file()));
-  if (job_internal::Exists(path)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, " already exists"));
-  }
-  return path;
-}
-
-// FAILED_PRECONDITION unless the directory that is to hold file output `output` exists.
-absl::Status CheckParentExists(const std::string& output) {
-  struct stat st;
-  const std::string parent = job_internal::ParentOf(output);
-  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("parent directory ", parent, " of ", output, " does not exist"));
   }
   return absl::OkStatus();
 }
@@ -157,6 +79,9 @@ absl::Status JobRunner::ValidateRequest(const v1::SubmitTransformRequest& reques
       (target.ranks_size() > 0 || !target.prefix().empty())) {
     return absl::InvalidArgumentError("target ranks and prefix apply to export_dir only");
   }
+  if (kind != v1::TransformTarget::kNewCheckpointId) {
+    CKPT_RETURN_IF_ERROR(FileOutput(target).status());  // first: no export root, or an escape
+  }
   // The source must exist now; a later deletion fails the job when it runs.
   CKPT_RETURN_IF_ERROR(store_->GetManifest(request.checkpoint_id()).status());
   std::shared_ptr<const Strategy> strategy;
@@ -168,9 +93,6 @@ absl::Status JobRunner::ValidateRequest(const v1::SubmitTransformRequest& reques
     CKPT_ASSIGN_OR_RETURN(strategy, manager_->GetStrategy(request.destination_strategy()));
   }
   CKPT_ASSIGN_OR_RETURN(const std::string output, ValidateOutput(request, strategy.get()));
-  if (kind != v1::TransformTarget::kNewCheckpointId) {
-    CKPT_RETURN_IF_ERROR(CheckParentExists(output));
-  }
   // Plan errors (e.g. strategies that cannot be converted) surface now, not as a failed job.
   const bool merged = kind == v1::TransformTarget::kMergedFile;
   const int64_t first_rank =
@@ -195,9 +117,27 @@ absl::StatusOr<std::string> JobRunner::ValidateOutput(const v1::SubmitTransformR
       return id;
     }
     case v1::TransformTarget::kExportDir:
-      return ValidateExportTarget(target, request.destination_strategy(), *strategy);
-    case v1::TransformTarget::kMergedFile:
-      return ValidateMergedTarget(target);
+      CKPT_RETURN_IF_ERROR(ValidateExportRanks(target, request.destination_strategy(), *strategy));
+      [[fallthrough]];
+    case v1::TransformTarget::kMergedFile: {
+      CKPT_ASSIGN_OR_RETURN(std::string output, FileOutput(target));
+      CKPT_ASSIGN_OR_RETURN(ConfinedRoot::Location loc, OpenFileOutput(target));
+      struct stat st;
+      if (::fstatat(loc.parent.get(), loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        const bool dir = S_ISDIR(st.st_mode);
+        return absl::AlreadyExistsError(absl::StrCat(
+            job_internal::OutputField(target), " \"", job_internal::OutputSpelling(target),
+            "\" already exists", dir ? " as a directory" : "", "; transform writes a new ",
+            target.output_case() == v1::TransformTarget::kExportDir ? "directory" : "file",
+            " and never replaces or merges into an existing one"));
+      }
+      if (errno != ENOENT) {
+        return ErrnoToStatus(errno, "stat",
+                             absl::StrCat(job_internal::OutputField(target), " \"",
+                                          job_internal::OutputSpelling(target), "\""));
+      }
+      return output;
+    }
     case v1::TransformTarget::OUTPUT_NOT_SET:
       break;
   }
@@ -212,15 +152,48 @@ absl::Status JobRunner::CheckOutputFree(v1::TransformTarget::OutputCase kind,
     if (IsTerminal(e->job.state())) continue;
     const v1::TransformTarget& other = e->job.request().target();
     if (other.output_case() != kind) continue;
-    const std::string other_output = kind == v1::TransformTarget::kNewCheckpointId
-                                         ? other.new_checkpoint_id()
-                                         : job_internal::OutputPath(other);
+    std::string other_output;
+    if (kind == v1::TransformTarget::kNewCheckpointId) {
+      other_output = other.new_checkpoint_id();
+    } else {
+      // A record the current export root refuses cannot run, so writes nothing.
+      auto normalised = FileOutput(other);
+      if (!normalised.ok()) continue;
+      other_output = *std::move(normalised);
+    }
     if (other_output == output) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", id, " (", job_internal::StateName(e->job.state()), ") already writes ", output));
+          "job ", id, " (", job_internal::StateName(e->job.state()), ") already writes ",
+          kind == v1::TransformTarget::kNewCheckpointId ? output
+                                                        : absl::StrCat("\"", output, "\"")));
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobRunner::FileOutput(const v1::TransformTarget& target) const {
+  const char* what = job_internal::OutputField(target);
+  if (export_root_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        " output is disabled on this server: ckptd writes server-side files only beneath "
+        "the directory given by its --export-root flag (CKPTD_EXPORT_ROOT), which is not "
+        "set; use --as NEW to store the result, or export on the client side"));
+  }
+  const std::string& spelling = job_internal::OutputSpelling(target);
+  if (target.output_case() == v1::TransformTarget::kMergedFile && !spelling.empty() &&
+      (spelling.back() == '/' || spelling.ends_with("/.") || spelling == ".")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "merged_file \"", spelling, "\" names a directory; give the path of a new file"));
+  }
+  return export_root_->Normalize(what, spelling);
+}
+
+absl::StatusOr<ConfinedRoot::Location> JobRunner::OpenFileOutput(
+    const v1::TransformTarget& target) const {
+  CKPT_ASSIGN_OR_RETURN(const std::string relative, FileOutput(target));
+  return export_root_->OpenParent(relative, job_internal::OutputField(target),
+                                  job_internal::OutputSpelling(target));
 }
 
 }  // namespace ckpt

@@ -90,7 +90,9 @@ void Harness::Cleanup() {
 }
 
 absl::Status Harness::StartServer() {
-  CKPT_ASSIGN_OR_RETURN(server_, testing::ServerProcess::Start(CKPTD_PATH, work_ + "/data"));
+  // Transform jobs export beneath the work directory (harness_transform.cc).
+  CKPT_ASSIGN_OR_RETURN(server_, testing::ServerProcess::Start(CKPTD_PATH, work_ + "/data",
+                                                               {"--export-root", work_}));
   ClientOptions options;
   options.connect_timeout = absl::Seconds(20);
   CKPT_ASSIGN_OR_RETURN(client_, CkptClient::Connect(server_->address(), options));

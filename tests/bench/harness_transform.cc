@@ -56,7 +56,7 @@ bool Harness::MeasureTransform(int pass) {
   request.set_job_id(absl::StrCat("bench-export-", getpid(), "-", pass));
   request.set_checkpoint_id(kCheckpointId);
   request.set_destination_strategy(kThreeName);
-  request.mutable_target()->set_export_dir(export_dir);
+  request.mutable_target()->set_export_dir("export");  // relative to --export-root work_
   const auto start = Clock::now();
   const absl::StatusOr<double> cpu_start = ProcessCpuSeconds(server_->pid());
   auto submitted = client_->SubmitTransform(request);

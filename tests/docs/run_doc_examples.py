@@ -10,8 +10,9 @@ The format of the examples:
     ` \\` continues on the next line. The lines after it, up to the next `$ ` line or the end of
     the block, are its expected output (stdout and stderr merged).
   * Every command runs with `bash -c`, in order, in one fresh temporary working directory, with
-    CKPT_SERVER naming a ckptd started for this document on 127.0.0.1:0 with a fresh store, and
-    PATH starting with the directories of the given ckptctl and ckptd.
+    CKPT_SERVER naming a ckptd started for this document on 127.0.0.1:0 with a fresh store and
+    that working directory as its --export-root (so transform jobs' relative paths land in it),
+    and PATH starting with the directories of the given ckptctl and ckptd.
   * A command whose expected output has a line `ckptctl: <GRPC_CODE>...` or `ckptctl: error...`
     must exit non-zero; every other command must exit 0.
   * Output lines are compared after stripping trailing whitespace and trailing empty lines and
@@ -398,7 +399,8 @@ class Server:
         self._log = open(log_path, "wb")
         try:
             self.process = subprocess.Popen(
-                [ckptd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--data", data_dir],
+                [ckptd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--data", data_dir,
+                 "--export-root", workdir],
                 cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                 stderr=subprocess.STDOUT, preexec_fn=_set_parent_death_signal)
         except BaseException:

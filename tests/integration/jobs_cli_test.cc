@@ -1,7 +1,7 @@
-// Transform jobs and exports end to end (issue 4): a real ckptd on 127.0.0.1:0 driven through the
-// ckptctl binary as an operator would. Every file a job or an export writes is compared byte for
-// byte with what `ckptctl fetch` delivers for the same rank, which the server tests check against
-// independently generated slices.
+// Transform jobs and exports end to end: a real ckptd on 127.0.0.1:0 (with --export-root
+// DIR/export) driven through the ckptctl binary as an operator would. Every file a job or an
+// export writes is compared byte for byte with what `ckptctl fetch` delivers for the same rank,
+// which the server tests check against independently generated slices.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -62,11 +62,16 @@ std::set<std::string> ExportLayout(const std::vector<int>& ranks,
 
 class JobsCliTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartServer(); }
+  void SetUp() override {
+    ASSERT_TRUE(fs::create_directories(root_));
+    StartServer();
+  }
 
-  void StartServer(const std::vector<std::string>& extra_args = {}) {
+  // Starts ckptd with `extra_args` and, unless `export_root` is false, --export-root root_.
+  void StartServer(const std::vector<std::string>& extra_args = {}, bool export_root = true) {
     extra_args_ = extra_args;
-    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", extra_args);
+    if (export_root) extra_args_.insert(extra_args_.begin(), {"--export-root", root_});
+    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", extra_args_);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     auto c = CkptClient::Connect(server_->address());
@@ -78,8 +83,11 @@ class JobsCliTest : public ::testing::Test {
   void CrashAndRestart() {
     client_.reset();
     server_->Kill();
-    StartServer(extra_args_);
+    StartServer(extra_args_, /*export_root=*/false);  // extra_args_ has it already
   }
+
+  // Where the server writes export path `relative`.
+  std::string InRoot(const std::string& relative) const { return root_ + "/" + relative; }
 
   testing::SubprocessResult Ctl(std::vector<std::string> args) {
     args.insert(args.begin(), {CKPTCTL_PATH, "--server", server_->address()});
@@ -148,6 +156,7 @@ class JobsCliTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  const std::string root_ = dir_ / "export";  // the server's --export-root
   std::vector<std::string> extra_args_;
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<CkptClient> client_;
@@ -156,19 +165,21 @@ class JobsCliTest : public ::testing::Test {
 
 TEST_F(JobsCliTest, ServerSideExportEqualsFetchByteForByte) {
   UploadDemo();
-  const std::string out = dir_ / "server-export";
-  auto r = CtlOk({"transform", "demo", "--dst-strategy", "dst", "--export-dir", out, "--wait"});
+  const std::string out = InRoot("server-export");
+  auto r = CtlOk(
+      {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "server-export", "--wait"});
   EXPECT_THAT(r.stdout_text, HasSubstr("submitted job "));
-  EXPECT_THAT(r.stdout_text, HasSubstr(" SUCCEEDED: demo -> export " + out));
+  EXPECT_THAT(r.stdout_text, HasSubstr(" SUCCEEDED: demo -> export server-export "));
   EXPECT_EQ(r.stderr_text, "");
   ExpectExport(out, "demo", "dst", {0, 1, 2});
   // Nothing else appeared next to the export (no partial or temporary directories).
-  EXPECT_THAT(EntriesOf(dir_.path()), Not(::testing::Contains(HasSubstr("partial"))));
+  EXPECT_EQ(EntriesOf(root_), std::set<std::string>{"server-export"});
 
-  // A subset of the ranks, with another file name prefix.
-  const std::string subset = dir_ / "server-subset";
-  CtlOk({"transform", "demo", "--dst-strategy", "dst", "--export-dir", subset, "--ranks", "0,2",
-         "--prefix", "net_", "--wait"});
+  // A subset of the ranks, with another file name prefix, in a subdirectory.
+  fs::create_directories(InRoot("runs"));
+  const std::string subset = InRoot("runs/server-subset");
+  CtlOk({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "runs/server-subset",
+         "--ranks", "0,2", "--prefix", "net_", "--wait"});
   ExpectExport(subset, "demo", "dst", {0, 2}, "net_");
 
   // The client-side export writes the very same files.
@@ -200,9 +211,9 @@ TEST_F(JobsCliTest, TransformAsNewCheckpointServesTheSameBytes) {
 
 TEST_F(JobsCliTest, MergedFileEqualsFetchMerged) {
   UploadDemo();
-  const std::string merged = dir_ / "merged.ckpt";
-  auto r = CtlOk({"transform", "demo", "--merged-file", merged, "--wait"});
-  EXPECT_THAT(r.stdout_text, HasSubstr("SUCCEEDED: demo -> merged file " + merged));
+  const std::string merged = InRoot("merged.ckpt");
+  auto r = CtlOk({"transform", "demo", "--merged-file", "merged.ckpt", "--wait"});
+  EXPECT_THAT(r.stdout_text, HasSubstr("SUCCEEDED: demo -> merged file merged.ckpt:"));
   ASSERT_TRUE(fs::exists(merged));
   EXPECT_TRUE(testing::ReadFileOrDie(merged) == Fetched("demo", "", -1));
 }
@@ -248,20 +259,20 @@ TEST_F(JobsCliTest, ClientExportWritesEveryFetchedRankAtomically) {
 
 TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   UploadDemo();
-  const std::string out = dir_ / "idem";
+  const std::string out = InRoot("idem");
   const std::vector<std::string> submit = {"transform",    "demo", "--dst-strategy", "dst",
-                                           "--export-dir", out,    "--id",           "J1"};
+                                           "--export-dir", "idem", "--id",           "J1"};
   auto first = CtlOk(submit);
   EXPECT_EQ(SubmittedId(first.stdout_text), "J1") << first.stdout_text;
   auto second = CtlOk(submit);
   EXPECT_THAT(second.stdout_text, HasSubstr("job J1 already exists with this request"));
   // The same id for another request is refused.
-  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", dir_ / "other",
-                      "--id", "J1"},
-                     "ALREADY_EXISTS");
+  ExpectOneLineError(
+      {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "other", "--id", "J1"},
+      "ALREADY_EXISTS");
 
   auto watch = CtlOk({"jobs", "watch", "J1"});
-  EXPECT_THAT(watch.stdout_text, HasSubstr("job J1 SUCCEEDED: demo -> export " + out));
+  EXPECT_THAT(watch.stdout_text, HasSubstr("job J1 SUCCEEDED: demo -> export idem "));
   ExpectExport(out, "demo", "dst", {0, 1, 2});
   // Watching a finished job returns at once with its outcome.
   EXPECT_THAT(CtlOk({"jobs", "watch", "J1"}).stdout_text, HasSubstr("job J1 SUCCEEDED"));
@@ -275,8 +286,7 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   const std::vector<std::string> lines = testing::SplitLines(ls.stdout_text);
   ASSERT_EQ(lines.size(), 2u) << ls.stdout_text;
   EXPECT_THAT(ls.stdout_text,
-              HasSubstr("J1  SUCCEEDED  demo -> export " + out +
-                        " (destination strategy dst)  100%"));
+              HasSubstr("J1  SUCCEEDED  demo -> export idem (destination strategy dst)  100%"));
   EXPECT_THAT(ls.stdout_text,
               HasSubstr(id2 +
                         "  SUCCEEDED  demo -> checkpoint demo3 (destination strategy dst)  100%"));
@@ -308,27 +318,24 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
 TEST_F(JobsCliTest, BadInputsGetOneLineErrors) {
   UploadDemo();
   ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "relative/dir"},
-                     "--export-dir must be an absolute path on the server");
-  ExpectOneLineError({"transform", "demo", "--merged-file", "merged.ckpt"},
-                     "--merged-file must be an absolute path on the server");
-  ExpectOneLineError({"transform", "nope", "--dst-strategy", "dst", "--export-dir", dir_ / "x",
-                      "--wait"},
+                     "FAILED_PRECONDITION: the parent directory of export_dir \"relative/dir\" "
+                     "does not exist in the export root");
+  ExpectOneLineError({"transform", "nope", "--dst-strategy", "dst", "--export-dir", "x", "--wait"},
                      "nope");
-  ExpectOneLineError({"transform", "demo", "--dst-strategy", "nope", "--export-dir", dir_ / "x"},
-                     "nope");
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "nope", "--export-dir", "x"}, "nope");
   for (const char* bad : {"", "a", "0,,1", "-1", "2-1", "0,0", "1-2-3"}) {
-    ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", dir_ / "x",
-                        "--ranks", bad},
-                       "--ranks");
+    ExpectOneLineError(
+        {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "x", "--ranks", bad},
+        "--ranks");
   }
-  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", dir_ / "x",
-                      "--ranks", "0,7"},
-                     "OUT_OF_RANGE");
+  ExpectOneLineError(
+      {"transform", "demo", "--dst-strategy", "dst", "--export-dir", "x", "--ranks", "0,7"},
+      "OUT_OF_RANGE");
   ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst"}, "exactly one of");
-  ExpectOneLineError({"transform", "demo", "--export-dir", dir_ / "x"}, "needs --dst-strategy");
+  ExpectOneLineError({"transform", "demo", "--export-dir", "x"}, "needs --dst-strategy");
   ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--as", "d4", "--ranks", "0"},
                      "--export-dir only");
-  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  EXPECT_TRUE(EntriesOf(root_).empty());
   // None of these created a job (a job for an unknown checkpoint may be recorded as FAILED).
   EXPECT_THAT(CtlOk({"jobs", "ls"}).stdout_text, Not(HasSubstr("SUCCEEDED")));
   EXPECT_THAT(CtlOk({"jobs", "ls"}).stdout_text, Not(HasSubstr("RUNNING")));
@@ -356,10 +363,10 @@ TEST_F(JobsCliTest, CrashDuringExportResumesOrFailsCleanly) {
   client_.reset();
   StartServer({"--job-bandwidth-mib", "1"});
   ASSERT_NO_FATAL_FAILURE(UploadBigSample(*client_, dir_ / "big"));
-  const std::string out = dir_ / "crash-export";
+  const std::string out = InRoot("crash-export");
 
-  auto submitted = CtlOk({"transform", "big", "--dst-strategy", "bigdst", "--export-dir", out,
-                          "--id", "crash"});
+  auto submitted = CtlOk({"transform", "big", "--dst-strategy", "bigdst", "--export-dir",
+                          "crash-export", "--id", "crash"});
   EXPECT_EQ(SubmittedId(submitted.stdout_text), "crash");
 
   // Wait until it is visibly under way.
@@ -427,7 +434,7 @@ TEST_F(JobsCliTest, CrashDuringExportResumesOrFailsCleanly) {
     }
   }
   // No partial output is left next to it either way.
-  EXPECT_THAT(EntriesOf(dir_.path()), Not(::testing::Contains(HasSubstr("crash-export."))));
+  EXPECT_THAT(EntriesOf(root_), Not(::testing::Contains(HasSubstr("crash-export."))));
   EXPECT_THAT(CtlOk({"jobs", "ls"}).stdout_text,
               HasSubstr(absl::StrCat("crash  ", JobStateName(final_job->state()))));
 }
@@ -438,7 +445,7 @@ TEST_F(JobsCliTest, CancelledJobFailsTheWaiterAndLeavesNoOutput) {
   client_.reset();
   StartServer({"--job-bandwidth-mib", "1"});
   ASSERT_NO_FATAL_FAILURE(UploadBigSample(*client_, dir_ / "big"));
-  const std::string out = dir_ / "cancelled-export";
+  const std::string out = InRoot("cancelled-export");
 
   std::thread canceller([&] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -453,15 +460,131 @@ TEST_F(JobsCliTest, CancelledJobFailsTheWaiterAndLeavesNoOutput) {
     EXPECT_EQ(cancel.exit_code, 0) << cancel.stderr_text;
     EXPECT_THAT(cancel.stdout_text, HasSubstr("victim"));
   });
-  auto wait = Ctl({"transform", "big", "--dst-strategy", "bigdst", "--export-dir", out, "--id",
-                   "victim", "--wait"});
+  auto wait = Ctl({"transform", "big", "--dst-strategy", "bigdst", "--export-dir",
+                   "cancelled-export", "--id", "victim", "--wait"});
   canceller.join();
   EXPECT_NE(wait.exit_code, 0) << wait.stdout_text;
   EXPECT_EQ(testing::SplitLines(wait.stderr_text).size(), 1u) << wait.stderr_text;
   EXPECT_THAT(wait.stderr_text, HasSubstr("CANCELLED: job victim was cancelled"));
   EXPECT_FALSE(fs::exists(out));
-  EXPECT_THAT(EntriesOf(dir_.path()), Not(::testing::Contains(HasSubstr("cancelled-export"))));
+  EXPECT_TRUE(EntriesOf(root_).empty());
   EXPECT_THAT(CtlOk({"jobs", "ls"}).stdout_text, HasSubstr("victim  CANCELLED"));
+}
+
+// ------------------------------------------------------------------------------- export root
+
+TEST_F(JobsCliTest, WithoutExportRootServerFilesAreRefused) {
+  server_.reset();
+  client_.reset();
+  StartServer({}, /*export_root=*/false);
+  UploadDemo();
+  ExpectOneLineError({"transform", "demo", "--dst-strategy", "dst", "--export-dir", "out"},
+                     "FAILED_PRECONDITION: export_dir output is disabled on this server: ckptd "
+                     "writes server-side files only beneath the directory given by its "
+                     "--export-root flag");
+  ExpectOneLineError({"transform", "demo", "--merged-file", root_ + "/m.ckpt"}, "--export-root");
+  EXPECT_TRUE(EntriesOf(root_).empty());
+  // Store-internal outputs still work.
+  CtlOk({"transform", "demo", "--dst-strategy", "dst", "--as", "demo3", "--wait"});
+}
+
+// Every way out of the export root is refused with a one-line error naming the path as given;
+// nothing is written outside it and nothing existing is replaced.
+TEST_F(JobsCliTest, PathEscapesAndExistingTargetsAreRefused) {
+  UploadDemo();
+  const std::string outside = dir_ / "outside";
+  fs::create_directories(outside);
+  fs::create_directories(InRoot("sub"));
+  fs::create_directory_symlink(outside, InRoot("to-outside"));
+  fs::create_directory_symlink("../../outside", InRoot("sub/up-and-out"));
+  std::ofstream(InRoot("taken.ckpt")) << "keep me";
+  fs::create_directories(InRoot("taken-dir"));
+  std::ofstream(InRoot("taken-dir/file")) << "keep me too";
+
+  struct Case {
+    std::string path;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {"../x", "PERMISSION_DENIED"},
+      {"sub/../../x", "PERMISSION_DENIED"},
+      {"/etc/x", "PERMISSION_DENIED"},
+      {outside + "/x", "PERMISSION_DENIED"},
+      {"to-outside/x", "PERMISSION_DENIED"},
+      {"to-outside/no/such/dir/x", "PERMISSION_DENIED"},
+      {"sub/up-and-out/x", "PERMISSION_DENIED"},
+      {"taken.ckpt", "ALREADY_EXISTS"},
+      {"taken-dir", "ALREADY_EXISTS"},
+      {"to-outside", "ALREADY_EXISTS"},
+  };
+  for (const Case& c : cases) {
+    for (const char* flag : {"--export-dir", "--merged-file"}) {
+      std::vector<std::string> args = {"transform", "demo", flag, c.path, "--wait"};
+      if (std::string(flag) == "--export-dir")
+        args.insert(args.begin() + 2, {"--dst-strategy", "dst"});
+      auto r = Ctl(args);
+      EXPECT_NE(r.exit_code, 0) << c.path;
+      EXPECT_EQ(testing::SplitLines(r.stderr_text).size(), 1u) << r.stderr_text;
+      EXPECT_THAT(r.stderr_text, HasSubstr(c.error)) << c.path;
+      EXPECT_THAT(r.stderr_text, HasSubstr("\"" + c.path + "\"")) << r.stderr_text;
+      // Neither the root's location nor anything the caller did not name is revealed.
+      if (c.path.find(dir_.path()) == std::string::npos) {
+        EXPECT_THAT(r.stderr_text, Not(HasSubstr(dir_.path()))) << r.stderr_text;
+      }
+    }
+  }
+  // --merged-file DIR/ never writes a file named DIR.
+  ExpectOneLineError({"transform", "demo", "--merged-file", "newdir/"},
+                     "INVALID_ARGUMENT: merged_file \"newdir/\" names a directory");
+  ExpectOneLineError({"transform", "demo", "--merged-file", "sub"},
+                     "ALREADY_EXISTS: merged_file \"sub\" already exists as a directory");
+  EXPECT_FALSE(fs::exists(InRoot("newdir")));
+
+  // An absolute path beneath the root is accepted (as the same location).
+  CtlOk({"transform", "demo", "--merged-file", InRoot("sub/merged.ckpt"), "--wait"});
+  EXPECT_TRUE(testing::ReadFileOrDie(InRoot("sub/merged.ckpt")) == Fetched("demo", "", -1));
+
+  EXPECT_TRUE(EntriesOf(outside).empty());
+  EXPECT_EQ(testing::ReadFileOrDie(InRoot("taken.ckpt")), "keep me");
+  EXPECT_EQ(EntriesOf(InRoot("taken-dir")), std::set<std::string>{"file"});
+  EXPECT_EQ(EntriesOf(root_),
+            (std::set<std::string>{"sub", "taken-dir", "taken.ckpt", "to-outside"}));
+  EXPECT_EQ(EntriesOf(InRoot("sub")), (std::set<std::string>{"merged.ckpt", "up-and-out"}));
+}
+
+// While a slow export runs, its parent directory is moved away and replaced by a symlink to a
+// directory outside the root: the job, holding its parent's descriptor, never writes through the
+// symlink.
+TEST_F(JobsCliTest, SymlinkSwappedInDuringARunningJobIsNeverFollowed) {
+  server_.reset();
+  client_.reset();
+  StartServer({"--job-bandwidth-mib", "1"});
+  ASSERT_NO_FATAL_FAILURE(UploadBigSample(*client_, dir_ / "big"));
+  const std::string outside = dir_ / "outside";
+  fs::create_directories(outside);
+  fs::create_directories(InRoot("sub"));
+  CtlOk(
+      {"transform", "big", "--dst-strategy", "bigdst", "--export-dir", "sub/out", "--id", "swap"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  v1::Job job;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto got = client_->GetJob("swap");
+    ASSERT_TRUE(got.ok()) << got.status();
+    job = *got;
+    if (job.state() == v1::JOB_STATE_RUNNING && job.progress().bytes_done() > 0) break;
+    ASSERT_FALSE(IsTerminalJobState(job.state())) << job.DebugString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  fs::rename(InRoot("sub"), InRoot("moved"));
+  fs::create_directory_symlink(outside, InRoot("sub"));
+  auto watch = Ctl({"jobs", "watch", "swap"});
+  EXPECT_EQ(watch.exit_code, 0) << watch.stderr_text;
+  EXPECT_TRUE(EntriesOf(outside).empty()) << "a job wrote through the planted symlink";
+  ExpectExport(InRoot("moved/out"), "big", "bigdst", {0, 1, 2});
+  // New jobs through the symlink are refused.
+  ExpectOneLineError({"transform", "big", "--dst-strategy", "bigdst", "--export-dir", "sub/again"},
+                     "PERMISSION_DENIED");
 }
 
 }  // namespace

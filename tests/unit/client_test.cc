@@ -674,16 +674,22 @@ TEST(ServerCommandsTest, TransformArgumentCombinations) {
   two.export_dir = "/srv/out";
   EXPECT_EQ(run(two).code(), absl::StatusCode::kInvalidArgument);
 
+  // Output paths are the server's to judge (relative to its --export-root): a relative one
+  // passes the client's checks and reaches the (here unreachable) server.
   TransformCommand relative = base;
   relative.export_dir = "out";
   const absl::Status relative_status = run(relative);
-  EXPECT_EQ(relative_status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Msg(relative_status), "--export-dir must be an absolute path on the server");
+  EXPECT_THAT(relative_status.code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
+      << relative_status;
 
   TransformCommand relative_file;
   relative_file.checkpoint_id = "c1";
   relative_file.merged_file = "merged.ckpt";
-  EXPECT_THAT(Msg(run(relative_file)), HasSubstr("--merged-file must be an absolute path"));
+  const absl::Status relative_file_status = run(relative_file);
+  EXPECT_THAT(relative_file_status.code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
+      << relative_file_status;
 
   TransformCommand merged_with_strategy = base;
   merged_with_strategy.merged_file = "/srv/merged.ckpt";

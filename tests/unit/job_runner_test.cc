@@ -193,8 +193,11 @@ class JobRunnerTest : public ::testing::Test {
     }
   }
 
+  // The export root is the test's temporary directory unless `options` names another or
+  // no_export_root_ is set.
   JobRunner* StartRunner(JobRunnerOptions options = {}) {
     options.upload = SmallOptions().upload;
+    if (options.export_root.empty() && !no_export_root_) options.export_root = tmp_;
     runner_ = std::make_unique<JobRunner>(manager_.get(), options);
     absl::Status s = runner_->Start();
     EXPECT_TRUE(s.ok()) << s;
@@ -414,6 +417,7 @@ class JobRunnerTest : public ::testing::Test {
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CheckpointManager> manager_;
   std::unique_ptr<JobRunner> runner_;
+  bool no_export_root_ = false;  // StartRunner without an export root
 };
 
 TEST_F(JobRunnerTest, ExportWritesEveryRankLikeFetch) {
@@ -452,13 +456,19 @@ TEST_F(JobRunnerTest, ExportWritesEveryRankLikeFetch) {
   EXPECT_EQ(StoredJob("exp").state(), v1::JOB_STATE_SUCCEEDED);
 }
 
-TEST_F(JobRunnerTest, ExportSubsetOfRanksWithPrefixIntoEmptyDir) {
+TEST_F(JobRunnerTest, ExportSubsetOfRanksWithPrefixRelativeToTheRoot) {
   JobRunnerOptions options;
   options.rank_workers = 1;  // one rank after another (the default writes several at once)
   StartRunner(options);
   const std::string dir = tmp_ + "/out";
-  ASSERT_TRUE(fs::create_directory(dir));  // an empty DIR is accepted
-  Submit(ExportRequest("sub", dir + "/", {2, 0}, "transformed"));
+  // Even an empty existing directory is never merged into.
+  ASSERT_TRUE(fs::create_directory(dir));
+  auto taken = runner_->Submit(ExportRequest("sub", "out/", {2, 0}, "transformed"));
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
+  EXPECT_THAT(std::string(taken.status().message()),
+              HasSubstr("export_dir \"out/\" already exists"));
+  ASSERT_TRUE(fs::remove(dir));
+  Submit(ExportRequest("sub", "./out/", {2, 0}, "transformed"));
   const v1::Job job = WaitDone("sub");
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const Strategy dst = DemoDestinationStrategy();
@@ -622,8 +632,10 @@ TEST_F(JobRunnerTest, SubmissionIsValidated) {
   StartRunner();
   auto code = [&](const v1::SubmitTransformRequest& r) { return runner_->Submit(r).status().code(); };
   using C = absl::StatusCode;
-  EXPECT_EQ(code(ExportRequest("a", "relative/out")), C::kInvalidArgument);
-  EXPECT_EQ(code(ExportRequest("a", tmp_ + "/../out")), C::kInvalidArgument);
+  EXPECT_EQ(code(ExportRequest("a", "relative/out")), C::kFailedPrecondition);  // no "relative"
+  EXPECT_EQ(code(ExportRequest("a", tmp_ + "/../out")), C::kPermissionDenied);
+  EXPECT_EQ(code(ExportRequest("a", "")), C::kInvalidArgument);
+  EXPECT_EQ(code(ExportRequest("a", tmp_)), C::kInvalidArgument);  // the root itself
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {3})), C::kOutOfRange);
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {1, 1})), C::kInvalidArgument);
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {}, "a/b")), C::kInvalidArgument);
@@ -637,8 +649,8 @@ TEST_F(JobRunnerTest, SubmissionIsValidated) {
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/missing/out")), C::kFailedPrecondition);
   ASSERT_TRUE(fs::create_directories(tmp_ + "/full/x"));
   auto s = runner_->Submit(ExportRequest("a", tmp_ + "/full"));
-  EXPECT_EQ(s.status().code(), C::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.status().message()), HasSubstr("not empty"));
+  EXPECT_EQ(s.status().code(), C::kAlreadyExists);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("already exists"));
   auto no_strategy = ExportRequest("a", tmp_ + "/out");
   no_strategy.set_destination_strategy("");
   EXPECT_EQ(code(no_strategy), C::kInvalidArgument);
@@ -646,7 +658,7 @@ TEST_F(JobRunnerTest, SubmissionIsValidated) {
   EXPECT_EQ(code(no_strategy), C::kNotFound);
   EXPECT_EQ(code(MergedRequest("a", "unknown", tmp_ + "/m.ckpt")), C::kNotFound);
   std::ofstream(tmp_ + "/exists.ckpt") << "x";
-  EXPECT_EQ(code(MergedRequest("a", "ck", tmp_ + "/exists.ckpt")), C::kFailedPrecondition);
+  EXPECT_EQ(code(MergedRequest("a", "ck", tmp_ + "/exists.ckpt")), C::kAlreadyExists);
   EXPECT_EQ(code(NewCheckpointRequest("a", "ck")), C::kAlreadyExists);
   EXPECT_EQ(code(NewCheckpointRequest("a", "bad/id")), C::kInvalidArgument);
   v1::SubmitTransformRequest no_target;
@@ -933,6 +945,164 @@ TEST_F(JobRunnerTest, OutputPublishedBeforeACrashCountsAsDone) {
   const v1::Job failed = WaitDone("n");
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.reason(), HasSubstr("checkpoint ck5 already exists"));
+}
+
+// ------------------------------------------------------------------------------- export root
+
+// Every entry under `dir`, recursively (empty when it holds nothing).
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) out.push_back(e.path().string());
+  return out;
+}
+
+TEST_F(JobRunnerTest, WithoutAnExportRootFileOutputsAreRefused) {
+  no_export_root_ = true;
+  StartRunner();
+  for (const auto& req : {ExportRequest("e", tmp_ + "/out"), MergedRequest("m", "ck", "m.ckpt")}) {
+    const absl::Status s = runner_->Submit(req).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("--export-root")) << s;
+  }
+  EXPECT_TRUE(Entries(tmp_).empty());
+  Submit(NewCheckpointRequest("n", "ck2"));  // store-internal output still works
+  EXPECT_EQ(WaitDone("n").state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobRunnerTest, FileOutputsStayBeneathTheExportRoot) {
+  const std::string root = tmp_ + "/root";
+  const std::string outside = tmp_ + "/outside";
+  ASSERT_TRUE(fs::create_directories(root + "/sub"));
+  ASSERT_TRUE(fs::create_directories(outside));
+  fs::create_directory_symlink(outside, root + "/abs-link");
+  fs::create_directory_symlink("../../outside", root + "/sub/rel-link");
+  std::ofstream(root + "/taken.ckpt") << "keep";
+  ASSERT_TRUE(fs::create_directory(root + "/taken-dir"));
+  JobRunnerOptions options;
+  options.export_root = root;
+  StartRunner(options);
+  using C = absl::StatusCode;
+  struct Case {
+    std::string path;
+    C code;
+  };
+  const std::vector<Case> cases = {
+      {"../x", C::kPermissionDenied},
+      {"sub/../../x", C::kPermissionDenied},
+      {"/etc/x", C::kPermissionDenied},
+      {outside + "/x", C::kPermissionDenied},
+      {"abs-link/x", C::kPermissionDenied},
+      {"sub/rel-link/x", C::kPermissionDenied},
+      {"abs-link/missing/x", C::kPermissionDenied},  // same answer whatever lies outside
+      {"taken.ckpt", C::kAlreadyExists},
+      {"taken-dir", C::kAlreadyExists},
+      {"abs-link", C::kAlreadyExists},  // the symlink itself exists; it is never followed
+      {"missing/x", C::kFailedPrecondition},
+  };
+  for (const Case& c : cases) {
+    for (const auto& req : {ExportRequest("e", c.path), MergedRequest("m", "ck", c.path)}) {
+      const absl::Status s = runner_->Submit(req).status();
+      EXPECT_EQ(s.code(), c.code) << c.path << ": " << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr("\"" + c.path + "\"")) << s;
+      // The root's location is never named, nor anything outside it the caller did not name.
+      if (c.path.find(tmp_) == std::string::npos) {
+        EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr(tmp_))) << s;
+      }
+    }
+  }
+  // A merged file spelled as a directory, or naming an existing one, never becomes a file.
+  for (const std::string& p : {std::string("sub/"), std::string("newdir/"), std::string("sub/.")}) {
+    EXPECT_EQ(runner_->Submit(MergedRequest("m", "ck", p)).status().code(), C::kInvalidArgument)
+        << p;
+  }
+  const absl::Status dir_target = runner_->Submit(MergedRequest("m", "ck", "sub")).status();
+  EXPECT_EQ(dir_target.code(), C::kAlreadyExists);
+  EXPECT_THAT(std::string(dir_target.message()), HasSubstr("as a directory"));
+  EXPECT_TRUE(runner_->List().empty());
+
+  // Relative paths and absolute ones beneath the root are written there.
+  Submit(ExportRequest("rel", "sub/export"));
+  Submit(MergedRequest("abs", "ck", root + "/sub/merged.ckpt"));
+  ASSERT_EQ(WaitDone("rel").state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(WaitDone("abs").state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(fs::is_regular_file(root + "/sub/export/rank_1/checkpoint_1.ckpt"));
+  EXPECT_TRUE(fs::is_regular_file(root + "/sub/merged.ckpt"));
+  EXPECT_EQ(testing::ReadFileOrDie(root + "/taken.ckpt"), "keep");
+  EXPECT_TRUE(fs::is_empty(root + "/taken-dir"));
+  EXPECT_TRUE(Entries(outside).empty());
+}
+
+// The output's parent directory is replaced by a symlink leading out of the root while the job
+// runs: the job keeps writing through the descriptor it opened, into the directory as moved.
+TEST_F(JobRunnerTest, ParentSwappedForASymlinkDuringTheJobIsNeverFollowed) {
+  const std::string root = tmp_ + "/root";
+  const std::string outside = tmp_ + "/outside";
+  ASSERT_TRUE(fs::create_directories(root + "/sub"));
+  ASSERT_TRUE(fs::create_directories(outside));
+  JobRunnerOptions options;
+  options.export_root = root;
+  options.max_bytes_per_second = 4000;  // several seconds
+  StartRunner(options);
+  Submit(ExportRequest("swap", "sub/out"));
+  WaitRunning("swap");
+  ASSERT_TRUE(WaitUntil([&] { return Exists(root + "/sub/out.ckptd-partial-swap"); }));
+  fs::rename(root + "/sub", root + "/moved");
+  fs::create_directory_symlink(outside, root + "/sub");
+  const v1::Job job = WaitDone("swap");
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_TRUE(Entries(outside).empty());
+  const Strategy dst = DemoDestinationStrategy();
+  ExpectFileMatches(root + "/moved/out/rank_2/checkpoint_2.ckpt", FetchRank("ck", "dst", 2), &dst,
+                    2);
+  // A new job on that path is refused now.
+  EXPECT_EQ(runner_->Submit(ExportRequest("again", "sub/out")).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A symlink planted at the output's own name while the job runs is neither followed nor
+// replaced: the job fails, leaving it and its target alone and no partial output.
+TEST_F(JobRunnerTest, SymlinkPlantedAtTheOutputDuringTheJobIsNotReplaced) {
+  const std::string root = tmp_ + "/root";
+  const std::string outside = tmp_ + "/outside";
+  ASSERT_TRUE(fs::create_directories(root));
+  ASSERT_TRUE(fs::create_directories(outside));
+  JobRunnerOptions options;
+  options.export_root = root;
+  options.max_bytes_per_second = 8000;
+  StartRunner(options);
+  Submit(MergedRequest("plant", "ck", "merged.ckpt"));
+  WaitRunning("plant");
+  fs::create_symlink(outside + "/victim.ckpt", root + "/merged.ckpt");
+  const v1::Job job = WaitDone("plant");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(),
+              HasSubstr("ALREADY_EXISTS: merged_file \"merged.ckpt\" already exists"));
+  EXPECT_THAT(job.reason(), ::testing::Not(HasSubstr(tmp_)));
+  EXPECT_TRUE(fs::is_symlink(root + "/merged.ckpt"));
+  EXPECT_TRUE(Entries(outside).empty());
+  EXPECT_EQ(Entries(root).size(), 1u) << "only the planted symlink";
+}
+
+// Outputs are created with the process's umask (not a fixed mode).
+TEST_F(JobRunnerTest, FileOutputsFollowTheUmask) {
+  const mode_t old_mask = ::umask(027);
+  StartRunner();
+  Submit(ExportRequest("e", "out"));
+  Submit(MergedRequest("m", "ck", "m.ckpt"));
+  const v1::Job e = WaitDone("e");
+  const v1::Job m = WaitDone("m");
+  ::umask(old_mask);
+  ASSERT_EQ(e.state(), v1::JOB_STATE_SUCCEEDED) << e.reason();
+  ASSERT_EQ(m.state(), v1::JOB_STATE_SUCCEEDED) << m.reason();
+  auto mode = [](const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(tmp_ + "/out"), 0750u);
+  EXPECT_EQ(mode(tmp_ + "/out/rank_0"), 0750u);
+  EXPECT_EQ(mode(tmp_ + "/out/rank_0/checkpoint_0.ckpt"), 0640u);
+  EXPECT_EQ(mode(tmp_ + "/m.ckpt"), 0640u);
 }
 
 }  // namespace
