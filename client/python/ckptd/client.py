@@ -658,8 +658,8 @@ class Client:
         """Submits a server-side transform job producing exactly one of: a new stored
         checkpoint `new_checkpoint` under `dst_strategy`; MindSpore's layout
         `export_dir`/rank_<r>/<prefix><r>.ckpt beneath the server's --export-root (paths are
-        relative to it; `ranks`: the
-        destination ranks to write, default all; `prefix` default "checkpoint_"); or one
+        relative to it; `ranks`: the destination ranks to write, default all; `prefix` default
+        "checkpoint_"); or one
         `merged_file` of whole tensors there. A client-chosen `job_id` makes submission
         idempotent: the same request again returns the existing job with `created` False
         (AlreadyExists when the id is taken by a different request)."""
