@@ -128,8 +128,9 @@ class JobRunner {
   // created = false; same id + another request: ALREADY_EXISTS. Errors: INVALID_ARGUMENT (bad
   // request), NOT_FOUND (checkpoint or strategy), OUT_OF_RANGE (rank >= destination world),
   // FAILED_PRECONDITION (output exists or another active job writes it), ALREADY_EXISTS (the
-  // new checkpoint id is taken).
-  absl::StatusOr<SubmitResult> Submit(const v1::SubmitTransformRequest& request);
+  // new checkpoint id is taken). `owner` (the submitting principal) is recorded as Job.owner.
+  absl::StatusOr<SubmitResult> Submit(const v1::SubmitTransformRequest& request,
+                                      const std::string& owner = "");
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Job> Get(const std::string& id) const;
   // Every job, by id.

@@ -267,9 +267,10 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
 
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // `lease` holds the principal's fetch-stream slot until the stream is done.
   FetchReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-               const grpc::ByteBuffer* request)
-      : call_(std::make_shared<FetchCall>(service, ctx, *request, this)) {
+               const grpc::ByteBuffer* request, LimitLease lease)
+      : lease_(std::move(lease)), call_(std::make_shared<FetchCall>(service, ctx, *request, this)) {
     call_->Start();
   }
   void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
@@ -280,6 +281,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
+  LimitLease lease_;
   std::shared_ptr<FetchCall> call_;
 };
 
@@ -287,7 +289,16 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Fetch(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
-  return new FetchReactor(this, ctx, req);
+  // Authorized, and within the principal's stream limit, before the request is even parsed.
+  absl::StatusOr<Principal> principal = auth().Authorize(*ctx, FullMethodName("Fetch"));
+  absl::StatusOr<LimitLease> lease =
+      principal.ok() ? auth().Acquire(*principal, LimitKind::kFetchStreams) : principal.status();
+  if (!lease.ok()) {
+    LogRpc("Fetch", ctx->peer(), lease.status(), 0, absl::ZeroDuration());
+    if (principal.ok()) Audit(&*principal, FullMethodName("Fetch"), ctx->peer(), "-", lease.status());
+    return new RefusedReactor<grpc::ServerWriteReactor<grpc::ByteBuffer>>(lease.status());
+  }
+  return new FetchReactor(this, ctx, req, std::move(*lease));
 }
 
 }  // namespace ckpt

@@ -24,7 +24,7 @@ function(require)
   endif()
 endfunction()
 
-foreach(key transport_gibps storage_gibps fetch concurrent transform deps_all_ranks_ms upload)
+foreach(key transport_gibps storage_gibps fetch concurrent transform deps_all_ranks_ms upload tls)
   require(${key})
 endforeach()
 foreach(key workers gibps server_peak_rss_mib warmup_gibps)
@@ -61,7 +61,8 @@ endforeach()
 foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "deps_all_ranks_ms"
              "upload;gibps" "upload;disk_write_gibps" "upload;store_write_gibps"
              "upload;first_pass_gibps"
-             "concurrent;gibps" "concurrent;warmup_gibps" "transform;baseline_seconds")
+             "concurrent;gibps" "concurrent;warmup_gibps" "transform;baseline_seconds"
+             "tls;ratio" "tls;aes_256_gcm_gibps")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
     message(FATAL_ERROR "${path} is ${type}, expected a number")

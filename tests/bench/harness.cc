@@ -81,7 +81,7 @@ void Harness::Cleanup() {
   if (created_work_) {
     fs::remove_all(work_, ec);
   } else {
-    for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline",
+    for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline", "pki",
                             "disk-write.tmp", "store-write", "transport.port"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
@@ -89,9 +89,10 @@ void Harness::Cleanup() {
   work_.clear();
 }
 
-absl::Status Harness::StartServer() {
-  CKPT_ASSIGN_OR_RETURN(server_, testing::ServerProcess::Start(CKPTD_PATH, work_ + "/data"));
-  ClientOptions options;
+absl::Status Harness::StartServer(const std::vector<std::string>& extra_args,
+                                  ClientOptions options) {
+  CKPT_ASSIGN_OR_RETURN(server_,
+                        testing::ServerProcess::Start(CKPTD_PATH, work_ + "/data", extra_args));
   options.connect_timeout = absl::Seconds(20);
   CKPT_ASSIGN_OR_RETURN(client_, CkptClient::Connect(server_->address(), options));
   stats_stub_ = v1::CheckpointService::NewStub(
@@ -149,6 +150,7 @@ void Harness::MeasureUploaded() {
   }
   if (server_ && Selected("concurrent")) MeasureConcurrent();
   StopTransportServer();
+  if (server_ && Selected("tls")) MeasureTls();
   if (server_ && Selected("transform")) MeasureTransformPhase();
 }
 
