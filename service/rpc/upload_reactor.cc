@@ -19,7 +19,7 @@ namespace {
 // only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  // `lease` holds the principal's upload slot until the stream is done; `principal` is audited
+  // `lease` holds the principal's upload slot until the call finishes; `principal` is audited
   // with the outcome.
   UploadReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
                 grpc::ByteBuffer* response, Principal principal, LimitLease lease)
@@ -136,6 +136,8 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
            detail);
     Audit(&principal_, FullMethodName("Upload"), ctx_->peer(),
           absl::StrCat("checkpoint=", header_.checkpoint_id(), " rank=", header_.rank()), s);
+    // The slot is free before the client sees the status, so that its next upload may start.
+    lease_ = LimitLease();
     Finish(ToGrpcStatus(s));
   }
 
