@@ -7,9 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
-#include <sstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -192,9 +192,9 @@ absl::StatusOr<std::unique_ptr<CkptClient>> CkptClient::Connect(const std::strin
     }
     for (char c : trimmed) {
       if (static_cast<unsigned char>(c) < 0x21 || static_cast<unsigned char>(c) > 0x7e) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the token file ", options.token_file,
-            " must hold one token of printable ASCII characters without spaces"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("the token file ", options.token_file,
+                         " must hold one token of printable ASCII characters without spaces"));
       }
     }
     interceptors.push_back(std::make_unique<BearerTokenFactory>(std::string(trimmed)));

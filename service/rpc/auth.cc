@@ -98,8 +98,7 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const grpc::ServerContextB
     constexpr std::string_view kScheme = "bearer ";
     if (value.size() <= kScheme.size() ||
         !absl::EqualsIgnoreCase(Sv(value.substr(0, kScheme.size())), Sv(kScheme))) {
-      return absl::UnauthenticatedError(
-          "the authorization metadata must be: Bearer TOKEN");
+      return absl::UnauthenticatedError("the authorization metadata must be: Bearer TOKEN");
     }
     const absl::string_view stripped = absl::StripAsciiWhitespace(Sv(value.substr(kScheme.size())));
     const std::string_view token(stripped.data(), stripped.size());
@@ -117,9 +116,9 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const grpc::ServerContextB
         if (const TokenTable::Entry* entry = tokens->FindCert(cn)) {
           return Principal{entry->name, entry->role, "cert"};
         }
-        return absl::UnauthenticatedError(absl::StrCat(
-            "client certificate CN=", cn, " is not in the tokens file (a line: ", cn,
-            " ROLE cert)"));
+        return absl::UnauthenticatedError(absl::StrCat("client certificate CN=", cn,
+                                                       " is not in the tokens file (a line: ", cn,
+                                                       " ROLE cert)"));
       }
     }
   }
@@ -176,12 +175,12 @@ absl::StatusOr<LimitLease> Authenticator::Acquire(const Principal& principal,
 void Audit(const Principal* principal, std::string_view full_method, std::string_view peer,
            std::string_view target, const absl::Status& outcome) {
   const auto level = outcome.ok() ? spdlog::level::info : spdlog::level::warn;
-  AuditLogger()->log(
-      level, "event=audit principal={} role={} method={} peer={} target={} outcome={}{}",
-      principal ? principal->name : "-", principal ? RoleName(principal->role) : "-",
-      ShortMethod(full_method), peer, target.empty() ? "-" : target,
-      absl::StatusCodeToString(outcome.code()),
-      outcome.ok() ? "" : absl::StrCat(" error=\"", outcome.message(), "\""));
+  AuditLogger()->log(level,
+                     "event=audit principal={} role={} method={} peer={} target={} outcome={}{}",
+                     principal ? principal->name : "-", principal ? RoleName(principal->role) : "-",
+                     ShortMethod(full_method), peer, target.empty() ? "-" : target,
+                     absl::StatusCodeToString(outcome.code()),
+                     outcome.ok() ? "" : absl::StrCat(" error=\"", outcome.message(), "\""));
 }
 
 }  // namespace ckpt

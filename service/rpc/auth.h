@@ -13,13 +13,13 @@
 #ifndef CKPT_SERVICE_RPC_AUTH_H_
 #define CKPT_SERVICE_RPC_AUTH_H_
 
+#include <grpcpp/server_context.h>
+
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
-
-#include <grpcpp/server_context.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -92,7 +92,8 @@ absl::Status CheckPolicyCoversService() {
   if (missing.empty() && strays.empty()) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(
       "the role table (service/rpc/auth_policy.cc) does not match ", Sv(kServiceName),
-      missing.empty() ? "" : absl::StrCat(": methods without a role: ", absl::StrJoin(missing, ", ")),
+      missing.empty() ? ""
+                      : absl::StrCat(": methods without a role: ", absl::StrJoin(missing, ", ")),
       strays.empty() ? "" : absl::StrCat(": rows of no method: ", absl::StrJoin(strays, ", "))));
 }
 

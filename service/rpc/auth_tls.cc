@@ -1,14 +1,13 @@
 #include "service/rpc/auth_tls.h"
 
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
 #include <cstdio>
-
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,8 +33,7 @@ std::string OpenSslError() {
   return buffer;
 }
 
-absl::StatusOr<std::unique_ptr<BIO, BioFree>> OpenFile(const std::string& path,
-                                                       const char* what) {
+absl::StatusOr<std::unique_ptr<BIO, BioFree>> OpenFile(const std::string& path, const char* what) {
   std::unique_ptr<BIO, BioFree> bio(BIO_new_file(path.c_str(), "r"));
   if (!bio) {
     ERR_clear_error();
@@ -88,9 +86,8 @@ absl::StatusOr<std::string> CheckTlsFiles(const TlsOptions& options) {
   }
   if (X509_check_private_key(cert->get(), key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat("the TLS key ", options.key_file,
-                                                   " does not match the certificate ",
-                                                   options.cert_file));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the TLS key ", options.key_file, " does not match the certificate ", options.cert_file));
   }
   std::string summary = absl::StrCat("certificate CN=", SubjectCn(cert->get()), " valid until ",
                                      NotAfter(cert->get()));

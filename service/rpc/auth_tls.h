@@ -9,10 +9,10 @@
 #ifndef CKPT_SERVICE_RPC_AUTH_TLS_H_
 #define CKPT_SERVICE_RPC_AUTH_TLS_H_
 
+#include <grpcpp/security/server_credentials.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
 

@@ -98,8 +98,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(std::string_view text, std::string_
     if (fields[2] == "cert") {
       e.cert = true;
     } else if (!ParseHex(Std(fields[2]), &e.hash)) {
-      return bad("the third field must be the token's SHA-256 as 64 lowercase hex digits, or "
-                 "\"cert\"");
+      return bad(
+          "the third field must be the token's SHA-256 as 64 lowercase hex digits, or "
+          "\"cert\"");
     }
     if (auto it = roles.find(e.name); it != roles.end() && it->second != e.role) {
       return bad(absl::StrCat("principal ", e.name, " was given role ", Sv(RoleName(it->second)),
@@ -127,8 +128,8 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
-    const std::string message = absl::StrCat("cannot read the auth tokens file ", path, ": ",
-                                             std::strerror(err));
+    const std::string message =
+        absl::StrCat("cannot read the auth tokens file ", path, ": ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
   }
   std::stringstream text;

@@ -35,8 +35,8 @@ class TokenTable {
   struct Entry {
     std::string name;
     Role role = Role::kReader;
-    bool cert = false;     // a `cert` line: matches a client certificate's common name
-    Sha256Digest hash{};   // of the token; unused for cert lines
+    bool cert = false;    // a `cert` line: matches a client certificate's common name
+    Sha256Digest hash{};  // of the token; unused for cert lines
   };
 
   // Parses the file's text; `source` names it in errors ("FILE:LINE: problem").

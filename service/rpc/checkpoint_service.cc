@@ -50,7 +50,7 @@ CheckpointServiceImpl::CheckpointServiceImpl(CheckpointManager* manager, JobRunn
 template <typename Fn>
 grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerContext* ctx,
                                                        const char* method, Fn fn,
-                                                       std::string target) {
+                                                       std::function<std::string()> target) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
   if (shutting_down_) {
@@ -75,8 +75,9 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
     }
     LogRpc(method, ctx->peer(), status, 0, absl::Now() - start);
     const MethodPolicy* policy = FindMethodPolicy(full_method);
-    if ((policy != nullptr && policy->mutating) || status.code() == absl::StatusCode::kPermissionDenied) {
-      Audit(&principal, full_method, ctx->peer(), target, status);
+    if ((policy != nullptr && policy->mutating) ||
+        status.code() == absl::StatusCode::kPermissionDenied) {
+      Audit(&principal, full_method, ctx->peer(), target ? target() : "-", status);
     }
     reactor->Finish(ToGrpcStatus(status));
   });
@@ -86,12 +87,16 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CheckpointServiceImpl::PutStrategy(grpc::CallbackServerContext* ctx,
                                                              const v1::PutStrategyRequest* req,
                                                              v1::PutStrategyResponse* resp) {
-  return Unary(ctx, "PutStrategy", [this, req, resp]() -> absl::Status {
-    auto info = manager_->PutStrategy(req->name(), req->content(), req->format(), req->overwrite());
-    if (!info.ok()) return info.status();
-    *resp->mutable_info() = *info;
-    return absl::OkStatus();
-  }, absl::StrCat("strategy=", req->name()));
+  return Unary(
+      ctx, "PutStrategy",
+      [this, req, resp]() -> absl::Status {
+        auto info =
+            manager_->PutStrategy(req->name(), req->content(), req->format(), req->overwrite());
+        if (!info.ok()) return info.status();
+        *resp->mutable_info() = *info;
+        return absl::OkStatus();
+      },
+      [req] { return absl::StrCat("strategy=", req->name()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStrategy(grpc::CallbackServerContext* ctx,
@@ -122,9 +127,9 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::ListStrategies(grpc::CallbackSe
 grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteStrategy(
     grpc::CallbackServerContext* ctx, const v1::DeleteStrategyRequest* req,
     v1::DeleteStrategyResponse*) {
-  return Unary(ctx, "DeleteStrategy",
-               [this, req]() { return manager_->DeleteStrategy(req->name()); },
-               absl::StrCat("strategy=", req->name()));
+  return Unary(
+      ctx, "DeleteStrategy", [this, req]() { return manager_->DeleteStrategy(req->name()); },
+      [req] { return absl::StrCat("strategy=", req->name()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::ListCheckpoints(
@@ -152,9 +157,10 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::DescribeCheckpoint(
 grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteCheckpoint(
     grpc::CallbackServerContext* ctx, const v1::DeleteCheckpointRequest* req,
     v1::DeleteCheckpointResponse*) {
-  return Unary(ctx, "DeleteCheckpoint",
-               [this, req]() { return manager_->DeleteCheckpoint(req->checkpoint_id()); },
-               absl::StrCat("checkpoint=", req->checkpoint_id()));
+  return Unary(
+      ctx, "DeleteCheckpoint",
+      [this, req]() { return manager_->DeleteCheckpoint(req->checkpoint_id()); },
+      [req] { return absl::StrCat("checkpoint=", req->checkpoint_id()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::RankDependencies(
@@ -173,32 +179,38 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::RankDependencies(
 grpc::ServerUnaryReactor* CheckpointServiceImpl::SubmitTransform(
     grpc::CallbackServerContext* ctx, const v1::SubmitTransformRequest* req,
     v1::SubmitTransformResponse* resp) {
-  return Unary(ctx, "SubmitTransform", [this, req, resp](const Principal& who) -> absl::Status {
-    // The per-principal cap on unfinished jobs, checked and submitted under one lock so that
-    // concurrent submissions cannot pass it together.
-    std::lock_guard<std::mutex> lock(submit_mu_);
-    const int limit = auth_->options().max_queued_jobs;
-    if (auth_->enabled() && limit > 0) {
-      int unfinished = 0;
-      bool resubmission = false;
-      for (const v1::Job& job : jobs_->List()) {
-        if (!req->job_id().empty() && job.id() == req->job_id()) resubmission = true;
-        if (job.owner() == who.name && !JobRunner::IsTerminal(job.state())) ++unfinished;
-      }
-      if (!resubmission && unfinished >= limit) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "principal ", who.name, " already has ", unfinished,
-            " queued or running jobs, the limit per principal (--max-queued-jobs-per-principal=",
-            limit, ")"));
-      }
-    }
-    auto r = jobs_->Submit(*req, who.name);
-    if (!r.ok()) return r.status();
-    *resp->mutable_job() = std::move(r->job);
-    resp->set_created(r->created);
-    return absl::OkStatus();
-  }, absl::StrCat("job=", req->job_id().empty() ? "(new)" : req->job_id(),
-                  " checkpoint=", req->checkpoint_id()));
+  return Unary(
+      ctx, "SubmitTransform",
+      [this, req, resp](const Principal& who) -> absl::Status {
+        // The per-principal cap on unfinished jobs, checked and submitted under one lock so that
+        // concurrent submissions cannot pass it together.
+        std::lock_guard<std::mutex> lock(submit_mu_);
+        const int limit = auth_->options().max_queued_jobs;
+        if (auth_->enabled() && limit > 0) {
+          int unfinished = 0;
+          bool resubmission = false;
+          for (const v1::Job& job : jobs_->List()) {
+            if (!req->job_id().empty() && job.id() == req->job_id()) resubmission = true;
+            if (job.owner() == who.name && !JobRunner::IsTerminal(job.state())) ++unfinished;
+          }
+          if (!resubmission && unfinished >= limit) {
+            return absl::ResourceExhaustedError(
+                absl::StrCat("principal ", who.name, " already has ", unfinished,
+                             " queued or running jobs, the limit per principal "
+                             "(--max-queued-jobs-per-principal=",
+                             limit, ")"));
+          }
+        }
+        auto r = jobs_->Submit(*req, who.name);
+        if (!r.ok()) return r.status();
+        *resp->mutable_job() = std::move(r->job);
+        resp->set_created(r->created);
+        return absl::OkStatus();
+      },
+      [req, resp] {
+        return absl::StrCat("job=", resp->job().id().empty() ? req->job_id() : resp->job().id(),
+                            " checkpoint=", req->checkpoint_id());
+      });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
@@ -217,23 +229,26 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::CancelJob(grpc::CallbackServerC
                                                            v1::Job* resp) {
   // Waits (bounded) on the executor for the job to stop and remove its partial output, so the
   // reply normally shows CANCELLED.
-  return Unary(ctx, "CancelJob", [this, req, resp](const Principal& who) -> absl::Status {
-    // The role table lets writers call CancelJob; only for their own jobs, though.
-    if (who.role < kCancelOthersJobsRole) {
-      auto existing = jobs_->Get(req->job_id());
-      if (!existing.ok()) return existing.status();
-      if (existing->owner() != who.name) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "principal ", who.name, " (role ", Sv(RoleName(who.role)),
-            ") may cancel only its own jobs; cancelling another principal's job needs role ",
-            Sv(RoleName(kCancelOthersJobsRole))));
-      }
-    }
-    auto job = jobs_->Cancel(req->job_id());
-    if (!job.ok()) return job.status();
-    *resp = std::move(*job);
-    return absl::OkStatus();
-  }, absl::StrCat("job=", req->job_id()));
+  return Unary(
+      ctx, "CancelJob",
+      [this, req, resp](const Principal& who) -> absl::Status {
+        // The role table lets writers call CancelJob; only for their own jobs, though.
+        if (who.role < kCancelOthersJobsRole) {
+          auto existing = jobs_->Get(req->job_id());
+          if (!existing.ok()) return existing.status();
+          if (existing->owner() != who.name) {
+            return absl::PermissionDeniedError(absl::StrCat(
+                "principal ", who.name, " (role ", Sv(RoleName(who.role)),
+                ") may cancel only its own jobs; cancelling another principal's job needs role ",
+                Sv(RoleName(kCancelOthersJobsRole))));
+          }
+        }
+        auto job = jobs_->Cancel(req->job_id());
+        if (!job.ok()) return job.status();
+        *resp = std::move(*job);
+        return absl::OkStatus();
+      },
+      [req] { return absl::StrCat("job=", req->job_id()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,

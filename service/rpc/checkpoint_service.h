@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -120,10 +121,10 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
  private:
   // Authorizes the call, then runs `fn` (taking no argument, or the caller's const Principal&)
   // on the executor and finishes with its status. Mutating methods (auth_policy.h) are audited
-  // with `target`.
+  // with what `target` returns after `fn` ran (e.g. "checkpoint=ID").
   template <typename Fn>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, Fn fn,
-                                  std::string target = "");
+                                  std::function<std::string()> target = nullptr);
 
   CheckpointManager* const manager_;
   JobRunner* const jobs_;

@@ -300,7 +300,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Fetch(
       principal.ok() ? auth().Acquire(*principal, LimitKind::kFetchStreams) : principal.status();
   if (!lease.ok()) {
     LogRpc("Fetch", ctx->peer(), lease.status(), 0, absl::ZeroDuration());
-    if (principal.ok()) Audit(&*principal, FullMethodName("Fetch"), ctx->peer(), "-", lease.status());
+    if (principal.ok())
+      Audit(&*principal, FullMethodName("Fetch"), ctx->peer(), "-", lease.status());
     return new RefusedReactor<grpc::ServerWriteReactor<grpc::ByteBuffer>>(lease.status());
   }
   return new FetchReactor(this, ctx, req, std::move(*lease));

@@ -59,10 +59,10 @@ absl::Status CheckExposure(const ServerOptions& options) {
   }
   if (problem.empty()) return absl::OkStatus();
   if (!options.insecure) return absl::FailedPreconditionError(problem);
-  const std::string warning = absl::StrCat(
-      "WARNING: --insecure: serving on ", options.listen,
-      authenticated ? " without TLS (tokens travel in clear text)"
-                    : " without authentication (every client is admin)");
+  const std::string warning =
+      absl::StrCat("WARNING: --insecure: serving on ", options.listen,
+                   authenticated ? " without TLS (tokens travel in clear text)"
+                                 : " without authentication (every client is admin)");
   std::cerr << "ckptd: " << warning << std::endl;
   spdlog::warn("event=insecure listen={} message=\"{}\"", options.listen, warning);
   return absl::OkStatus();
@@ -94,9 +94,8 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   s->jobs_ = std::make_unique<JobRunner>(s->manager_.get(), job_options);
   CKPT_RETURN_IF_ERROR(s->jobs_->Start());
   s->executor_ = std::make_unique<Executor>(options.io_threads);
-  s->service_ = std::make_unique<CheckpointServiceImpl>(s->manager_.get(), s->jobs_.get(),
-                                                        s->executor_.get(), options.service,
-                                                        s->auth_.get());
+  s->service_ = std::make_unique<CheckpointServiceImpl>(
+      s->manager_.get(), s->jobs_.get(), s->executor_.get(), options.service, s->auth_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -117,14 +116,13 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->maintenance_ = std::thread([raw = s.get()] { raw->MaintenanceLoop(); });
   spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={} tls={} auth={}",
-               options.listen, s->port_, options.data_dir, options.io_threads,
-               options.jobs.workers,
-               !options.tls.enabled()                 ? "off"
+               options.listen, s->port_, options.data_dir, options.io_threads, options.jobs.workers,
+               !options.tls.enabled()               ? "off"
                : options.tls.client_ca_file.empty() ? "on"
-                                                      : "mutual",
-               !s->auth_->enabled()                    ? "off (every caller is admin)"
-               : options.auth.tokens_file.empty()    ? "client-certificates"
-                                                      : "tokens");
+                                                    : "mutual",
+               !s->auth_->enabled()               ? "off"
+               : options.auth.tokens_file.empty() ? "client-certificates"
+                                                  : "tokens");
   return s;
 }
 

@@ -163,7 +163,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Upload(
       principal.ok() ? auth().Acquire(*principal, LimitKind::kUploads) : principal.status();
   if (!lease.ok()) {
     LogRpc("Upload", ctx->peer(), lease.status(), 0, absl::ZeroDuration());
-    if (principal.ok()) Audit(&*principal, FullMethodName("Upload"), ctx->peer(), "-", lease.status());
+    if (principal.ok())
+      Audit(&*principal, FullMethodName("Upload"), ctx->peer(), "-", lease.status());
     return new RefusedReactor<grpc::ServerReadReactor<grpc::ByteBuffer>>(lease.status());
   }
   return new UploadReactor(this, ctx, resp, std::move(*principal), std::move(*lease));

@@ -100,15 +100,15 @@ json Harness::Results() const {
                         {"max_source_ranks", deps_->max_sources}};
   }
   j["upload"] = UploadJson();
-  j["tls"] = {{"gibps", Opt(tls_gibps_)},
-              {"plaintext_gibps", Opt(plain_gibps_)},
-              {"ratio", tls_gibps_ && plain_gibps_ && *plain_gibps_ > 0
-                            ? json(*tls_gibps_ / *plain_gibps_)
-                            : json(nullptr)},
-              {"passes_gibps", tls_passes_},
-              {"plaintext_passes_gibps", plain_passes_},
-              {"aes_128_gcm_gibps", Opt(aes128_gcm_gibps_)},
-              {"aes_256_gcm_gibps", Opt(aes256_gcm_gibps_)}};
+  j["tls"] = {
+      {"gibps", Opt(tls_gibps_)},
+      {"plaintext_gibps", Opt(plain_gibps_)},
+      {"ratio", tls_gibps_ && plain_gibps_ && *plain_gibps_ > 0 ? json(*tls_gibps_ / *plain_gibps_)
+                                                                : json(nullptr)},
+      {"passes_gibps", tls_passes_},
+      {"plaintext_passes_gibps", plain_passes_},
+      {"aes_128_gcm_gibps", Opt(aes128_gcm_gibps_)},
+      {"aes_256_gcm_gibps", Opt(aes256_gcm_gibps_)}};
   json targets = json::array();
   for (const Row& r : Table()) {
     if (r.result.empty()) continue;
@@ -245,8 +245,8 @@ void Harness::TlsRows(std::vector<Row>* rows) const {
   rows->push_back({"fetch merged over TLS + token / plaintext",
                    absl::StrCat(Fmt(tls_gibps_, " GiB/s"), " / ", Fmt(plain_gibps_, " GiB/s"),
                                 "  ratio ", Fmt(ratio, "")),
-                   "ratio >= 0.7", Verdict(ratio ? std::optional<bool>(*ratio >= 0.7)
-                                                 : std::nullopt)});
+                   "ratio >= 0.7",
+                   Verdict(ratio ? std::optional<bool>(*ratio >= 0.7) : std::nullopt)});
   if (!tls_passes_.empty() && !plain_passes_.empty()) {
     rows->push_back({"  passes TLS; plaintext (after a warm-up each)",
                      absl::StrCat(PassesText(tls_passes_), "; ", PassesText(plain_passes_)), "",
@@ -259,9 +259,9 @@ void Harness::TlsRows(std::vector<Row>* rows) const {
   if (aes256_gcm_gibps_ && plain_gibps_) {
     bound = *aes256_gcm_gibps_ / (*aes256_gcm_gibps_ + *plain_gibps_);
   }
-  rows->push_back({"  AES-GCM, 1 core (128 / 256-bit)",
-                   absl::StrCat(Fmt(aes128_gcm_gibps_, ""), " / ", Fmt(aes256_gcm_gibps_, " GiB/s")),
-                   "", ""});
+  rows->push_back(
+      {"  AES-GCM, 1 core (128 / 256-bit)",
+       absl::StrCat(Fmt(aes128_gcm_gibps_, ""), " / ", Fmt(aes256_gcm_gibps_, " GiB/s")), "", ""});
   rows->push_back({"  serial bound aes256/(aes256 + plaintext)", Fmt(bound, ""), "", ""});
 }
 

@@ -2,6 +2,8 @@
 // deploy/make-test-pki.sh (the openssl CLI) at test time, bearer tokens, the role table applied to
 // every method of the service descriptor, SIGHUP reloads with a stream open across them, secure
 // defaults, per-principal limits, and the token file's parser.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <chrono>
@@ -11,9 +13,6 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "client/ckptctl/sample.h"
@@ -67,8 +66,8 @@ void MakePki(const std::string& dir) {
 }
 
 std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca,
-                                          const std::string& cert = "",
-                                          const std::string& key = "", bool bdp_probe = true) {
+                                          const std::string& cert = "", const std::string& key = "",
+                                          bool bdp_probe = true) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = ReadText(ca);
   if (!cert.empty()) {
@@ -189,8 +188,9 @@ class TlsServerTest : public ::testing::Test {
   void StartServer(const std::vector<std::string>& extra = {}) {
     MakePki(pki_);
     ASSERT_FALSE(HasFailure());
-    std::vector<std::string> args = {"--tls-cert",    pki_ + "/server.pem", "--tls-key",
-                                     pki_ + "/server.key", "--auth-tokens", pki_ + "/tokens.txt"};
+    std::vector<std::string> args = {"--tls-cert",    pki_ + "/server.pem",
+                                     "--tls-key",     pki_ + "/server.key",
+                                     "--auth-tokens", pki_ + "/tokens.txt"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto server = ServerProcess::Start(CKPTD_PATH, dir_ / "data", args);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -212,14 +212,22 @@ class TlsServerTest : public ::testing::Test {
 // service gains a method neither table knows.
 const std::map<std::string, Role>& ExpectedRoles() {
   static const std::map<std::string, Role> roles = {
-      {"PutStrategy", Role::kWriter},       {"GetStrategy", Role::kReader},
-      {"ListStrategies", Role::kReader},    {"DeleteStrategy", Role::kAdmin},
-      {"Upload", Role::kWriter},            {"ListCheckpoints", Role::kReader},
-      {"DescribeCheckpoint", Role::kReader}, {"DeleteCheckpoint", Role::kAdmin},
-      {"Fetch", Role::kReader},             {"RankDependencies", Role::kReader},
-      {"SubmitTransform", Role::kWriter},   {"GetJob", Role::kReader},
-      {"WatchJob", Role::kReader},          {"CancelJob", Role::kWriter},
-      {"ListJobs", Role::kReader},          {"GetStats", Role::kAdmin},
+      {"PutStrategy", Role::kWriter},
+      {"GetStrategy", Role::kReader},
+      {"ListStrategies", Role::kReader},
+      {"DeleteStrategy", Role::kAdmin},
+      {"Upload", Role::kWriter},
+      {"ListCheckpoints", Role::kReader},
+      {"DescribeCheckpoint", Role::kReader},
+      {"DeleteCheckpoint", Role::kAdmin},
+      {"Fetch", Role::kReader},
+      {"RankDependencies", Role::kReader},
+      {"SubmitTransform", Role::kWriter},
+      {"GetJob", Role::kReader},
+      {"WatchJob", Role::kReader},
+      {"CancelJob", Role::kWriter},
+      {"ListJobs", Role::kReader},
+      {"GetStats", Role::kAdmin},
   };
   return roles;
 }
@@ -257,9 +265,10 @@ TEST_F(TlsServerTest, EveryMethodAnswersEveryCallerAsTheRoleTableSays) {
     for (const Caller& caller : callers) {
       SCOPED_TRACE(caller.name);
       // An admin's deletes name another object, so that the secret stays for later methods.
-      const bool destructive = caller.role == Role::kAdmin && method->name().rfind("Delete", 0) == 0;
-      const RawResult r = CallRaw(channel, full, RequestFor(method, destructive ? "scratch" : kSecret),
-                                  caller.token);
+      const bool destructive =
+          caller.role == Role::kAdmin && method->name().rfind("Delete", 0) == 0;
+      const RawResult r = CallRaw(
+          channel, full, RequestFor(method, destructive ? "scratch" : kSecret), caller.token);
       ++calls;
       if (!caller.role) {
         EXPECT_EQ(r.code, grpc::StatusCode::UNAUTHENTICATED) << r.message;
@@ -295,10 +304,9 @@ TEST_F(TlsServerTest, EveryMethodAnswersEveryCallerAsTheRoleTableSays) {
 }
 
 TEST_F(TlsServerTest, WritersCancelOnlyTheirOwnJobsAndLimitsArePerPrincipal) {
-  ASSERT_NO_FATAL_FAILURE(StartServer({"--max-fetch-streams-per-principal", "1",
-                                       "--max-uploads-per-principal", "1",
-                                       "--max-queued-jobs-per-principal", "1", "--job-workers", "1",
-                                       "--job-bandwidth-mib", "1"}));
+  ASSERT_NO_FATAL_FAILURE(StartServer(
+      {"--max-fetch-streams-per-principal", "1", "--max-uploads-per-principal", "1",
+       "--max-queued-jobs-per-principal", "1", "--job-workers", "1", "--job-bandwidth-mib", "1"}));
   auto writer = CkptClient::Connect(server_->address(), ClientTls(pki_, "writer"));
   ASSERT_TRUE(writer.ok());
   auto reader = CkptClient::Connect(server_->address(), ClientTls(pki_, "reader"));
@@ -370,8 +378,8 @@ TEST_F(TlsServerTest, WritersCancelOnlyTheirOwnJobsAndLimitsArePerPrincipal) {
   ASSERT_TRUE(upload->Write(header));
   absl::Status second_upload;
   for (int i = 0; i < 100; ++i) {  // until the server has seen the first stream
-    second_upload = (*writer)->UploadRank("partial", "src", 1, dir_ / "big/rank_1/sample-1_10.ckpt")
-                        .status();
+    second_upload =
+        (*writer)->UploadRank("partial", "src", 1, dir_ / "big/rank_1/sample-1_10.ckpt").status();
     if (second_upload.code() == absl::StatusCode::kResourceExhausted) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -397,8 +405,8 @@ TEST(MutualTlsTest, OnlyCertificatesOfTheClientCaConnect) {
   const std::string list = "/ckpt.v1.CheckpointService/ListCheckpoints";
   const std::string del = "/ckpt.v1.CheckpointService/DeleteCheckpoint";
   // No certificate, even with a valid admin token: the handshake fails.
-  auto no_cert = CallRaw(TlsChannel((*server)->address(), pki + "/ca.pem"), list, "",
-                         Token(pki, "admin"));
+  auto no_cert =
+      CallRaw(TlsChannel((*server)->address(), pki + "/ca.pem"), list, "", Token(pki, "admin"));
   EXPECT_EQ(no_cert.code, grpc::StatusCode::UNAVAILABLE) << no_cert.message;
   // A certificate of another CA.
   auto foreign = CallRaw(TlsChannel((*server)->address(), pki + "/ca.pem", other + "/client.pem",
@@ -407,8 +415,8 @@ TEST(MutualTlsTest, OnlyCertificatesOfTheClientCaConnect) {
   EXPECT_EQ(foreign.code, grpc::StatusCode::UNAVAILABLE) << foreign.message;
   // The right CA: CN=operator is admin by its `operator admin cert` line; a token, when sent,
   // names the principal instead.
-  auto good = TlsChannel((*server)->address(), pki + "/ca.pem", pki + "/client.pem",
-                         pki + "/client.key");
+  auto good =
+      TlsChannel((*server)->address(), pki + "/ca.pem", pki + "/client.pem", pki + "/client.key");
   EXPECT_EQ(CallRaw(good, list, "", "").code, grpc::StatusCode::OK);
   auto as_reader = CallRaw(good, del, "", Token(pki, "reader"));
   EXPECT_EQ(as_reader.code, grpc::StatusCode::PERMISSION_DENIED) << as_reader.message;
@@ -478,14 +486,14 @@ TEST_F(TlsServerTest, SighupReloadsCertificatesAndTokensWithAFetchStreamOpenAcro
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(fresh.code, grpc::StatusCode::OK) << fresh.message;
-  EXPECT_EQ(CallRaw(TlsChannel(server_->address(), next + "/ca.pem"), list, "",
-                    Token(pki_, "reader"))
-                .code,
-            grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(CallRaw(TlsChannel(server_->address(), pki_ + "/ca.pem"), list, "",
-                    Token(pki_, "admin"))
-                .code,
-            grpc::StatusCode::UNAVAILABLE)
+  EXPECT_EQ(
+      CallRaw(TlsChannel(server_->address(), next + "/ca.pem"), list, "", Token(pki_, "reader"))
+          .code,
+      grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      CallRaw(TlsChannel(server_->address(), pki_ + "/ca.pem"), list, "", Token(pki_, "admin"))
+          .code,
+      grpc::StatusCode::UNAVAILABLE)
       << "a new connection trusting only the old CA must fail";
 
   // The held stream completes with every byte.
@@ -539,9 +547,9 @@ TEST(TokenTableTest, ParsesPrincipalsAndNamesTheBadLine) {
   // The same digest as `printf %s s3cret | sha256sum`.
   const std::string hash = "1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0";
   EXPECT_EQ(DigestHex(Sha256("s3cret")), hash);
-  auto table = TokenTable::Parse(absl::StrCat("# comment\n\n  alice writer ", hash,
-                                              "  # trailing comment\nop admin cert\n"),
-                                 "t.txt");
+  auto table = TokenTable::Parse(
+      absl::StrCat("# comment\n\n  alice writer ", hash, "  # trailing comment\nop admin cert\n"),
+      "t.txt");
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(table->size(), 2u);
   ASSERT_NE(table->FindToken("s3cret"), nullptr);
