@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "service/rpc/auth_policy.h"
 #include "service/rpc/auth_tokens.h"
+#include "service/rpc/server.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
 
@@ -541,6 +542,30 @@ TEST(SecureDefaultsTest, RefusesToServeANetworkWithoutAuthentication) {
   ASSERT_TRUE(bad.ok());
   EXPECT_NE(bad->exit_code, 0);
   EXPECT_THAT(bad->stderr_text, HasSubstr("bad.txt:2: expected NAME ROLE SHA256HEX"));
+}
+
+TEST(SecureDefaultsTest, InsecureServesANetworkAfterOneWarningLine) {
+  TempDir dir;
+  testing::SubprocessOptions briefly;
+  briefly.timeout = std::chrono::milliseconds(3000);
+  auto r = RunSubprocess(
+      {CKPTD_PATH, "--listen", "0.0.0.0:0", "--data", dir / "data", "--insecure"}, briefly);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->timed_out) << "ckptd should have kept serving: " << r->stderr_text;
+  EXPECT_THAT(r->stderr_text,
+              HasSubstr("ckptd: WARNING: --insecure: serving on 0.0.0.0:0 without authentication"));
+  EXPECT_THAT(r->stdout_text, HasSubstr("event=insecure listen=0.0.0.0:0"));
+}
+
+TEST(SecureDefaultsTest, LoopbackAddressesAreRecognised) {
+  for (const char* a : {"127.0.0.1:50051", "127.9.8.7:1", "localhost:50051", "[::1]:50051",
+                        "unix:/run/ckptd.sock", "unix-abstract:ckptd"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a : {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.1:50051",
+                        "ckptd.example:50051", "128.0.0.1:1", "127.0.0.1.5:1", "[::1:1"}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
 }
 
 TEST(TokenTableTest, ParsesPrincipalsAndNamesTheBadLine) {
