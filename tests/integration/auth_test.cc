@@ -378,9 +378,13 @@ TEST_F(TlsServerTest, WritersCancelOnlyTheirOwnJobsAndLimitsArePerPrincipal) {
   header.mutable_header()->set_rank(0);
   ASSERT_TRUE(upload->Write(header));
   absl::Status second_upload;
-  for (int i = 0; i < 100; ++i) {  // until the server has seen the first stream
+  // Until the server has seen the first stream (its header may still be on its way): each try
+  // uploads to a checkpoint of its own, so that one that got through does not spoil the next.
+  for (int i = 0; i < 100; ++i) {
     second_upload =
-        (*writer)->UploadRank("partial", "src", 1, dir_ / "big/rank_1/sample-1_10.ckpt").status();
+        (*writer)
+            ->UploadRank(absl::StrCat("probe", i), "src", 1, dir_ / "big/rank_1/sample-1_10.ckpt")
+            .status();
     if (second_upload.code() == absl::StatusCode::kResourceExhausted) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
