@@ -27,11 +27,12 @@ std::optional<double> CipherGibps(const EVP_CIPHER* cipher) {
   unsigned char tag[16];
   int64_t bytes = 0;
   const auto start = Clock::now();
-  bool ok = true;
+  // The key is set once, as for a TLS connection; each record only gets its nonce.
+  bool ok = EVP_EncryptInit_ex(ctx, cipher, nullptr, key.data(), iv.data()) == 1;
   while (ok && Seconds(start) < 0.5) {
     for (int i = 0; i < 256 && ok; ++i) {
       int n = 0;
-      ok = EVP_EncryptInit_ex(ctx, cipher, nullptr, key.data(), iv.data()) == 1 &&
+      ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, iv.data()) == 1 &&
            EVP_EncryptUpdate(ctx, out.data(), &n, in.data(), static_cast<int>(in.size())) == 1 &&
            EVP_EncryptFinal_ex(ctx, out.data() + n, &n) == 1 &&
            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, sizeof(tag), tag) == 1;
