@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/client_internal.h"
 #include "client/strategy_files.h"
@@ -21,6 +24,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/client_interceptor.h"
 #include "grpcpp/support/sync_stream.h"
 
 namespace ckpt {
@@ -91,6 +95,70 @@ absl::Status CkptClient::CancelGroup::RunTasks(
   return first_error;
 }
 
+namespace {
+
+// Adds "authorization: Bearer <token>" to the initial metadata of every call on the channel,
+// TLS or not (a plaintext channel carries it too, as loopback tests and sidecar-terminated TLS
+// need).
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(std::string token) : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerTokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // outlives the channel's interceptors: the channel owns this
+};
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read the ", what, " ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The channel's credentials: TLS from the options' files, or plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const ClientOptions& options) {
+  if (options.tls_ca.empty() && options.tls_cert.empty() && options.tls_key.empty()) {
+    return grpc::InsecureChannelCredentials();
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "the TLS client certificate and key go together (mutual TLS needs both)");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!options.tls_ca.empty()) {
+    CKPT_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(options.tls_ca, "TLS CA file"));
+  }
+  if (!options.tls_cert.empty()) {
+    CKPT_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                          ReadSmallFile(options.tls_cert, "TLS certificate file"));
+    CKPT_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadSmallFile(options.tls_key, "TLS key file"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
 CkptClient::CkptClient(std::string address, ClientOptions options,
                        std::shared_ptr<grpc::Channel> channel)
     : address_(std::move(address)),
@@ -110,8 +178,29 @@ absl::StatusOr<std::unique_ptr<CkptClient>> CkptClient::Connect(const std::strin
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadSmallFile(options.token_file, "token file");
+    if (!token.ok()) return token.status();
+    const absl::string_view trimmed = absl::StripAsciiWhitespace(*token);
+    if (trimmed.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the token file ", options.token_file, " is empty"));
+    }
+    for (char c : trimmed) {
+      if (static_cast<unsigned char>(c) < 0x21 || static_cast<unsigned char>(c) > 0x7e) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the token file ", options.token_file,
+                         " must hold one token of printable ASCII characters without spaces"));
+      }
+    }
+    interceptors.push_back(std::make_unique<BearerTokenFactory>(std::string(trimmed)));
+  }
+  std::shared_ptr<grpc::Channel> channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, *credentials, args, std::move(interceptors));
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", address));
   }

@@ -47,6 +47,16 @@ struct ClientOptions {
   // with UNAVAILABLE otherwise. Default 0: connect lazily; the first call reports an unreachable
   // server (calls fail fast rather than waiting for it).
   absl::Duration connect_timeout = absl::ZeroDuration();
+  // TLS is used when any of tls_ca, tls_cert, tls_key is set (ckptctl: --tls-ca etc., or
+  // $CKPT_TLS_CA, $CKPT_TLS_CERT, $CKPT_TLS_KEY). tls_ca: PEM file of the CA that signed the
+  // server's certificate (empty: the system's trusted roots).
+  std::string tls_ca;
+  // PEM client certificate and key for mutual TLS; both or neither.
+  std::string tls_cert;
+  std::string tls_key;
+  // File holding a bearer token ($CKPT_TOKEN_FILE), sent as "authorization: Bearer <token>"
+  // with every call. Read once by Connect(); surrounding whitespace is ignored.
+  std::string token_file;
 };
 
 struct UploadDirectoryOptions {

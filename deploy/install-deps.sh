@@ -6,7 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libabsl-dev libspdlog-dev libfmt-dev librocksdb-dev
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # ckptctl walkthrough (what `make demo` shows). Offline part: generates a small sharded
 # checkpoint with its strategies, inspects it, shows and merges strategies, and asks which source
-# ranks each destination rank needs. Online part: starts a temporary ckptd on a free port with a
-# temporary data directory, registers the strategies, uploads the checkpoint, fetches, exports and
-# transforms it, then stops the server and removes its data.
+# ranks each destination rank needs. Online part: creates a test CA, certificates and tokens
+# (deploy/make-test-pki.sh), starts a temporary ckptd with TLS and bearer tokens on a free port
+# with a temporary data directory, registers the strategies, uploads the checkpoint, fetches,
+# exports and transforms it, shows what other roles may not do, then stops the server and removes
+# its data.
 #
 # Usage: deploy/run-sample.sh BUILD_DIR [SAMPLE_DIR]
 #   BUILD_DIR   CMake build directory holding client/ckptctl and service/ckptd (e.g. build)
@@ -95,8 +97,18 @@ stop_server() {
 }
 trap stop_server EXIT
 
-section "Start a temporary ckptd (any free port, data in $SERVER_TMP/data)"
+section "Create a test CA, server and client certificates and bearer tokens (openssl)"
+PKI="$SERVER_TMP/pki"
+printf '\n$ deploy/make-test-pki.sh %s\n' "$PKI"
+bash "$(dirname "$0")/make-test-pki.sh" "$PKI"
+echo "ckptd's token file holds only SHA-256 hashes of the tokens:"
+sed 's/^/  /' "$PKI/tokens.txt"
+
+section "Start a temporary ckptd with TLS and tokens (any free port, data in $SERVER_TMP/data)"
+printf '\n$ ckptd --tls-cert %s --tls-key %s --auth-tokens %s ...\n' \
+  "$PKI/server.pem" "$PKI/server.key" "$PKI/tokens.txt"
 "$CKPTD" --listen 127.0.0.1:0 --port-file "$SERVER_TMP/port" --data "$SERVER_TMP/data" \
+  --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key" --auth-tokens "$PKI/tokens.txt" \
   --export-root "$SAMPLE_DIR" >"$SERVER_TMP/ckptd.log" 2>&1 &
 CKPTD_PID=$!
 for _ in $(seq 1 300); do
@@ -114,7 +126,12 @@ if [ ! -s "$SERVER_TMP/port" ]; then
 fi
 CKPT_SERVER="127.0.0.1:$(cat "$SERVER_TMP/port")"
 export CKPT_SERVER
-echo "ckptd is listening on $CKPT_SERVER (ckptctl reads \$CKPT_SERVER)"
+# ckptctl connects with TLS, trusting the test CA, and authenticates as the admin principal.
+CKPT_TLS_CA="$PKI/ca.pem"
+CKPT_TOKEN_FILE="$PKI/admin.token"
+export CKPT_TLS_CA CKPT_TOKEN_FILE
+echo "ckptd is listening on $CKPT_SERVER with TLS (ckptctl reads \$CKPT_SERVER, \$CKPT_TLS_CA and"
+echo "\$CKPT_TOKEN_FILE=$CKPT_TOKEN_FILE: the admin's token)"
 
 # The server writes transform outputs only beneath its --export-root ($SAMPLE_DIR): their paths
 # are relative to it (out/...).
@@ -150,6 +167,15 @@ for r in 0 2; do
   cmp "$OUT/export/rank_$r/checkpoint_$r.ckpt" "$OUT/server-export/rank_$r/checkpoint_$r.ckpt"
   echo "  rank_$r/checkpoint_$r.ckpt: identical"
 done
+
+section "Roles: a reader reads but may not delete; without a token nothing is served"
+run --token-file "$PKI/reader.token" ls
+run --token-file "$PKI/reader.token" rm demo || true
+printf '\n$ env -u CKPT_TOKEN_FILE ckptctl ls\n'
+env -u CKPT_TOKEN_FILE "$CKPTCTL" ls || true
+echo
+echo "(the audit log has a line for each mutating or refused call:)"
+grep 'event=audit' "$SERVER_TMP/ckptd.log" | tail -n 3 | sed 's/^/  /'
 
 section "Errors are one line on stderr and a non-zero exit"
 run fetch demo --dst-strategy dst --rank 3 --out "$OUT/x.ckpt" || true

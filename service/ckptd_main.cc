@@ -103,6 +103,41 @@ void AddJobFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
 }
 
+// TLS, authentication and per-principal limits (docs/security.md).
+void AddSecurityFlags(CLI::App& app, Flags& f) {
+  app.add_option("--tls-cert", f.options.tls.cert_file,
+                 "PEM certificate chain of the server: serve TLS (re-read when it changes)")
+      ->envname("CKPTD_TLS_CERT");
+  app.add_option("--tls-key", f.options.tls.key_file, "PEM private key of --tls-cert")
+      ->envname("CKPTD_TLS_KEY");
+  app.add_option("--tls-client-ca", f.options.tls.client_ca_file,
+                 "PEM CA that client certificates must chain to: require mutual TLS; a "
+                 "certificate's common name names the principal")
+      ->envname("CKPTD_TLS_CLIENT_CA");
+  app.add_option("--auth-tokens", f.options.auth.tokens_file,
+                 "Principals file: lines NAME ROLE SHA256HEX (or NAME ROLE cert); re-read on "
+                 "SIGHUP")
+      ->envname("CKPTD_AUTH_TOKENS");
+  app.add_flag("--insecure", f.options.insecure,
+               "Allow listening beyond loopback without authentication or TLS")
+      ->envname("CKPTD_INSECURE");
+  app.add_option("--max-fetch-streams-per-principal", f.options.auth.max_fetch_streams,
+                 "Open Fetch streams per principal (0: unlimited)")
+      ->envname("CKPTD_MAX_FETCH_STREAMS_PER_PRINCIPAL")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-uploads-per-principal", f.options.auth.max_uploads,
+                 "Open Upload streams per principal (0: unlimited)")
+      ->envname("CKPTD_MAX_UPLOADS_PER_PRINCIPAL")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-queued-jobs-per-principal", f.options.auth.max_queued_jobs,
+                 "Queued or running transform jobs per principal (0: unlimited)")
+      ->envname("CKPTD_MAX_QUEUED_JOBS_PER_PRINCIPAL")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
 void AddLogFlags(CLI::App& app, Flags& f) {
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
       ->envname("CKPTD_LOG_LEVEL")
@@ -132,6 +167,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "ckptd " CKPT_VERSION, "Print the version and exit");
   AddServerFlags(app, flags);
   AddJobFlags(app, flags);
+  AddSecurityFlags(app, flags);
   AddLogFlags(app, flags);
   try {
     app.parse(argc, argv);
@@ -147,6 +183,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);  // reload tokens and check certificates (CkptServer::Reload)
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto server = ckpt::CkptServer::Start(flags.options);
@@ -157,7 +194,10 @@ int main(int argc, char** argv) {
   if (!flags.port_file.empty()) WritePortFile(flags.port_file, (*server)->port());
   std::thread watcher([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+      spdlog::info("event=signal signal=SIGHUP");
+      (void)(*server)->Reload();  // logs its outcome; the server keeps running either way
+    }
     spdlog::info("event=signal signal={}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     (*server)->Shutdown();
   });

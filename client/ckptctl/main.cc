@@ -35,6 +35,8 @@ int Fail(const absl::Status& status) {
 // taken when the options are declared, so a CommandLine must not move after that.
 struct CommandLine {
   std::string server = "127.0.0.1:50051";
+  // TLS and the bearer token (ClientOptions); a token is only ever read from a file.
+  ClientOptions connection;
 
   // inspect
   CLI::App* inspect = nullptr;
@@ -109,6 +111,17 @@ void AddGlobalOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--server", c.server, "ckptd address HOST:PORT")
       ->envname("CKPT_SERVER")
       ->capture_default_str();
+  app.add_option("--tls-ca", c.connection.tls_ca,
+                 "PEM CA of the server's certificate: connect with TLS")
+      ->envname("CKPT_TLS_CA");
+  app.add_option("--tls-cert", c.connection.tls_cert,
+                 "PEM client certificate for mutual TLS (with --tls-key)")
+      ->envname("CKPT_TLS_CERT");
+  app.add_option("--tls-key", c.connection.tls_key, "PEM key of --tls-cert")
+      ->envname("CKPT_TLS_KEY");
+  app.add_option("--token-file", c.connection.token_file,
+                 "File holding the bearer token to authenticate with")
+      ->envname("CKPT_TOKEN_FILE");
 }
 
 void AddInspectCommand(CLI::App& app, CommandLine& c) {
@@ -387,7 +400,8 @@ int Main(int argc, char** argv) {
 
   std::optional<absl::Status> status = RunOffline(c);
   if (!status.has_value()) {
-    absl::StatusOr<std::unique_ptr<CkptClient>> client = CkptClient::Connect(c.server);
+    absl::StatusOr<std::unique_ptr<CkptClient>> client =
+        CkptClient::Connect(c.server, c.connection);
     if (!client.ok()) return Fail(client.status());
     status = RunWithServer(c, **client);
   }

@@ -197,7 +197,8 @@ void JobRunner::Shutdown() {
 
 // ------------------------------------------------------------------------------- API
 
-absl::StatusOr<SubmitResult> JobRunner::Submit(const v1::SubmitTransformRequest& request) {
+absl::StatusOr<SubmitResult> JobRunner::Submit(const v1::SubmitTransformRequest& request,
+                                               const std::string& owner) {
   std::lock_guard<std::mutex> submit_lock(submit_mu_);
   v1::SubmitTransformRequest req = request;
   if (req.job_id().empty()) req.set_job_id(NewJobId());
@@ -218,6 +219,7 @@ absl::StatusOr<SubmitResult> JobRunner::Submit(const v1::SubmitTransformRequest&
   *job.mutable_request() = req;
   job.set_state(v1::JOB_STATE_QUEUED);
   job.set_submitted_unix(absl::ToUnixSeconds(absl::Now()));
+  job.set_owner(owner);
   CKPT_RETURN_IF_ERROR(store_->PutJob(job.id(), job.SerializeAsString()));
   {
     std::lock_guard<std::mutex> lock(mu_);

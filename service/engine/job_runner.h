@@ -142,8 +142,10 @@ class JobRunner {
   // FAILED_PRECONDITION (no export root for a file output, its parent directory missing, or
   // another active job writes the same output), PERMISSION_DENIED (a file output that leads
   // outside the export root), ALREADY_EXISTS (the output file or directory, or the new
-  // checkpoint id, exists). Errors name file outputs as the caller spelled them.
-  absl::StatusOr<SubmitResult> Submit(const v1::SubmitTransformRequest& request);
+  // checkpoint id, exists). Errors name file outputs as the caller spelled them. `owner` (the
+  // submitting principal) is recorded as Job.owner.
+  absl::StatusOr<SubmitResult> Submit(const v1::SubmitTransformRequest& request,
+                                      const std::string& owner = "");
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Job> Get(const std::string& id) const;
   // Every job, by id.

@@ -5,9 +5,11 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/absl_compat.h"
 #include "service/rpc/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -35,16 +37,20 @@ void LogRpc(const char* method, const std::string& peer, const absl::Status& sta
 // ------------------------------------------------------------------------------- unary
 
 CheckpointServiceImpl::CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs,
-                                             Executor* executor, ServiceOptions options)
+                                             Executor* executor, ServiceOptions options,
+                                             const Authenticator* auth)
     : manager_(manager),
       jobs_(jobs),
       executor_(executor),
       options_(options),
+      no_auth_(auth == nullptr ? Authenticator::Disabled() : nullptr),
+      auth_(auth == nullptr ? no_auth_.get() : auth),
       budget_(options.server_bytes_in_flight) {}
 
 template <typename Fn>
 grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerContext* ctx,
-                                                       const char* method, Fn fn) {
+                                                       const char* method, Fn fn,
+                                                       std::function<std::string()> target) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
   if (shutting_down_) {
@@ -52,9 +58,27 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
     reactor->Finish(ToGrpcStatus(ShuttingDownError()));
     return reactor;
   }
-  executor_->Submit([ctx, reactor, method, start, fn = std::move(fn)]() mutable {
-    const absl::Status status = fn();
+  const std::string full_method = FullMethodName(method);
+  absl::StatusOr<Principal> principal = auth_->Authorize(*ctx, full_method);
+  if (!principal.ok()) {
+    LogRpc(method, ctx->peer(), principal.status(), 0, absl::Now() - start);
+    reactor->Finish(ToGrpcStatus(principal.status()));
+    return reactor;
+  }
+  executor_->Submit([ctx, reactor, method, start, full_method, target = std::move(target),
+                     principal = std::move(*principal), fn = std::move(fn)]() mutable {
+    absl::Status status;
+    if constexpr (std::is_invocable_v<Fn&, const Principal&>) {
+      status = fn(principal);
+    } else {
+      status = fn();
+    }
     LogRpc(method, ctx->peer(), status, 0, absl::Now() - start);
+    const MethodPolicy* policy = FindMethodPolicy(full_method);
+    if ((policy != nullptr && policy->mutating) ||
+        status.code() == absl::StatusCode::kPermissionDenied) {
+      Audit(&principal, full_method, ctx->peer(), target ? target() : "-", status);
+    }
     reactor->Finish(ToGrpcStatus(status));
   });
   return reactor;
@@ -63,12 +87,16 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CheckpointServiceImpl::PutStrategy(grpc::CallbackServerContext* ctx,
                                                              const v1::PutStrategyRequest* req,
                                                              v1::PutStrategyResponse* resp) {
-  return Unary(ctx, "PutStrategy", [this, req, resp]() -> absl::Status {
-    auto info = manager_->PutStrategy(req->name(), req->content(), req->format(), req->overwrite());
-    if (!info.ok()) return info.status();
-    *resp->mutable_info() = *info;
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, "PutStrategy",
+      [this, req, resp]() -> absl::Status {
+        auto info =
+            manager_->PutStrategy(req->name(), req->content(), req->format(), req->overwrite());
+        if (!info.ok()) return info.status();
+        *resp->mutable_info() = *info;
+        return absl::OkStatus();
+      },
+      [req] { return absl::StrCat("strategy=", req->name()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStrategy(grpc::CallbackServerContext* ctx,
@@ -99,8 +127,9 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::ListStrategies(grpc::CallbackSe
 grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteStrategy(
     grpc::CallbackServerContext* ctx, const v1::DeleteStrategyRequest* req,
     v1::DeleteStrategyResponse*) {
-  return Unary(ctx, "DeleteStrategy",
-               [this, req]() { return manager_->DeleteStrategy(req->name()); });
+  return Unary(
+      ctx, "DeleteStrategy", [this, req]() { return manager_->DeleteStrategy(req->name()); },
+      [req] { return absl::StrCat("strategy=", req->name()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::ListCheckpoints(
@@ -128,8 +157,10 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::DescribeCheckpoint(
 grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteCheckpoint(
     grpc::CallbackServerContext* ctx, const v1::DeleteCheckpointRequest* req,
     v1::DeleteCheckpointResponse*) {
-  return Unary(ctx, "DeleteCheckpoint",
-               [this, req]() { return manager_->DeleteCheckpoint(req->checkpoint_id()); });
+  return Unary(
+      ctx, "DeleteCheckpoint",
+      [this, req]() { return manager_->DeleteCheckpoint(req->checkpoint_id()); },
+      [req] { return absl::StrCat("checkpoint=", req->checkpoint_id()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::RankDependencies(
@@ -148,13 +179,38 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::RankDependencies(
 grpc::ServerUnaryReactor* CheckpointServiceImpl::SubmitTransform(
     grpc::CallbackServerContext* ctx, const v1::SubmitTransformRequest* req,
     v1::SubmitTransformResponse* resp) {
-  return Unary(ctx, "SubmitTransform", [this, req, resp]() -> absl::Status {
-    auto r = jobs_->Submit(*req);
-    if (!r.ok()) return r.status();
-    *resp->mutable_job() = std::move(r->job);
-    resp->set_created(r->created);
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, "SubmitTransform",
+      [this, req, resp](const Principal& who) -> absl::Status {
+        // The per-principal cap on unfinished jobs, checked and submitted under one lock so that
+        // concurrent submissions cannot pass it together.
+        std::lock_guard<std::mutex> lock(submit_mu_);
+        const int limit = auth_->options().max_queued_jobs;
+        if (auth_->enabled() && limit > 0) {
+          int unfinished = 0;
+          bool resubmission = false;
+          for (const v1::Job& job : jobs_->List()) {
+            if (!req->job_id().empty() && job.id() == req->job_id()) resubmission = true;
+            if (job.owner() == who.name && !JobRunner::IsTerminal(job.state())) ++unfinished;
+          }
+          if (!resubmission && unfinished >= limit) {
+            return absl::ResourceExhaustedError(
+                absl::StrCat("principal ", who.name, " already has ", unfinished,
+                             " queued or running jobs, the limit per principal "
+                             "(--max-queued-jobs-per-principal=",
+                             limit, ")"));
+          }
+        }
+        auto r = jobs_->Submit(*req, who.name);
+        if (!r.ok()) return r.status();
+        *resp->mutable_job() = std::move(r->job);
+        resp->set_created(r->created);
+        return absl::OkStatus();
+      },
+      [req, resp] {
+        return absl::StrCat("job=", resp->job().id().empty() ? req->job_id() : resp->job().id(),
+                            " checkpoint=", req->checkpoint_id());
+      });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
@@ -173,12 +229,26 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::CancelJob(grpc::CallbackServerC
                                                            v1::Job* resp) {
   // Waits (bounded) on the executor for the job to stop and remove its partial output, so the
   // reply normally shows CANCELLED.
-  return Unary(ctx, "CancelJob", [this, req, resp]() -> absl::Status {
-    auto job = jobs_->Cancel(req->job_id());
-    if (!job.ok()) return job.status();
-    *resp = std::move(*job);
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, "CancelJob",
+      [this, req, resp](const Principal& who) -> absl::Status {
+        // The role table lets writers call CancelJob; only for their own jobs, though.
+        if (who.role < kCancelOthersJobsRole) {
+          auto existing = jobs_->Get(req->job_id());
+          if (!existing.ok()) return existing.status();
+          if (existing->owner() != who.name) {
+            return absl::PermissionDeniedError(absl::StrCat(
+                "principal ", who.name, " (role ", Sv(RoleName(who.role)),
+                ") may cancel only its own jobs; cancelling another principal's job needs role ",
+                Sv(RoleName(kCancelOthersJobsRole))));
+          }
+        }
+        auto job = jobs_->Cancel(req->job_id());
+        if (!job.ok()) return job.status();
+        *resp = std::move(*job);
+        return absl::OkStatus();
+      },
+      [req] { return absl::StrCat("job=", req->job_id()); });
 }
 
 grpc::ServerUnaryReactor* CheckpointServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,

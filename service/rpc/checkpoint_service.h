@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,7 +18,9 @@
 #include "service/engine/executor.h"
 #include "service/engine/job_runner.h"
 #include "service/engine/manager.h"
+#include "service/rpc/auth.h"
 #include "service/rpc/byte_budget.h"
+#include "service/rpc/grpc_status.h"
 
 namespace ckpt {
 
@@ -40,9 +45,11 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
                                         v1::CheckpointService::WithRawCallbackMethod_Fetch<
                                             v1::CheckpointService::CallbackService>> {
  public:
-  // Does not own its arguments, which must outlive it. `jobs` must be started.
+  // Does not own its arguments, which must outlive it. `jobs` must be started. Every call is
+  // authorized by `auth` before any work; null means authentication off (every caller is the
+  // anonymous admin).
   CheckpointServiceImpl(CheckpointManager* manager, JobRunner* jobs, Executor* executor,
-                        ServiceOptions options);
+                        ServiceOptions options, const Authenticator* auth = nullptr);
 
   // New calls get UNAVAILABLE from now on.
   void StartShutdown() { shutting_down_ = true; }
@@ -101,6 +108,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   Executor* executor() const { return executor_; }
   ByteBudget* budget() { return &budget_; }
   const ServiceOptions& options() const { return options_; }
+  const Authenticator& auth() const { return *auth_; }
   bool shutting_down() const { return shutting_down_; }
   // Fetch streams open now (FetchStarted .. FetchEnded), and each one's queue limit.
   void FetchStarted() { active_fetches_.fetch_add(1, std::memory_order_relaxed); }
@@ -111,13 +119,20 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   }
 
  private:
+  // Authorizes the call, then runs `fn` (taking no argument, or the caller's const Principal&)
+  // on the executor and finishes with its status. Mutating methods (auth_policy.h) are audited
+  // with what `target` returns after `fn` ran (e.g. "checkpoint=ID").
   template <typename Fn>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, Fn fn);
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, Fn fn,
+                                  std::function<std::string()> target = nullptr);
 
   CheckpointManager* const manager_;
   JobRunner* const jobs_;
   Executor* const executor_;
   const ServiceOptions options_;
+  std::unique_ptr<Authenticator> no_auth_;  // when constructed without an Authenticator
+  const Authenticator* const auth_;
+  std::mutex submit_mu_;  // serialises the queued-jobs limit check with the submission
   ByteBudget budget_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> fetch_bytes_sent_{0};
@@ -138,6 +153,15 @@ void LogRpc(const char* method, const std::string& peer, const absl::Status& sta
 
 // The status of calls that arrive while the server shuts down (UNAVAILABLE).
 absl::Status ShuttingDownError();
+
+// A streaming call refused before any work (shutting down, not authorized, over a limit): it
+// finishes with `status` at once and deletes itself when gRPC is done with it.
+template <typename Base>
+class RefusedReactor final : public Base {
+ public:
+  explicit RefusedReactor(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace ckpt
 

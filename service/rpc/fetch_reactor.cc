@@ -23,9 +23,14 @@ bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
 // The producer fills a bounded queue; writes drain it. At most one producer task runs at a time.
 class FetchCall : public std::enable_shared_from_this<FetchCall> {
  public:
+  // `lease` holds the principal's fetch-stream slot; it is given back as the call finishes (before
+  // the client can see the status, so that a client fetching one stream after another never finds
+  // its own finished stream still counted).
   FetchCall(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-            const grpc::ByteBuffer& request, grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor)
-      : service_(service),
+            const grpc::ByteBuffer& request, grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor,
+            LimitLease lease)
+      : lease_(std::move(lease)),
+        service_(service),
         peer_(ctx->peer()),
         request_ok_(ParseRequest(request, &request_)),
         reactor_(reactor),
@@ -235,9 +240,11 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
                         request_.merged()
                             ? std::string("merged")
                             : absl::StrCat(request_.destination_strategy(), "/", request_.rank())));
+    lease_ = LimitLease();
     reactor_->Finish(ToGrpcStatus(status));
   }
 
+  LimitLease lease_;  // guarded by mu_
   CheckpointServiceImpl* const service_;
   const std::string peer_;
   v1::FetchRequest request_;
@@ -268,8 +275,8 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-               const grpc::ByteBuffer* request)
-      : call_(std::make_shared<FetchCall>(service, ctx, *request, this)) {
+               const grpc::ByteBuffer* request, LimitLease lease)
+      : call_(std::make_shared<FetchCall>(service, ctx, *request, this, std::move(lease))) {
     call_->Start();
   }
   void OnWriteDone(bool ok) override { call_->OnWriteDone(ok); }
@@ -287,7 +294,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Fetch(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
-  return new FetchReactor(this, ctx, req);
+  // Authorized, and within the principal's stream limit, before the request is even parsed.
+  absl::StatusOr<Principal> principal = auth().Authorize(*ctx, FullMethodName("Fetch"));
+  absl::StatusOr<LimitLease> lease =
+      principal.ok() ? auth().Acquire(*principal, LimitKind::kFetchStreams) : principal.status();
+  if (!lease.ok()) {
+    LogRpc("Fetch", ctx->peer(), lease.status(), 0, absl::ZeroDuration());
+    if (principal.ok())
+      Audit(&*principal, FullMethodName("Fetch"), ctx->peer(), "-", lease.status());
+    return new RefusedReactor<grpc::ServerWriteReactor<grpc::ByteBuffer>>(lease.status());
+  }
+  return new FetchReactor(this, ctx, req, std::move(*lease));
 }
 
 }  // namespace ckpt

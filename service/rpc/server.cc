@@ -4,14 +4,88 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <iostream>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt {
 
+bool IsLoopbackAddress(const std::string& listen) {
+  if (listen.rfind("unix:", 0) == 0 || listen.rfind("unix-abstract:", 0) == 0) return true;
+  std::string host = listen;
+  if (!host.empty() && host.front() == '[') {
+    const size_t close = host.find(']');
+    if (close == std::string::npos) return false;
+    host = host.substr(1, close - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8, written as a dotted quad.
+  int parts = 0;
+  for (absl::string_view part : absl::StrSplit(host, '.')) {
+    int value = 0;
+    if (!absl::SimpleAtoi(part, &value) || value < 0 || value > 255) return false;
+    if (parts == 0 && value != 127) return false;
+    ++parts;
+  }
+  return parts == 4;
+}
+
+namespace {
+
+// Secure by default (ServerOptions::insecure): OK, or FAILED_PRECONDITION saying what to add.
+absl::Status CheckExposure(const ServerOptions& options) {
+  if (!options.tls.client_ca_file.empty() && !options.tls.enabled()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  const bool authenticated =
+      !options.auth.tokens_file.empty() || !options.tls.client_ca_file.empty();
+  if (IsLoopbackAddress(options.listen)) return absl::OkStatus();
+  std::string problem;
+  if (!authenticated) {
+    problem = absl::StrCat("refusing to listen on ", options.listen,
+                           " without authentication: give --auth-tokens FILE (with --tls-cert and "
+                           "--tls-key) or --tls-client-ca FILE, listen on 127.0.0.1, or pass "
+                           "--insecure to serve every client as admin");
+  } else if (!options.tls.enabled()) {
+    problem = absl::StrCat("refusing to listen on ", options.listen,
+                           " without TLS: bearer tokens would cross the network in clear text; "
+                           "give --tls-cert and --tls-key, or pass --insecure");
+  }
+  if (problem.empty()) return absl::OkStatus();
+  if (!options.insecure) return absl::FailedPreconditionError(problem);
+  const std::string warning =
+      absl::StrCat("WARNING: --insecure: serving on ", options.listen,
+                   authenticated ? " without TLS (tokens travel in clear text)"
+                                 : " without authentication (every client is admin)");
+  std::cerr << "ckptd: " << warning << std::endl;
+  spdlog::warn("event=insecure listen={} message=\"{}\"", options.listen, warning);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions options) {
+  options.auth.client_certs = !options.tls.client_ca_file.empty();
+  CKPT_RETURN_IF_ERROR(CheckPolicyCoversService());
+  CKPT_RETURN_IF_ERROR(CheckExposure(options));
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    absl::StatusOr<std::string> tls = CheckTlsFiles(options.tls);
+    if (!tls.ok()) return tls.status();
+    spdlog::info("event=tls {}{}", *tls,
+                 options.tls.client_ca_file.empty() ? "" : " client_certificates=required");
+    credentials = MakeTlsServerCredentials(options.tls);
+  }
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options.auth);
+  if (!auth.ok()) return auth.status();
   std::unique_ptr<CkptServer> s(new CkptServer());
+  s->auth_ = std::move(*auth);
   s->options_ = options;
   CKPT_ASSIGN_OR_RETURN(s->store_, OpenSegmentStore(options.data_dir, options.store));
   s->manager_ = std::make_unique<CheckpointManager>(s->store_.get(), options.manager);
@@ -20,13 +94,13 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   s->jobs_ = std::make_unique<JobRunner>(s->manager_.get(), job_options);
   CKPT_RETURN_IF_ERROR(s->jobs_->Start());
   s->executor_ = std::make_unique<Executor>(options.io_threads);
-  s->service_ = std::make_unique<CheckpointServiceImpl>(s->manager_.get(), s->jobs_.get(),
-                                                        s->executor_.get(), options.service);
+  s->service_ = std::make_unique<CheckpointServiceImpl>(
+      s->manager_.get(), s->jobs_.get(), s->executor_.get(), options.service, s->auth_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, credentials, &s->port_);
   // gRPC sets SO_REUSEPORT by default, so a second ckptd on a taken port would start and share
   // the connections silently; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -41,9 +115,14 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->maintenance_ = std::thread([raw = s.get()] { raw->MaintenanceLoop(); });
-  spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={}",
-               options.listen, s->port_, options.data_dir, options.io_threads,
-               options.jobs.workers);
+  spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={} tls={} auth={}",
+               options.listen, s->port_, options.data_dir, options.io_threads, options.jobs.workers,
+               !options.tls.enabled()               ? "off"
+               : options.tls.client_ca_file.empty() ? "on"
+                                                    : "mutual",
+               !s->auth_->enabled()               ? "off"
+               : options.auth.tokens_file.empty() ? "client-certificates"
+                                                  : "tokens");
   return s;
 }
 
@@ -97,6 +176,31 @@ void CkptServer::Shutdown() {
     stopped_ = true;
   }
   cv_.notify_all();
+}
+
+absl::Status CkptServer::Reload() {
+  absl::Status first;
+  if (!options_.auth.tokens_file.empty()) {
+    if (absl::Status s = auth_->Reload(); !s.ok()) {
+      spdlog::error("event=reload what=tokens outcome=kept_previous error=\"{}\"",
+                    std::string(s.message()));
+      first.Update(s);
+    } else {
+      spdlog::info("event=reload what=tokens outcome=ok file={}", options_.auth.tokens_file);
+    }
+  }
+  if (options_.tls.enabled()) {
+    absl::StatusOr<std::string> tls = CheckTlsFiles(options_.tls);
+    if (!tls.ok()) {
+      spdlog::error("event=reload what=tls outcome=invalid error=\"{}\"",
+                    std::string(tls.status().message()));
+      first.Update(tls.status());
+    } else {
+      spdlog::info("event=reload what=tls outcome=ok {} (new connections within {} s)", *tls,
+                   kTlsRefreshSeconds);
+    }
+  }
+  return first;
 }
 
 void CkptServer::Wait() {

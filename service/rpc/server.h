@@ -17,6 +17,8 @@
 #include "service/engine/executor.h"
 #include "service/engine/job_runner.h"
 #include "service/engine/manager.h"
+#include "service/rpc/auth.h"
+#include "service/rpc/auth_tls.h"
 #include "service/rpc/checkpoint_service.h"
 #include "storage/checkpoint_store.h"
 
@@ -40,7 +42,19 @@ struct ServerOptions {
   // Transform jobs. Its `upload` is replaced by manager.upload, so that job-written checkpoints
   // are chunked like uploaded ones.
   JobRunnerOptions jobs;
+  // TLS (tls.enabled()) and mutual TLS (tls.client_ca_file). Plaintext when not enabled.
+  TlsOptions tls;
+  // Principals (auth_tokens.h) and per-principal limits. auth.client_certs is set by Start()
+  // from tls.client_ca_file.
+  AuthOptions auth;
+  // Secure by default: unless listen is a loopback (or unix:) address, Start() refuses to serve
+  // without authentication (auth.tokens_file or tls.client_ca_file) and TLS, so that neither
+  // anonymous admins nor clear-text tokens reach a network. `insecure` allows it, with a warning.
+  bool insecure = false;
 };
+
+// True for 127.0.0.0/8, ::1, localhost and unix: addresses (HOST:PORT, [V6]:PORT or unix:PATH).
+bool IsLoopbackAddress(const std::string& listen);
 
 // Thread-safe: Shutdown() may be called from any thread (e.g. a signal watcher).
 class CkptServer {
@@ -55,6 +69,10 @@ class CkptServer {
   void Shutdown();
   // Blocks until Shutdown() completed.
   void Wait();
+  // SIGHUP: re-reads the tokens file (a bad file keeps the current table) and checks the TLS
+  // files, which gRPC's watcher picks up by itself within kTlsRefreshSeconds; logs the outcome
+  // of each and returns the first error.
+  absl::Status Reload();
 
  private:
   CkptServer() = default;
@@ -65,6 +83,7 @@ class CkptServer {
   std::unique_ptr<CheckpointManager> manager_;
   std::unique_ptr<JobRunner> jobs_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<CheckpointServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

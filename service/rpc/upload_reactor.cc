@@ -19,9 +19,16 @@ namespace {
 // only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
+  // `lease` holds the principal's upload slot until the call finishes; `principal` is audited
+  // with the outcome.
   UploadReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
-                grpc::ByteBuffer* response)
-      : service_(service), ctx_(ctx), response_(response), start_(absl::Now()) {
+                grpc::ByteBuffer* response, Principal principal, LimitLease lease)
+      : service_(service),
+        ctx_(ctx),
+        response_(response),
+        start_(absl::Now()),
+        principal_(std::move(principal)),
+        lease_(std::move(lease)) {
     if (service_->shutting_down()) {
       Done(ShuttingDownError());
       return;
@@ -127,6 +134,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (s.ok() && committed) detail += " committed=true";
     LogRpc("Upload", ctx_->peer(), s, upload_ ? upload_->bytes_received() : 0, absl::Now() - start_,
            detail);
+    Audit(&principal_, FullMethodName("Upload"), ctx_->peer(),
+          absl::StrCat("checkpoint=", header_.checkpoint_id(), " rank=", header_.rank()), s);
+    // The slot is free before the client sees the status, so that its next upload may start.
+    lease_ = LimitLease();
     Finish(ToGrpcStatus(s));
   }
 
@@ -139,13 +150,24 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::vector<std::string_view> data_;
   v1::UploadHeader header_;
   std::unique_ptr<RankUpload> upload_;
+  const Principal principal_;
+  LimitLease lease_;
 };
 
 }  // namespace
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* CheckpointServiceImpl::Upload(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
-  return new UploadReactor(this, ctx, resp);
+  absl::StatusOr<Principal> principal = auth().Authorize(*ctx, FullMethodName("Upload"));
+  absl::StatusOr<LimitLease> lease =
+      principal.ok() ? auth().Acquire(*principal, LimitKind::kUploads) : principal.status();
+  if (!lease.ok()) {
+    LogRpc("Upload", ctx->peer(), lease.status(), 0, absl::ZeroDuration());
+    if (principal.ok())
+      Audit(&*principal, FullMethodName("Upload"), ctx->peer(), "-", lease.status());
+    return new RefusedReactor<grpc::ServerReadReactor<grpc::ByteBuffer>>(lease.status());
+  }
+  return new UploadReactor(this, ctx, resp, std::move(*principal), std::move(*lease));
 }
 
 }  // namespace ckpt

@@ -154,6 +154,11 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
 
 grpc::ServerWriteReactor<v1::Job>* CheckpointServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                                    const v1::WatchJobRequest* req) {
+  absl::StatusOr<Principal> principal = auth().Authorize(*ctx, FullMethodName("WatchJob"));
+  if (!principal.ok()) {
+    LogRpc("WatchJob", ctx->peer(), principal.status(), 0, absl::ZeroDuration());
+    return new RefusedReactor<grpc::ServerWriteReactor<v1::Job>>(principal.status());
+  }
   return new WatchJobReactor(this, ctx, req);
 }
 

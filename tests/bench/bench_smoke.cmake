@@ -24,7 +24,7 @@ function(require)
   endif()
 endfunction()
 
-foreach(key transport_gibps storage_gibps fetch concurrent transform deps_all_ranks_ms upload)
+foreach(key transport_gibps storage_gibps fetch concurrent transform deps_all_ranks_ms upload tls)
   require(${key})
 endforeach()
 foreach(key workers gibps server_peak_rss_mib warmup_gibps)
@@ -62,7 +62,8 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
              "upload;gibps" "upload;disk_write_gibps" "upload;store_write_gibps"
              "upload;first_pass_gibps"
              "concurrent;gibps" "concurrent;warmup_gibps" "transform;baseline_seconds"
-             "python;gibps" "python;ratio_to_cpp" "python;peak_rss_bytes" "python;max_rank_bytes")
+             "python;gibps" "python;ratio_to_cpp" "python;peak_rss_bytes" "python;max_rank_bytes"
+             "tls;ratio" "tls;aes_256_gcm_gibps")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
     message(FATAL_ERROR "${path} is ${type}, expected a number")

@@ -81,7 +81,7 @@ void Harness::Cleanup() {
   if (created_work_) {
     fs::remove_all(work_, ec);
   } else {
-    for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline",
+    for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline", "pki",
                             "disk-write.tmp", "store-write", "transport.port"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
@@ -89,11 +89,12 @@ void Harness::Cleanup() {
   work_.clear();
 }
 
-absl::Status Harness::StartServer() {
+absl::Status Harness::StartServer(const std::vector<std::string>& extra_args,
+                                  ClientOptions options) {
   // Transform jobs export beneath the work directory (harness_transform.cc).
-  CKPT_ASSIGN_OR_RETURN(server_, testing::ServerProcess::Start(CKPTD_PATH, work_ + "/data",
-                                                               {"--export-root", work_}));
-  ClientOptions options;
+  std::vector<std::string> args = {"--export-root", work_};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  CKPT_ASSIGN_OR_RETURN(server_, testing::ServerProcess::Start(CKPTD_PATH, work_ + "/data", args));
   options.connect_timeout = absl::Seconds(20);
   CKPT_ASSIGN_OR_RETURN(client_, CkptClient::Connect(server_->address(), options));
   stats_stub_ = v1::CheckpointService::NewStub(
@@ -152,6 +153,7 @@ void Harness::MeasureUploaded() {
   if (server_ && Selected("python")) MeasurePython();
   if (server_ && Selected("concurrent")) MeasureConcurrent();
   StopTransportServer();
+  if (server_ && Selected("tls")) MeasureTls();
   if (server_ && Selected("transform")) MeasureTransformPhase();
 }
 

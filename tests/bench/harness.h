@@ -97,7 +97,10 @@ class Harness {
   // harness.cc: set-up and the order of the phases.
   absl::Status PrepareWorkDir();
   void Cleanup();
-  absl::Status StartServer();
+  // ckptd with `extra_args`, and client_ connected with `client_options` (stats_stub_ always
+  // plaintext).
+  absl::Status StartServer(const std::vector<std::string>& extra_args = {},
+                           ClientOptions client_options = {});
   void StopServer();
   absl::StatusOr<v1::ServerStats> Stats();
   absl::Status Generate();
@@ -173,6 +176,12 @@ class Harness {
   bool MeasureBaseline();
   void TransformMedians();
 
+  // harness_tls.cc.
+  void MeasureTls();
+  // A warm-up and kRepeats merged fetches (their GiB/s appended to `passes`): the median GiB/s,
+  // or nullopt after Error().
+  std::optional<double> MergedFetchPasses(const std::string& label, std::vector<double>* passes);
+
   // harness_report.cc.
   nlohmann::json Results() const;
   nlohmann::json ConcurrentJson() const;
@@ -195,6 +204,7 @@ class Harness {
   void ConcurrentRows(std::vector<Row>* rows) const;
   void TransformRows(std::vector<Row>* rows) const;
   void UploadRows(std::vector<Row>* rows) const;
+  void TlsRows(std::vector<Row>* rows) const;
   void Print() const;
 
   // Config.
@@ -287,6 +297,11 @@ class Harness {
   std::optional<double> disk_gibps_;       // direct I/O where the file system allows it
   std::vector<double> disk_runs_;          // its passes; disk_gibps_ is their median
   std::optional<double> disk_buffered_gibps_;  // through the page cache
+  // Merged fetch over TLS with a token and in plaintext, measured back to back (MeasureTls), and
+  // one core's AES-GCM encryption speed.
+  std::optional<double> tls_gibps_, plain_gibps_;
+  std::vector<double> tls_passes_, plain_passes_;
+  std::optional<double> aes128_gcm_gibps_, aes256_gcm_gibps_;
   std::vector<std::string> notes_;
   std::vector<std::string> errors_;
 };

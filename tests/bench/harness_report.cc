@@ -101,6 +101,15 @@ json Harness::Results() const {
   }
   j["upload"] = UploadJson();
   j["python"] = PythonJson();
+  j["tls"] = {
+      {"gibps", Opt(tls_gibps_)},
+      {"plaintext_gibps", Opt(plain_gibps_)},
+      {"ratio", tls_gibps_ && plain_gibps_ && *plain_gibps_ > 0 ? json(*tls_gibps_ / *plain_gibps_)
+                                                                : json(nullptr)},
+      {"passes_gibps", tls_passes_},
+      {"plaintext_passes_gibps", plain_passes_},
+      {"aes_128_gcm_gibps", Opt(aes128_gcm_gibps_)},
+      {"aes_256_gcm_gibps", Opt(aes256_gcm_gibps_)}};
   json targets = json::array();
   for (const Row& r : Table()) {
     if (r.result.empty()) continue;
@@ -176,6 +185,7 @@ std::vector<Row> Harness::Table() const {
   LimitRows(&rows);
   FetchRows(&rows);
   if (Selected("python")) PythonRows(&rows);
+  if (Selected("tls")) TlsRows(&rows);
   if (Selected("concurrent")) ConcurrentRows(&rows);
   if (Selected("transform")) TransformRows(&rows);
   if (Selected("deps")) {
@@ -229,6 +239,32 @@ void Harness::FetchRows(std::vector<Row>* rows) const {
       rows->push_back(WarmedUpPassesRow(f.passes_gibps, f.warmup_gibps));
     }
   }
+}
+
+void Harness::TlsRows(std::vector<Row>* rows) const {
+  std::optional<double> ratio;
+  if (tls_gibps_ && plain_gibps_ && *plain_gibps_ > 0) ratio = *tls_gibps_ / *plain_gibps_;
+  rows->push_back({"fetch merged over TLS + token / plaintext",
+                   absl::StrCat(Fmt(tls_gibps_, " GiB/s"), " / ", Fmt(plain_gibps_, " GiB/s"),
+                                "  ratio ", Fmt(ratio, "")),
+                   "ratio >= 0.7",
+                   Verdict(ratio ? std::optional<bool>(*ratio >= 0.7) : std::nullopt)});
+  if (!tls_passes_.empty() && !plain_passes_.empty()) {
+    rows->push_back({"  passes TLS; plaintext (after a warm-up each)",
+                     absl::StrCat(PassesText(tls_passes_), "; ", PassesText(plain_passes_)), "",
+                     ""});
+  }
+  // The arithmetic: if every byte is encrypted by the server and decrypted by the client on the
+  // cores that also do the plaintext work, one GiB costs 1/plain + 1/aes seconds on the critical
+  // path, so TLS keeps at most aes / (aes + plain) of the plaintext rate.
+  std::optional<double> bound;
+  if (aes256_gcm_gibps_ && plain_gibps_) {
+    bound = *aes256_gcm_gibps_ / (*aes256_gcm_gibps_ + *plain_gibps_);
+  }
+  rows->push_back(
+      {"  AES-GCM, 1 core (128 / 256-bit)",
+       absl::StrCat(Fmt(aes128_gcm_gibps_, ""), " / ", Fmt(aes256_gcm_gibps_, " GiB/s")), "", ""});
+  rows->push_back({"  serial bound aes256/(aes256 + plaintext)", Fmt(bound, ""), "", ""});
 }
 
 void Harness::ConcurrentRows(std::vector<Row>* rows) const {
