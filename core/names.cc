@@ -50,23 +50,21 @@ bool IsControl(uint32_t cp) {
 
 }  // namespace
 
-absl::Status ValidatePrintableName(std::string_view what, std::string_view name,
-                                   size_t max_bytes) {
+absl::Status ValidatePrintableName(std::string_view what, std::string_view name, size_t max_bytes) {
   if (name.empty() || name.size() > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(what), " must be 1 to ", max_bytes, " bytes long, got ", name.size(),
-                     name.empty() ? "" : absl::StrCat(" (\"", EscapeForLog(name.substr(0, 64)),
-                                                      "...\")")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(what), " must be 1 to ", max_bytes, " bytes long, got ", name.size(),
+        name.empty() ? "" : absl::StrCat(" (\"", EscapeForLog(name.substr(0, 64)), "...\")")));
   }
   for (size_t i = 0; i < name.size();) {
     uint32_t cp = 0;
     const size_t n = DecodeUtf8(name.substr(i), &cp);
     if (n == 0 || IsControl(cp)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Sv(what), " \"", EscapeForLog(name), "\" holds ",
-          n == 0 ? "bytes that are not valid UTF-8"
-                 : absl::StrFormat("the control character U+%04X", cp),
-          " at byte ", i, "; names must be printable UTF-8 text"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Sv(what), " \"", EscapeForLog(name), "\" holds ",
+                       n == 0 ? "bytes that are not valid UTF-8"
+                              : absl::StrFormat("the control character U+%04X", cp),
+                       " at byte ", i, "; names must be printable UTF-8 text"));
     }
     i += n;
   }
@@ -85,10 +83,17 @@ std::string EscapeForLog(std::string_view value) {
       for (size_t k = 0; k < bytes; ++k) {
         const auto b = static_cast<unsigned char>(value[i + k]);
         switch (b) {
-          case '\n': out += "\\n"; break;
-          case '\r': out += "\\r"; break;
-          case '\t': out += "\\t"; break;
-          default: absl::StrAppendFormat(&out, "\\x%02x", b);
+          case '\n':
+            out += "\\n";
+            break;
+          case '\r':
+            out += "\\r";
+            break;
+          case '\t':
+            out += "\\t";
+            break;
+          default:
+            absl::StrAppendFormat(&out, "\\x%02x", b);
         }
       }
       i += bytes;

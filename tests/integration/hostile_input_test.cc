@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ckpt.grpc.pb.h"
 #include "client/client.h"
@@ -103,7 +103,8 @@ class HostileInputTest : public ::testing::Test {
     const grpc::Status status =
         stub_->ListCheckpoints(&context, v1::ListCheckpointsRequest(), &response);
     EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message()
-                             << "\nserver log:\n" << server_->Log();
+                             << "\nserver log:\n"
+                             << server_->Log();
     EXPECT_EQ(::kill(server_->pid(), 0), 0) << "ckptd is gone";
   }
 
@@ -125,20 +126,28 @@ TEST_F(HostileInputTest, HugeTensorHeadersAreRefusedAndTheServerStaysUp) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {"Float32", {1, int64_t{1} << 36}, int64_t{1} << 38, grpc::RESOURCE_EXHAUSTED,
+      {"Float32",
+       {1, int64_t{1} << 36},
+       int64_t{1} << 38,
+       grpc::RESOURCE_EXHAUSTED,
        "--max-upload-gib"},
-      {"Int8", {1, 1, int64_t{1} << 38}, int64_t{1} << 38, grpc::RESOURCE_EXHAUSTED,
+      {"Int8",
+       {1, 1, int64_t{1} << 38},
+       int64_t{1} << 38,
+       grpc::RESOURCE_EXHAUSTED,
        "--max-upload-gib"},
-      {"Float64", {int64_t{1} << 31, int64_t{1} << 31}, int64_t{1} << 62, grpc::INVALID_ARGUMENT,
+      {"Float64",
+       {int64_t{1} << 31, int64_t{1} << 31},
+       int64_t{1} << 62,
+       grpc::INVALID_ARGUMENT,
        ""},
       {"Float16", {int64_t{1} << 40, int64_t{1} << 40}, 8, grpc::INVALID_ARGUMENT, ""},
   };
   int n = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.dtype, " case ", n));
-    const grpc::Status status =
-        Upload({Header(absl::StrCat("huge", n++)), Tensor("w", c.dtype, c.dims, c.total),
-                Data(1 << 20)});
+    const grpc::Status status = Upload(
+        {Header(absl::StrCat("huge", n++)), Tensor("w", c.dtype, c.dims, c.total), Data(1 << 20)});
     EXPECT_EQ(status.error_code(), c.code) << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr(c.says));
     ExpectServing();
@@ -158,7 +167,8 @@ TEST_F(HostileInputTest, DeclaredSizesWithinTheLimitCostOnlyWhatArrives) {
   int n = 0;
   for (const auto& [dtype, dims] : shapes) {
     SCOPED_TRACE(absl::StrCat(dtype, " case ", n));
-    const int64_t total = (dtype == "Int8" ? 1 : 4) * dims[0] * dims[1] * (dims.size() > 2 ? dims[2] : 1);
+    const int64_t total =
+        (dtype == "Int8" ? 1 : 4) * dims[0] * dims[1] * (dims.size() > 2 ? dims[2] : 1);
     std::vector<v1::UploadRequest> messages = {Header(absl::StrCat("big", n++)),
                                                Tensor("w", dtype, dims, total)};
     for (int i = 0; i < 8; ++i) messages.push_back(Data(1 << 20));

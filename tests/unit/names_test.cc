@@ -21,11 +21,19 @@ TEST(NamesTest, AcceptsPrintableUtf8) {
 
 TEST(NamesTest, RefusesControlCharactersBadUtf8AndLength) {
   const std::vector<std::string> bad = {
-      "", std::string(kMaxNameBytes + 1, 'a'), "a\nb", "a\rb", "a\tb", std::string("a\0b", 3),
-      "a\x7f", "a\x1b[2J", "a\xc2\x85",  // NEL (C1)
-      "a\xe2\x80\xa8",                  // LINE SEPARATOR
-      "a\xff", "a\xc0\xaf",             // invalid, overlong
-      "a\xed\xa0\x80",                  // surrogate
+      "",
+      std::string(kMaxNameBytes + 1, 'a'),
+      "a\nb",
+      "a\rb",
+      "a\tb",
+      std::string("a\0b", 3),
+      "a\x7f",
+      "a\x1b[2J",
+      "a\xc2\x85",      // NEL (C1)
+      "a\xe2\x80\xa8",  // LINE SEPARATOR
+      "a\xff",
+      "a\xc0\xaf",      // invalid, overlong
+      "a\xed\xa0\x80",  // surrogate
   };
   for (const std::string& name : bad) {
     const absl::Status s = ValidatePrintableName("tensor name", name);
