@@ -40,9 +40,9 @@ struct ClientOptions {
   // Deadline of each Upload or Fetch stream. Default: none, because a rank file of hundreds of
   // GiB legitimately takes hours; cancel through the process instead.
   absl::Duration stream_timeout = absl::InfiniteDuration();
-  // Largest message accepted from the server. Default 8 MiB (data messages are ≤ 1 MiB; strategy
-  // and describe responses can be a few MiB).
-  int max_receive_message_bytes = 8 << 20;
+  // Largest message accepted from the server. Default 64 MiB, ckptd's own bound (data messages
+  // are ≤ 1 MiB; strategy and describe responses of a large model can be several MiB).
+  int max_receive_message_bytes = 64 << 20;
   // When positive, Connect() waits up to this long for the channel to become ready and fails
   // with UNAVAILABLE otherwise. Default 0: connect lazily; the first call reports an unreachable
   // server (calls fail fast rather than waiting for it).

@@ -109,10 +109,16 @@ class RankFileSender {
   // cancels the call), or OK: either everything was sent, or broken() is true because the server
   // ended the call early, and its status comes from Finish().
   absl::Status Send(const v1::UploadHeader& header) {
+    // An empty file (0 bytes, or only a trailer) would otherwise be committed as a checkpoint
+    // without tensors: refused before anything is sent.
+    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> value, reader_->NextValue());
+    if (!value.has_value()) {
+      return FileError(absl::StrCat("holds no tensors (", file_size_,
+                                    " bytes); refusing to upload an empty checkpoint"));
+    }
     *message_.mutable_header() = header;
     if (!Write()) return absl::OkStatus();
     Report(0);
-    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> value, reader_->NextValue());
     while (value.has_value()) {
       CKPT_ASSIGN_OR_RETURN(value, SendTensor(*std::move(value)));
       if (broken_) return absl::OkStatus();

@@ -21,11 +21,8 @@ BandChunker::BandChunker(ChunkGrid grid) : grid_(std::move(grid)) {
       line_bytes_ += segment_bytes_.back();
     }
   }
-  // Band 0 is the largest (only the last band can be shorter).
-  for (int64_t k = 0; k < per_band; ++k) {
-    buffers_.push_back(std::make_unique_for_overwrite<char[]>(
-        static_cast<size_t>(std::max<int64_t>(1, grid_.ChunkBytes(k)))));
-  }
+  // Empty: a buffer grows as its chunk's bytes arrive (Append).
+  buffers_.resize(static_cast<size_t>(per_band));
   chunk_bytes_.resize(static_cast<size_t>(per_band));
   Start(0);
 }
@@ -37,7 +34,18 @@ void BandChunker::Start(int64_t band) {
   for (int64_t k = 0; k < chunks_per_band(); ++k) {
     chunk_bytes_[k] = grid_.ChunkBytes(ChunkIndex(k));
     band_bytes_ += chunk_bytes_[k];
+    buffers_[k].clear();  // keeps the capacity for the next band
   }
+}
+
+void BandChunker::Append(size_t k, const char* from, size_t n) {
+  std::string& buffer = buffers_[k];
+  const size_t needed = buffer.size() + n;
+  if (needed > buffer.capacity()) {
+    const size_t chunk = static_cast<size_t>(chunk_bytes_[k]);
+    buffer.reserve(std::max(needed, std::min(chunk, 2 * buffer.capacity())));
+  }
+  buffer.append(from, n);
 }
 
 size_t BandChunker::Add(std::string_view data) {
@@ -46,18 +54,18 @@ size_t BandChunker::Add(std::string_view data) {
   const char* from = data.data();
   size_t left = take;
   if (line_bytes_ == 0) {
-    std::memcpy(buffers_[0].get() + filled_, from, left);
+    Append(0, from, left);
     filled_ += static_cast<int64_t>(left);
     return take;
   }
   while (left > 0) {
-    const int64_t line = filled_ / line_bytes_;
     const int64_t at = filled_ % line_bytes_;
     size_t k = 0;
     while (at >= segment_begin_[k] + segment_bytes_[k]) ++k;
     const int64_t in_segment = at - segment_begin_[k];
     const size_t n = std::min(left, static_cast<size_t>(segment_bytes_[k] - in_segment));
-    std::memcpy(buffers_[k].get() + line * segment_bytes_[k] + in_segment, from, n);
+    // Chunk k holds its segment of every line in line order, so this is its next byte.
+    Append(k, from, n);
     from += n;
     left -= n;
     filled_ += static_cast<int64_t>(n);
@@ -66,7 +74,7 @@ size_t BandChunker::Add(std::string_view data) {
 }
 
 std::string_view BandChunker::chunk(int64_t k) const {
-  return std::string_view(buffers_[k].get(), static_cast<size_t>(chunk_bytes_[k]));
+  return std::string_view(buffers_[k]);
 }
 
 }  // namespace ckpt

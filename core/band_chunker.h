@@ -5,8 +5,11 @@
 // Each byte is copied once, straight from the piece it arrived in to its place in its chunk. A
 // row of the band (one index of dim 0 and of every middle dim) is a "line" of the last dim, and
 // each chunk of the band holds one contiguous segment of every line (ChunkGrid cuts only dim 0
-// and the last dim), so a piece is copied segment by segment. Chunk buffers are allocated once
-// (for the first, largest band) and reused for every band after it; they are not zero-filled.
+// and the last dim), so a piece is copied segment by segment. Every chunk's bytes arrive in order
+// (line after line of its segment), so each chunk buffer is appended to: it grows with the bytes
+// that arrived (at most twice them, and never past the chunk's size) rather than being allocated
+// whole up front, so a declared shape alone costs no memory. Buffers keep their capacity from one
+// band to the next and are not zero-filled.
 //
 // Not thread-safe. Owns its buffers; the views chunk() returns stay valid until the next Start().
 #ifndef CKPT_CORE_BAND_CHUNKER_H_
@@ -14,7 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -56,8 +59,13 @@ class BandChunker {
   std::vector<int64_t> segment_begin_;
   std::vector<int64_t> segment_bytes_;
   int64_t line_bytes_ = 0;  // 0: the band is one chunk, copied as one contiguous run
-  std::vector<std::unique_ptr<char[]>> buffers_;
+  // Chunk k's bytes of the current band so far (appended in order; see Append).
+  std::vector<std::string> buffers_;
   std::vector<int64_t> chunk_bytes_;  // of the current band
+
+  // Appends `n` bytes to chunk k's buffer, growing its capacity geometrically but never past the
+  // chunk's size.
+  void Append(size_t k, const char* from, size_t n);
   int64_t band_ = 0;
   int64_t band_bytes_ = 0;
   int64_t filled_ = 0;

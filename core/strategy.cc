@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/absl_compat.h"
+#include "core/names.h"
 #include "core/status_macros.h"
 #include "mindspore_strategy.pb.h"
 #include "nlohmann/json.hpp"
@@ -523,11 +524,34 @@ absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item)
 
 absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (bytes.find_first_not_of(" \t\r\n") == std::string_view::npos) return NoLayoutItems();
+  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
+  // could cost far more memory than its size: both are bounded while parsing, far above what a
+  // real strategy holds (tens of values per parameter, 5 levels).
+  constexpr int64_t kMaxJsonValues = int64_t{1} << 23;
+  constexpr int kMaxJsonDepth = 32;
+  struct TooLarge {
+    std::string what;
+  };
+  int64_t values = 0;
   Json doc;
   try {
-    doc = Json::parse(bytes.begin(), bytes.end());
+    doc = Json::parse(bytes.begin(), bytes.end(),
+                      [&values](int depth, Json::parse_event_t event, Json&) {
+                        if (depth > kMaxJsonDepth) {
+                          throw TooLarge{absl::StrCat("nests deeper than ", kMaxJsonDepth,
+                                                      " levels")};
+                        }
+                        if (event == Json::parse_event_t::value && ++values > kMaxJsonValues) {
+                          throw TooLarge{absl::StrCat("holds more than ", kMaxJsonValues,
+                                                      " values")};
+                        }
+                        return true;
+                      });
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what()));
+  } catch (const TooLarge& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JSON strategy refused: it ", e.what, ", more than any strategy needs"));
   }
   if (!doc.is_object()) return JsonTypeError("a JSON strategy", "an object");
 
@@ -610,6 +634,8 @@ absl::Status CheckParam(const std::string& name, StrategyParam& param, int32_t s
     return absl::InvalidArgumentError(
         absl::StrCat("parameter name \"", absl::CHexEscape(name), "\" is not valid UTF-8"));
   }
+  // Control characters (which could forge log lines) and absurd lengths.
+  CKPT_RETURN_IF_ERROR(ValidatePrintableName("parameter name", name));
   if (absl::Status s = layout.ValidateStructure(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("parameter ", name, ": ", s.message()));
   }
@@ -703,6 +729,14 @@ absl::StatusOr<Strategy> Strategy::Create(std::map<std::string, StrategyParam> p
     CKPT_RETURN_IF_ERROR(CheckParam(name, param, stage_count, &used_stages));
   }
   CKPT_ASSIGN_OR_RETURN(const int64_t devices, DevicesPerStage(params));
+  // Ranks are enumerated (uploads, manifests, exports, dependency lists): a world claimed by a
+  // strategy file must stay countable. devices <= 2^24 and stage_count < 2^31: no overflow.
+  if (devices * stage_count > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy has a world of ", devices * stage_count, " ranks (", devices,
+                     " devices per stage x ", stage_count, " stages), more than the ",
+                     kMaxWorldSize, " ranks ckptd supports"));
+  }
   // used_stages is a subset of [0, stage_count), so the first gap is found within
   // used_stages.size() + 1 steps even for a huge stage_count.
   for (int32_t stage = 0; stage < stage_count; ++stage) {

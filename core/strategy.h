@@ -16,6 +16,9 @@
 
 namespace ckpt {
 
+// Most ranks (devices per stage x stages) a strategy may have.
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 // One operator strategy item (`parallel_strategy_item`): only its stage matters to us, the rest
 // is kept so that export round-trips.
 struct OpStrategy {
@@ -39,7 +42,8 @@ class Strategy {
   // Validates and builds: at least one parameter; every layout structurally valid (names the
   // parameter otherwise); all layouts have the same device count; stage_count >= 1 and every
   // layout's stages inside [0, stage_count); every stage holds at least one parameter; a recorded
-  // tensor_shape passes Layout::Validate.
+  // tensor_shape passes Layout::Validate; every parameter name is printable
+  // (ValidatePrintableName); the world has at most kMaxWorldSize ranks.
   // `stage_prefixed_names`: the file used "<stage>-<name>" keys (a merged pipeline strategy); kept
   // so that export writes the same form.
   static absl::StatusOr<Strategy> Create(std::map<std::string, StrategyParam> params,

@@ -27,6 +27,7 @@ struct Flags {
   int64_t server_mib = options.service.server_bytes_in_flight >> 20;
   int64_t idle_minutes = absl::ToInt64Minutes(options.manager.upload_idle_timeout);
   int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
+  int64_t max_upload_gib = options.manager.upload.max_upload_bytes >> 30;
 
   // Copies the MiB and minute values into `options`.
   void Apply() {
@@ -36,6 +37,7 @@ struct Flags {
     options.service.server_bytes_in_flight = server_mib << 20;
     options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);
     options.jobs.max_bytes_per_second = job_bandwidth_mib << 20;
+    options.manager.upload.max_upload_bytes = max_upload_gib << 30;
   }
 };
 
@@ -77,6 +79,12 @@ void AddServerFlags(CLI::App& app, Flags& f) {
                  "Discard uploads idle for this long (minutes)")
       ->envname("CKPTD_UPLOAD_IDLE_MINUTES")
       ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--max-upload-gib", f.max_upload_gib,
+                 "Most tensor bytes one rank's upload stream may announce (GiB); larger "
+                 "uploads are refused with RESOURCE_EXHAUSTED")
+      ->envname("CKPTD_MAX_UPLOAD_GIB")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
 }
 

@@ -34,6 +34,10 @@ absl::StatusCode CodeForErrno(int error_number) {
       return absl::StatusCode::kResourceExhausted;
     case EEXIST:
       return absl::StatusCode::kAlreadyExists;
+    case EFAULT:
+      // From the kernel failing to bring in a page of a mapping (not a bad pointer of ours):
+      // transient, e.g. memory or tmpfs space ran short. Retryable.
+      return absl::StatusCode::kUnavailable;
     default:
       return absl::ErrnoToStatusCode(error_number);
   }

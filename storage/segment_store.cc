@@ -62,6 +62,9 @@ rocksdb::DBOptions DbOptions() {
   // backlog of dirty pages.
   db_options.wal_bytes_per_sync = 1 << 20;
   db_options.bytes_per_sync = 1 << 20;
+  // The info log goes to ckptd's own log rather than a LOG file in the store (see
+  // NewRocksDbLogger).
+  db_options.info_log = segment_store_internal::NewRocksDbLogger();
   db_options.keep_log_file_num = 5;
   db_options.max_log_file_size = 16 << 20;
   return db_options;
@@ -129,18 +132,57 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
   if (absl::Status refused = RefuseChunkBytesFamily(db_options, dir); !refused.ok()) {
     return Doing(doing, refused);
   }
+  // Opening a RocksDB database for writing writes (a new manifest, log and options file): on a
+  // disk below the reserve it is opened read-only instead, and serves what it holds.
+  // (A failed measurement opens it for writing: each write then measures again, and is refused
+  // while that fails.)
+  absl::StatusOr<int64_t> free_bytes =
+      options.free_disk_bytes ? options.free_disk_bytes() : FreeDiskBytes(dir);
+  std::string read_only_reason;
+  if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {
+    read_only_reason = absl::StrFormat(
+        "the store in %s was opened read-only because its disk had %d bytes free, below the "
+        "free-space reserve of %d bytes (ckptd --min-free-disk-mib); free space and restart "
+        "ckptd to write again",
+        dir, *free_bytes, options.min_free_disk_bytes);
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: no store exists there yet, and its disk has %d bytes free, below the free-space "
+          "reserve of %d bytes (ckptd --min-free-disk-mib)",
+          doing, *free_bytes, options.min_free_disk_bytes));
+    }
+  }
   rocksdb::DB* db = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  CKPT_RETURN_IF_ERROR(
-      FromRocks(rocksdb::DB::Open(db_options, dir, families, &handles, &db), doing));
+  if (read_only_reason.empty()) {
+    CKPT_RETURN_IF_ERROR(
+        FromRocks(rocksdb::DB::Open(db_options, dir, families, &handles, &db), doing));
+  } else {
+    CKPT_RETURN_IF_ERROR(FromRocks(
+        rocksdb::DB::OpenForReadOnly(db_options, dir, families, &handles, &db), doing));
+  }
 
   std::unique_ptr<SegmentStore> store(new SegmentStore(dir, options, std::move(block_cache), db,
-                                                       std::move(handles), *std::move(segments)));
+                                                       std::move(handles), *std::move(segments),
+                                                       read_only_reason));
   if (absl::Status format = store->CheckFormat(); !format.ok()) return Doing(doing, format);
   CKPT_RETURN_IF_ERROR(store->LoadCounter());
+  if (!read_only_reason.empty()) {
+    StoreLog()->warn("event=store_open dir={} format={} mode=read-only free_bytes={} "
+                     "reserve_bytes={} (below the free-space reserve: writes are refused)",
+                     dir, segment_store_internal::kStoreFormatVersion, *free_bytes,
+                     options.min_free_disk_bytes);
+    return store;
+  }
   // Nothing is live yet, so this removes every upload that was in progress when the previous
-  // process stopped.
-  CKPT_RETURN_IF_ERROR(store->CollectGarbage().status());
+  // process stopped. Skipped when the disk cannot take its writes now (the periodic collection
+  // does it later: an upload of a previous process is never live again).
+  if (absl::Status room = store->CheckFreeDisk(0, "collecting garbage at open", true); room.ok()) {
+    CKPT_RETURN_IF_ERROR(store->CollectGarbage().status());
+  } else {
+    StoreLog()->warn("event=store_open dir={} gc=skipped error=\"{}\"", dir,
+                     std::string(room.message()));
+  }
   StoreLog()->info("event=store_open dir={} format={} next_data_id={}", dir,
                    segment_store_internal::kStoreFormatVersion, store->next_data_id_);
   return store;
@@ -149,9 +191,11 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
 SegmentStore::SegmentStore(std::string dir, StoreOptions options,
                            std::shared_ptr<rocksdb::Cache> block_cache, rocksdb::DB* db,
                            std::vector<rocksdb::ColumnFamilyHandle*> handles,
-                           std::unique_ptr<segment_internal::SegmentDirectory> segments)
+                           std::unique_ptr<segment_internal::SegmentDirectory> segments,
+                           std::string read_only_reason)
     : dir_(std::move(dir)),
       options_(std::move(options)),
+      read_only_reason_(std::move(read_only_reason)),
       block_cache_(std::move(block_cache)),
       db_(db),
       handles_(std::move(handles)),
@@ -243,12 +287,18 @@ absl::StatusOr<std::string> SegmentStore::Get(rocksdb::ColumnFamilyHandle* famil
 }
 
 absl::Status SegmentStore::Write(rocksdb::WriteBatch* batch, bool sync, std::string_view doing) {
+  // Every RocksDB write passes here: refused while the reserve is breached, before RocksDB can
+  // meet a full disk (the reserve absorbs the records' own few bytes; chunk bytes were counted
+  // by PutChunks). Synced writes are records (rare): the free space is measured for them.
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(0, doing, sync));
   rocksdb::WriteOptions write_options;
   write_options.sync = sync;
   return FromRocks(db_->Write(write_options, batch), doing);
 }
 
 absl::Status SegmentStore::Flush() {
+  // Writes table files: refused on a full disk (the write-ahead log keeps the records).
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(0, absl::StrCat("flushing RocksDB store in ", dir_), true));
   rocksdb::FlushOptions flush_options;
   flush_options.wait = true;
   CKPT_RETURN_IF_ERROR(FromRocks(db_->Flush(flush_options, handles_),
@@ -267,7 +317,11 @@ StoreStats SegmentStore::stats() const {
   return stats;
 }
 
-absl::Status SegmentStore::CheckFreeDisk(int64_t incoming_bytes) {
+absl::Status SegmentStore::CheckFreeDisk(int64_t incoming_bytes, std::string_view doing,
+                                         bool fresh) {
+  if (!read_only_reason_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(Sv(doing), " refused: ", read_only_reason_));
+  }
   int64_t free_bytes = 0;
   if (options_.free_disk_bytes) {
     // Injected (tests): asked every time so that a change takes effect at once.
@@ -275,7 +329,7 @@ absl::Status SegmentStore::CheckFreeDisk(int64_t incoming_bytes) {
   } else {
     std::lock_guard<std::mutex> lock(disk_mu_);
     const auto now = std::chrono::steady_clock::now();
-    if (!disk_measured_ || now - measured_at_ >= kDiskRecheckInterval ||
+    if (fresh || !disk_measured_ || now - measured_at_ >= kDiskRecheckInterval ||
         written_since_measure_ >= kDiskRecheckBytes) {
       CKPT_ASSIGN_OR_RETURN(measured_free_bytes_, FreeDiskBytes(dir_));
       measured_at_ = now;
@@ -288,9 +342,9 @@ absl::Status SegmentStore::CheckFreeDisk(int64_t incoming_bytes) {
   // meant to absorb that, as well as write-ahead-log and compaction overhead.
   if (free_bytes - incoming_bytes < options_.min_free_disk_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "refusing to write %d bytes of chunks: %d bytes free on %s, below the reserve of %d bytes "
-        "(StoreOptions.min_free_disk_bytes)",
-        incoming_bytes, free_bytes, dir_, options_.min_free_disk_bytes));
+        "%s refused (%d bytes): %d bytes free on %s, below the free-space reserve of %d bytes "
+        "(ckptd --min-free-disk-mib)",
+        doing, incoming_bytes, free_bytes, dir_, options_.min_free_disk_bytes));
   }
   return absl::OkStatus();
 }

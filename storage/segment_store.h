@@ -4,6 +4,12 @@
 // in one append-only segment file per upload data id (storage/internal/segment_directory.h),
 // written by the segment writer and read, as views of mapped windows, by the segment reader.
 //
+// A full disk: every write path (strategies, manifests and commits, jobs, deletes, data ids,
+// chunk writes, garbage collection, the flush at shutdown) first checks the free-space reserve
+// (StoreOptions::min_free_disk_bytes) and fails with RESOURCE_EXHAUSTED while it is breached, so
+// that RocksDB itself never runs out of space mid-write. A store whose disk is below the reserve
+// when it is opened is opened read-only: reads work, every write is refused.
+//
 // Durability: records (strategies, manifests, jobs, the data-id counter) are written with
 // sync=true; chunk bytes and locations are not: a commit first syncs the data id's segment file,
 // and its synced batch also makes every earlier RocksDB write-ahead-log record durable (the
@@ -111,7 +117,8 @@ class SegmentStore final : public CheckpointStore {
 
   SegmentStore(std::string dir, StoreOptions options, std::shared_ptr<rocksdb::Cache> block_cache,
                rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
-               std::unique_ptr<segment_internal::SegmentDirectory> segments);
+               std::unique_ptr<segment_internal::SegmentDirectory> segments,
+               std::string read_only_reason);
 
   // --- Open (segment_store.cc) ---
   // Checks the store's format version (kStoreFormatVersion), recording it in a new, empty store:
@@ -163,11 +170,18 @@ class SegmentStore final : public CheckpointStore {
   absl::StatusOr<int64_t> CollectLocations();
 
   // --- Free-disk reserve (segment_store.cc) ---
-  absl::Status CheckFreeDisk(int64_t incoming_bytes);
+  // RESOURCE_EXHAUSTED, naming `doing` and the reserve, when writing `incoming_bytes` would leave
+  // less than options_.min_free_disk_bytes free, or when the store was opened read-only. `fresh`
+  // measures the free space now (metadata writes, which are rare) instead of using the estimate
+  // kept between measurements (chunk writes).
+  absl::Status CheckFreeDisk(int64_t incoming_bytes, std::string_view doing, bool fresh = false);
   void NoteWritten(int64_t bytes);
 
   const std::string dir_;
   const StoreOptions options_;
+  // Non-empty when the store was opened read-only (the disk was below the reserve at open): why.
+  // Every write is then refused with RESOURCE_EXHAUSTED.
+  const std::string read_only_reason_;
   const std::shared_ptr<rocksdb::Cache> block_cache_;
   rocksdb::DB* const db_;  // owned; closed and deleted by the destructor
   // owned; default, meta, jobs, chunk_locations

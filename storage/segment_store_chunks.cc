@@ -90,7 +90,8 @@ absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
     data_cv_.notify_all();
   };
 
-  CKPT_RETURN_IF_ERROR(CheckFreeDisk(incoming));
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(
+      incoming, absl::StrCat("writing ", chunks.size(), " chunks of data id ", ids.front())));
   // The bytes go to each data id's segment file; the batch records where (unsynced: the commit
   // syncs the segment file, then its synced batch syncs the write-ahead log that holds these
   // records).

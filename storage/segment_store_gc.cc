@@ -62,6 +62,9 @@ absl::StatusOr<bool> SegmentStore::IsGarbage(uint64_t data_id) {
 }
 
 absl::StatusOr<int64_t> SegmentStore::CollectGarbage() {
+  // Deletes records and compacts (which writes new tables): refused on a full disk.
+  CKPT_RETURN_IF_ERROR(
+      CheckFreeDisk(0, absl::StrCat("collecting garbage in ", dir_), /*fresh=*/true));
   CKPT_ASSIGN_OR_RETURN(const int64_t collected, CollectLocations());
   // Segment files of garbage data ids: uploads that never committed, and files whose records a
   // delete or discard removed before this process stopped or failed to remove the file.

@@ -100,6 +100,8 @@ absl::Status SegmentStore::CommitCheckpoint(const std::string& id, std::string_v
   if (existing.ok()) return absl::AlreadyExistsError(absl::StrCat(what, " exists"));
   if (!absl::IsNotFound(existing.status())) return existing.status();
 
+  // Syncing writes the data id's last, partly filled blocks: checked before, on a full disk.
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(0, "committing " + what, /*fresh=*/true));
   CKPT_RETURN_IF_ERROR(ClaimLiveData(data_id));
   // The chunk bytes were written unsynced (PutChunks): make them durable before the commit that
   // references them. The synced batch below syncs the write-ahead log, and with it their

@@ -139,7 +139,16 @@ absl::Status JobRunner::Start() {
       job.set_state(v1::JOB_STATE_QUEUED);
       job.mutable_progress()->set_bytes_per_second(0);
       job.mutable_progress()->set_eta_seconds(0);
-      CKPT_RETURN_IF_ERROR(store_->PutJob(job.id(), job.SerializeAsString()));
+      const absl::Status requeued = store_->PutJob(job.id(), job.SerializeAsString());
+      if (absl::IsResourceExhausted(requeued)) {
+        // A full disk (the store refuses writes): the job stays RUNNING in the store and is
+        // requeued at the next start with room; it is not run now, as it could record nothing.
+        Logger()->warn("event=job_requeue job={} deferred=true error=\"{}\"", job.id(),
+                       StatusText(requeued));
+        loaded.emplace(r.id, std::make_shared<Entry>(std::move(job)));
+        continue;
+      }
+      CKPT_RETURN_IF_ERROR(requeued);
       Logger()->info("event=job_requeue job={} attempts={}", job.id(), job.attempts());
     }
     auto e = std::make_shared<Entry>(std::move(job));

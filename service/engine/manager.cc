@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt_records.pb.h"
+#include "core/names.h"
 #include "core/status_macros.h"
 
 namespace ckpt {
@@ -30,7 +31,7 @@ absl::Status ValidateName(const std::string& what, const std::string& name) {
   });
   if (name.empty() || name.size() > 200 || !ok_chars || name[0] == '.' || name[0] == '-') {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " \"", name, "\" is invalid: use 1-200 characters of [A-Za-z0-9._-], not starting "
+        what, " \"", EscapeForLog(name), "\" is invalid: use 1-200 characters of [A-Za-z0-9._-], not starting "
         "with '.' or '-'"));
   }
   return absl::OkStatus();
@@ -305,6 +306,20 @@ void CheckpointManager::InvalidatePlans() {
 
 absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
     const v1::FetchRequest& request, std::shared_ptr<const LoadedCheckpoint> ckpt) {
+  // The patterns become part of a cached plan's key (plan_cache_entries of them are kept) and are
+  // matched against every tensor name: bounded in number and length.
+  constexpr int kMaxPatterns = 256;
+  constexpr size_t kMaxPatternBytes = 1024;
+  if (request.include_size() + request.exclude_size() > kMaxPatterns) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fetch has ", request.include_size() + request.exclude_size(),
+        " include and exclude patterns; at most ", kMaxPatterns, " are accepted"));
+  }
+  for (const auto* patterns : {&request.include(), &request.exclude()}) {
+    for (const std::string& p : *patterns) {
+      CKPT_RETURN_IF_ERROR(ValidatePrintableName("include/exclude pattern", p, kMaxPatternBytes));
+    }
+  }
   std::shared_ptr<const Strategy> dst;
   if (!request.merged()) {
     if (request.destination_strategy().empty()) {

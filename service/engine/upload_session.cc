@@ -7,13 +7,13 @@
 #include "absl/strings/str_join.h"
 #include "core/absl_compat.h"
 #include "core/checksum.h"
+#include "core/names.h"
 #include "core/reshard.h"
 #include "core/status_macros.h"
 
 namespace ckpt {
 namespace {
 
-constexpr size_t kMaxNameBytes = 4096;
 constexpr int kMaxDims = 64;
 
 // Element bits and shape under which a tensor's bytes are chunked: str values are raw bytes.
@@ -138,6 +138,9 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
 
 absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
     std::shared_ptr<PendingCheckpoint> pending, int64_t rank, std::string source_file) {
+  if (!source_file.empty()) {
+    CKPT_RETURN_IF_ERROR(ValidatePrintableName("source file name", source_file));
+  }
   {
     std::lock_guard<std::mutex> lock(pending->mu_);
     const int64_t world = pending->world_size();
@@ -187,10 +190,7 @@ std::string RankUpload::Where() const {
 absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* cur,
                                      Shape* local) const {
   const std::string& name = h.name();
-  if (name.empty() || name.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": tensor names must be 1-", kMaxNameBytes, " bytes"));
-  }
+  CKPT_RETURN_IF_ERROR(ValidatePrintableName(absl::StrCat(Where(), ": tensor name"), name));
   if (sent_.contains(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(), ": tensor ", name, " appears twice in the rank's file"));
@@ -359,6 +359,14 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
   Current cur;
   Shape local;
   CKPT_RETURN_IF_ERROR(CheckHeader(h, &cur, &local));
+  // Checked before anything is claimed or allocated for the tensor: a header only declares a size.
+  const int64_t limit = pending_->options_.max_upload_bytes;
+  if (cur.total > limit - bytes_announced_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Where(), ": tensor ", cur.name, " announces ", cur.total, " bytes, which with the ",
+        bytes_announced_, " bytes of the tensors before it exceeds the per-upload limit of ",
+        limit, " bytes (ckptd --max-upload-gib)"));
+  }
   const Layout* layout =
       pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur.name, true) : nullptr;
   if (layout && cur.dtype == DType::kStr) {
@@ -382,6 +390,7 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
     cur.chunker.emplace(*std::move(grid));
   }
   sent_.insert(cur.name);
+  bytes_announced_ += cur.total;
   ++position_;
   current_ = std::move(cur);
   if (current_->total == 0) return FinishTensor();
@@ -602,6 +611,11 @@ absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": stream ended after ",
                                                    current_->received, " of ", current_->total,
                                                    " bytes of tensor ", current_->name));
+  }
+  if (sent_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(), " sent no tensors: a checkpoint rank with zero tensors (such as an empty or "
+        "0-byte .ckpt file) is refused"));
   }
   CKPT_RETURN_IF_ERROR(CheckStageSent());
   std::unique_lock<std::mutex> lock(pending_->mu_);

@@ -37,6 +37,10 @@ struct UploadOptions {
   // (a client that retries at once after its connection dropped races the server's clean-up of
   // the dropped stream).
   absl::Duration rank_release_wait = absl::Seconds(5);
+  // Most tensor bytes one rank's upload stream may announce in its tensor headers, in total
+  // (ckptd's --max-upload-gib). A header beyond it is refused with RESOURCE_EXHAUSTED before
+  // anything is allocated for it. Default 64 GiB.
+  int64_t max_upload_bytes = int64_t{64} << 30;
 };
 
 class RankUpload;
@@ -192,6 +196,7 @@ class RankUpload {
   std::set<std::string> sent_;
   std::vector<Verification> verifications_;
   int64_t bytes_received_ = 0;
+  int64_t bytes_announced_ = 0;  // total_bytes of the tensor headers accepted so far
   int64_t bytes_stored_ = 0;
   int64_t position_ = 0;
   std::vector<std::string> warnings_;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/absl_compat.h"
+#include "core/names.h"
 #include "service/rpc/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -30,8 +31,8 @@ void LogRpc(const char* method, const std::string& peer, const absl::Status& sta
   const auto level = status.ok() ? spdlog::level::info : spdlog::level::warn;
   Logger()->log(level, "event=rpc method={} peer={} status={} bytes={} ms={:.1f}{}{}{}", method,
                 peer, absl::StatusCodeToString(status.code()), bytes,
-                absl::ToDoubleMilliseconds(latency), detail.empty() ? "" : " ", detail,
-                status.ok() ? "" : absl::StrCat(" error=\"", status.message(), "\""));
+                absl::ToDoubleMilliseconds(latency), detail.empty() ? "" : " ", EscapeForLog(detail),
+                status.ok() ? "" : absl::StrCat(" error=\"", EscapeForLog(std::string(status.message())), "\""));
 }
 
 // ------------------------------------------------------------------------------- unary

@@ -105,9 +105,10 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   // the connections silently; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(s->service_.get());
-  // Data messages are ≤ 1 MiB; leave room for headers.
-  builder.SetMaxReceiveMessageSize(4 << 20);
-  builder.SetMaxSendMessageSize(4 << 20);
+  // Data messages are ≤ 1 MiB, but a strategy (PutStrategy, GetStrategy) of a large model is
+  // one message of several MiB: 64 MiB bounds what one message may make the server hold.
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,

@@ -275,7 +275,17 @@ absl::StatusOr<bool> SegmentReader::Populate(Window& window, int64_t begin, int6
     if (::madvise(static_cast<char*>(window.addr) + i * u,
                   static_cast<size_t>(window.UnitBytes(u, i, j)), MADV_POPULATE_READ) != 0 &&
         errno != EINVAL) {
-      return Prefixed(what, ErrnoToStatus(errno, "read (populate)", path));
+      // EFAULT: a page could not be brought in without allocating, e.g. a hole of the file
+      // (the unused rest of an extent) on a full tmpfs, or a huge page under memory pressure.
+      // The chunk is then read as a copy (pread needs no page of the file's own); the window
+      // gives its charge back so that retries do not use up the budget.
+      const int error = errno;
+      if (error == EFAULT || error == ENOMEM || error == EAGAIN) {
+        window.charged.fetch_sub(bytes, std::memory_order_relaxed);
+        window_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
+        return false;
+      }
+      return Prefixed(what, ErrnoToStatus(error, "read (populate)", path));
     }
   }
   window.populated.fetch_or(missing, std::memory_order_release);

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "rocksdb/env.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/status.h"
 #include "spdlog/logger.h"
@@ -23,6 +24,12 @@ inline rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data
 
 // The "storage" logger: the one the service registered, else a clone of the default logger.
 std::shared_ptr<spdlog::logger> StoreLog();
+
+// RocksDB's info log, sent to StoreLog() (as `event=rocksdb msg="..."`; RocksDB's informational
+// lines at debug level) instead of a LOG file in the store directory: a LOG file is written
+// all the time (statistics dumps, compactions), and once a write of it fails on a full disk,
+// Debian's RocksDB aborts the process when it closes the file.
+std::shared_ptr<rocksdb::Logger> NewRocksDbLogger();
 
 }  // namespace ckpt::segment_store_internal
 

@@ -718,17 +718,30 @@ TEST_F(ServerTest, OpenFetchStreamsAreCountedUntilTheyEndOrAreCancelled) {
 
 TEST(ServerDiskTest, WritesBelowTheDiskReserveAreResourceExhausted) {
   TempDir dir;
-  // A reserve larger than any disk: every chunk write is refused, and nothing becomes visible.
+  // A store created with room; then a reserve larger than any disk: ckptd starts read-only,
+  // every write is refused, and nothing becomes visible.
+  {
+    auto server = ServerProcess::Start(CKPTD_PATH, dir / "data");
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = *CkptClient::Connect((*server)->address());
+    ASSERT_TRUE(client->PutStrategy("src", DemoSourceStrategy(), false).ok());
+  }
   auto server = ServerProcess::Start(CKPTD_PATH, dir / "data", {"--min-free-disk-mib", "1000000000"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = *CkptClient::Connect((*server)->address());
   ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), DemoTensors(), dir / "src", {}).ok());
-  ASSERT_TRUE(client->PutStrategy("src", DemoSourceStrategy(), false).ok());
   auto up = client->UploadDirectory("demo", "src", dir / "src");
   ASSERT_FALSE(up.ok());
   EXPECT_EQ(up.status().code(), absl::StatusCode::kResourceExhausted) << up.status();
   EXPECT_THAT(std::string(up.status().message()), HasSubstr("free"));
+  auto put = client->PutStrategy("dst", DemoDestinationStrategy(), false);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
   EXPECT_TRUE(client->ListCheckpoints()->empty());
+  ASSERT_TRUE(client->GetStrategy("src").ok());  // reads are served
+  // No store can be created below the reserve: a clear start-up error.
+  auto fresh = ServerProcess::Start(CKPTD_PATH, dir / "fresh", {"--min-free-disk-mib", "1000000000"});
+  ASSERT_FALSE(fresh.ok());
+  EXPECT_THAT(std::string(fresh.status().message()), HasSubstr("--min-free-disk-mib"));
 }
 
 }  // namespace

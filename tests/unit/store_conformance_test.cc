@@ -498,7 +498,7 @@ TEST_P(StoreConformanceTest, CollectGarbageKeepsLiveAndCommittedData) {
 // --- Free disk ----------------------------------------------------------------------------------
 
 TEST_P(StoreConformanceTest, PutChunksRefusedBelowDiskReserve) {
-  auto free_bytes = std::make_shared<std::atomic<int64_t>>(500);
+  auto free_bytes = std::make_shared<std::atomic<int64_t>>(1 << 20);
   options_.min_free_disk_bytes = 1000;
   options_.free_disk_bytes = [free_bytes]() -> absl::StatusOr<int64_t> {
     return free_bytes->load();
@@ -506,6 +506,7 @@ TEST_P(StoreConformanceTest, PutChunksRefusedBelowDiskReserve) {
   store_.reset();
   ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+  free_bytes->store(500);
 
   absl::Status full = store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), "abc"}});
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
@@ -529,8 +530,10 @@ TEST_P(StoreConformanceTest, PutChunksRefusedBelowDiskReserve) {
   };
   store_.reset();
   ASSERT_NO_FATAL_FAILURE(Open());
-  ASSERT_OK_AND_ASSIGN(const uint64_t id2, store_->BeginData());
-  absl::Status broken = store_->PutChunks({ChunkWrite{Addr(id2, 0, 0, 0), "abc"}});
+  // The segment store measures before every write, the data id counter's included.
+  absl::StatusOr<uint64_t> id2 = store_->BeginData();
+  absl::Status broken =
+      id2.ok() ? store_->PutChunks({ChunkWrite{Addr(*id2, 0, 0, 0), "abc"}}) : id2.status();
   EXPECT_FALSE(broken.ok());
   EXPECT_THAT(Msg(broken), HasSubstr("statfs failed"));
 }
@@ -1032,17 +1035,90 @@ TEST_F(SegmentStoreTest, OpenOnAFileFailsNamingIt) {
 
 TEST_F(SegmentStoreTest, MeasuresFreeDiskWhenNotInjected) {
   options_.min_free_disk_bytes = int64_t{1} << 60;  // more than any test machine has
-  ASSERT_NO_FATAL_FAILURE(Reopen());
-  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
-  absl::Status full = store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), "abc"}});
+  ASSERT_NO_FATAL_FAILURE(Reopen());  // read-only: the disk is below the reserve
+  absl::Status full = store_->BeginData().status();
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_THAT(Msg(full), HasSubstr(db_dir_));
   EXPECT_THAT(Msg(full), HasSubstr(std::to_string(options_.min_free_disk_bytes)));
+  EXPECT_THAT(Msg(full), HasSubstr("read-only"));
 
   options_.min_free_disk_bytes = 0;
   ASSERT_NO_FATAL_FAILURE(Reopen());
   ASSERT_OK_AND_ASSIGN(const uint64_t id2, store_->BeginData());
   EXPECT_OK(store_->PutChunks({ChunkWrite{Addr(id2, 0, 0, 0), "abc"}}));
+}
+
+// Below the free-space reserve every write path is refused with RESOURCE_EXHAUSTED naming the
+// reserve, reads keep working, and a store opened below it is read-only until reopened with room.
+TEST_F(SegmentStoreTest, EveryWriteRefusedBelowTheReserveAndOpenIsReadOnly) {
+  auto free_bytes = std::make_shared<std::atomic<int64_t>>(int64_t{1} << 30);
+  options_.min_free_disk_bytes = 1 << 20;
+  options_.free_disk_bytes = [free_bytes]() -> absl::StatusOr<int64_t> {
+    return free_bytes->load();
+  };
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK(store_->PutStrategy("s", "strategy", false));
+  ASSERT_OK(store_->PutStrategy("s2", "strategy2", false));
+  ASSERT_OK(store_->PutJob("j", "job"));
+  std::vector<std::pair<ChunkAddress, std::string>> chunks = {
+      {Addr(0, 0, 0, 0), RandomBytes(100000, 3)}};
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("c", "manifest", id));
+  std::vector<std::pair<ChunkAddress, std::string>> pending = {{Addr(0, 0, 0, 0), "pending"}};
+  const uint64_t pending_id = Upload(&pending);
+
+  auto expect_refused = [](const absl::Status& s, std::string_view what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << what << ": " << s;
+    EXPECT_THAT(Msg(s), HasSubstr("--min-free-disk-mib")) << what;
+  };
+  // `live`: the pending upload is still live (in the first store only).
+  auto expect_all_refused = [&](bool live) {
+    expect_refused(store_->PutStrategy("s3", "x", false), "PutStrategy");
+    expect_refused(store_->DeleteStrategy("s2"), "DeleteStrategy");
+    expect_refused(store_->BeginData().status(), "BeginData");
+    if (live) {
+      expect_refused(store_->PutChunks({ChunkWrite{Addr(pending_id, 0, 0, 1), "x"}}),
+                     "PutChunks");
+      expect_refused(store_->CommitCheckpoint("c2", "m", pending_id), "CommitCheckpoint");
+    }
+    expect_refused(store_->DeleteCheckpoint("c"), "DeleteCheckpoint");
+    expect_refused(store_->PutJob("j", "job2"), "PutJob");
+    expect_refused(store_->CollectGarbage().status(), "CollectGarbage");
+    expect_refused(store_->Flush(), "Flush");
+    // Reads still work.
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(chunks[0].first, chunks[0].second));
+    ASSERT_OK_AND_ASSIGN(std::string manifest, store_->GetManifest("c"));
+    EXPECT_EQ(manifest, "manifest");
+    ASSERT_OK_AND_ASSIGN(std::string job, store_->GetJob("j"));
+    EXPECT_EQ(job, "job");
+    ASSERT_OK_AND_ASSIGN(std::vector<std::string> strategies, store_->ListStrategies());
+    EXPECT_THAT(strategies, ElementsAre("s", "s2"));
+  };
+  free_bytes->store(1000);
+  expect_all_refused(true);
+  // With room again, writes work on the open store (the pending upload commits).
+  free_bytes->store(int64_t{1} << 30);
+  ASSERT_OK(store_->CommitCheckpoint("c2", "m", pending_id));
+
+  // Opened below the reserve: read-only, whatever the space later.
+  free_bytes->store(1000);
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  expect_all_refused(false);
+  free_bytes->store(int64_t{1} << 30);
+  absl::Status read_only = store_->PutStrategy("s3", "x", false);
+  EXPECT_EQ(read_only.code(), absl::StatusCode::kResourceExhausted) << read_only;
+  EXPECT_THAT(Msg(read_only), HasSubstr("read-only"));
+  // Reopened with room: writable again.
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK(store_->PutStrategy("s3", "x", false));
+  ASSERT_OK(store_->DeleteCheckpoint("c"));
+  ASSERT_OK(store_->Flush());
+
+  // A new store cannot be created on a full disk.
+  free_bytes->store(1000);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> fresh =
+      OpenSegmentStore(root_ + "/new", options_);
+  EXPECT_EQ(fresh.status().code(), absl::StatusCode::kResourceExhausted) << fresh.status();
 }
 
 }  // namespace

@@ -672,6 +672,37 @@ TEST(StrategyCreateTest, RejectsInvalidStrategies) {
               absl::StatusCode::kInvalidArgument, {"operator name", "is not valid UTF-8"});
 }
 
+TEST(StrategyCreateTest, RejectsControlCharactersWorldsTooLargeAndHugeJson) {
+  for (const std::string& name :
+       std::vector<std::string>{"w\nevent=forged", std::string("w\0x", 3), "w\x1b[31m",
+                                "w\xc2\x85", std::string(5000, 'w')}) {
+    std::map<std::string, StrategyParam> params;
+    params[name] = Param(MakeLayout({2}, {{0}}));
+    absl::Status s = Strategy::Create(params, 1).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("\n")));
+  }
+  // 2^24 devices per stage are fine for a layout, but 2^24 x 2 stages is more ranks than ckptd
+  // enumerates.
+  std::map<std::string, StrategyParam> wide;
+  wide["a"] = Param(MakeLayout({int64_t{1} << 24}, {{}}, {0}));
+  wide["b"] = Param(MakeLayout({int64_t{1} << 24}, {{}}, {1}));
+  ExpectError(Strategy::Create(wide, 2).status(), absl::StatusCode::kInvalidArgument,
+              {"ranks ckptd supports"});
+  // JSON texts that would cost far more memory parsed than their size.
+  std::string deep(100, '[');
+  deep += std::string(100, ']');
+  ExpectError(ParseStrategy(absl::StrCat(R"({"parallel_layout_item": )", deep, "}"),
+                            StrategyFormat::kJson)
+                  .status(),
+              absl::StatusCode::kInvalidArgument, {"nests deeper than"});
+  std::string many = R"({"x": [)";
+  for (int i = 0; i < (1 << 23) + 10; ++i) many += "0,";
+  many += "0]}";
+  ExpectError(ParseStrategy(many, StrategyFormat::kJson).status(),
+              absl::StatusCode::kInvalidArgument, {"values"});
+}
+
 TEST(StrategyCreateTest, BinaryNamesThatAreNotUtf8AreRejected) {
   // proto2 strings are bytes; JSON export would fail on these, so they never get in.
   const std::string bytes = StrategyMapBytes(0, {}, {PlainItem("w\xff", {2}, {0})});
