@@ -1,4 +1,4 @@
-// ckpt_bench: measures ckptd against the limits of its machine (issue 5). docs/performance.md
+// ckpt_bench: measures ckptd against the limits of its machine. docs/performance.md
 // (## Method) says what each figure means. Every figure is measured in this run; nothing is
 // assumed. This file is the command line; the harness is tests/bench/harness.h.
 //
@@ -45,7 +45,7 @@ std::optional<std::set<std::string>> ParseCases(const std::string& cases) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt_bench - ckptd against the limits of this machine (issue 5)"};
+  CLI::App app{"ckpt_bench - ckptd against the limits of this machine"};
   double size_gib = 2.0;
   std::string out = "build/bench-results.json";
   std::string work_dir;

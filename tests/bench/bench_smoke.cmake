@@ -1,5 +1,5 @@
 # Runs ckpt_bench on a ~16 MiB checkpoint and checks that the results JSON has every key of
-# issue 5 (values may be null where the server lacks a feature; the harness then says why).
+# the harness (values may be null where the server lacks a feature; the harness then says why).
 # Usage: cmake -DBENCH=<ckpt_bench> -DOUT=<results.json> -P bench_smoke.cmake
 file(REMOVE "${OUT}")
 execute_process(

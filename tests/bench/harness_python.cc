@@ -22,7 +22,7 @@ namespace {
 
 using nlohmann::json;
 
-// Targets of issue 27: Python fetch GiB/s >= 0.8 x the C++ library's, and peak RSS <=
+// Targets: Python fetch GiB/s >= 0.8 x the C++ library's, and peak RSS <=
 // 1.1 x the bytes held + 64 MiB (the interpreter, gRPC and NumPy themselves).
 constexpr double kMinRatio = 0.8;
 constexpr double kRssFactor = 1.1;

@@ -1,4 +1,4 @@
-// Security of a real ckptd (issue 26): TLS and mutual TLS with certificates made by
+// Security of a real ckptd: TLS and mutual TLS with certificates made by
 // deploy/make-test-pki.sh (the openssl CLI) at test time, bearer tokens, the role table applied to
 // every method of the service descriptor, SIGHUP reloads with a stream open across them, secure
 // defaults, per-principal limits, and the token file's parser.

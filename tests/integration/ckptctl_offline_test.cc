@@ -1,4 +1,4 @@
-// Drives the real ckptctl binary as a user would (issue 2): `sample` into a temporary directory,
+// Drives the real ckptctl binary as a user would: `sample` into a temporary directory,
 // then inspect / strategy show / strategy merge / deps, checking the output against what the core
 // library computes, and every error path for "non-zero exit and exactly one line on stderr".
 #include <stdlib.h>  // mkdtemp

@@ -1,4 +1,4 @@
-// The disk-full loop (issue 29): a real ckptd whose store lives on a small tmpfs that the test
+// The disk-full loop: a real ckptd whose store lives on a small tmpfs that the test
 // mounts and fills with a ballast file. While the free-space reserve is breached every write path
 // (strategies, uploads, commits, deletes, jobs, the flush at shutdown) must fail with
 // RESOURCE_EXHAUSTED naming the reserve, ckptd must never abort, a restart on the full disk must

@@ -1,5 +1,5 @@
 // End to end against a real ckptd on 127.0.0.1:0, driven through the client library and ckptctl
-// the way users do (issue 3). Every fetched byte is compared with slices generated
+// the way users do. Every fetched byte is compared with slices generated
 // independently of the server (client/ckptctl/sample.h: bytes are a pure function of name and index).
 #include <grpcpp/grpcpp.h>
 #include <rocksdb/db.h>

@@ -1,4 +1,4 @@
-// Property tests of the planner against brute force (issue 2, properties b and c).
+// Property tests of the planner against brute force (properties b and c).
 #include <algorithm>
 #include <iostream>
 #include <map>
