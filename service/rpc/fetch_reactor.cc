@@ -235,6 +235,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
                         request_.merged()
                             ? std::string("merged")
                             : absl::StrCat(request_.destination_strategy(), "/", request_.rank())));
+    service_->RpcFinished(status);
     reactor_->Finish(ToGrpcStatus(status));
   }
 

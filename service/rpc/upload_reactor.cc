@@ -22,6 +22,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   UploadReactor(CheckpointServiceImpl* service, grpc::CallbackServerContext* ctx,
                 grpc::ByteBuffer* response)
       : service_(service), ctx_(ctx), response_(response), start_(absl::Now()) {
+    service_->UploadStarted();
     if (service_->shutting_down()) {
       Done(ShuttingDownError());
       return;
@@ -48,7 +49,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     });
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->UploadEnded();
+    delete this;
+  }
 
  private:
   absl::Status Handle() {
@@ -57,6 +61,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       for (std::string_view d : data_) size += d.size();
       CKPT_RETURN_IF_ERROR(CheckData(size));
       for (std::string_view d : data_) CKPT_RETURN_IF_ERROR(upload_->Append(d));
+      service_->CountUploadBytes(static_cast<int64_t>(size));
       return absl::OkStatus();
     }
     v1::UploadRequest request;
@@ -77,7 +82,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         return upload_->StartTensor(request.tensor());
       case v1::UploadRequest::kData:
         CKPT_RETURN_IF_ERROR(CheckData(request.data().size()));
-        return upload_->Append(request.data());
+        CKPT_RETURN_IF_ERROR(upload_->Append(request.data()));
+        service_->CountUploadBytes(static_cast<int64_t>(request.data().size()));
+        return absl::OkStatus();
       case v1::UploadRequest::KIND_NOT_SET:
         return absl::InvalidArgumentError("empty upload message");
     }
@@ -127,6 +134,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (s.ok() && committed) detail += " committed=true";
     LogRpc("Upload", ctx_->peer(), s, upload_ ? upload_->bytes_received() : 0, absl::Now() - start_,
            detail);
+    service_->RpcFinished(s);
     Finish(ToGrpcStatus(s));
   }
 
