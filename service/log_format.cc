@@ -51,7 +51,8 @@ void AddFields(std::string_view text, nlohmann::ordered_json& out) {
     bool quoted = false;
     if (v < text.size() && text[v] == '"') {
       size_t end = v + 1;
-      while (end < text.size() && !(text[end] == '"' && (end + 1 == text.size() || text[end + 1] == ' '))) {
+      while (end < text.size() &&
+             !(text[end] == '"' && (end + 1 == text.size() || text[end + 1] == ' '))) {
         ++end;
       }
       value = text.substr(v + 1, end - v - 1);
@@ -73,8 +74,8 @@ void AddFields(std::string_view text, nlohmann::ordered_json& out) {
 void JsonLogFormatter::format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) {
   const std::string_view text(msg.payload.data(), msg.payload.size());
   nlohmann::ordered_json line = nlohmann::ordered_json::object();
-  line["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3S%Ez", absl::FromChrono(msg.time),
-                                  absl::LocalTimeZone());
+  line["time"] =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3S%Ez", absl::FromChrono(msg.time), absl::LocalTimeZone());
   const auto level = spdlog::level::to_string_view(msg.level);
   line["level"] = std::string(level.data(), level.size());
   line["logger"] = std::string(msg.logger_name.data(), msg.logger_name.size());

@@ -1,13 +1,13 @@
 #include "service/metrics/metrics.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <chrono>
 #include <exception>
 #include <mutex>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <google/protobuf/descriptor.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -27,7 +27,7 @@ namespace {
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   static const prometheus::Histogram::BucketBoundaries buckets = {
       0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  1,
-      2.5,   5,      10,    30,   60,    120,  300, 600, 1800, 3600};
+      2.5,   5,      10,    30,   60,    120,  300, 600,  1800, 3600};
   return buckets;
 }
 
@@ -152,8 +152,8 @@ prometheus::ClientMetric Value(prometheus::MetricType type, double value,
   return m;
 }
 
-void Add(std::vector<prometheus::MetricFamily>& out, prometheus::MetricType type,
-         std::string name, std::string help, std::vector<prometheus::ClientMetric> metrics) {
+void Add(std::vector<prometheus::MetricFamily>& out, prometheus::MetricType type, std::string name,
+         std::string help, std::vector<prometheus::ClientMetric> metrics) {
   prometheus::MetricFamily f;
   f.name = std::move(name);
   f.help = std::move(help);
@@ -189,8 +189,7 @@ class StatsCollectable final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
     std::vector<prometheus::MetricFamily> out;
-    Add(out, MetricType::Gauge, "ckptd_build_info",
-        "Always 1; labels carry the ckptd version",
+    Add(out, MetricType::Gauge, "ckptd_build_info", "Always 1; labels carry the ckptd version",
         {Value(MetricType::Gauge, 1, {{"version", version_}})});
     v1::ServerStats s;
     {
@@ -217,10 +216,8 @@ class StatsCollectable final : public prometheus::Collectable {
          Value(MetricType::Gauge, s.jobs_succeeded(), {{"state", "succeeded"}}),
          Value(MetricType::Gauge, s.jobs_failed(), {{"state", "failed"}}),
          Value(MetricType::Gauge, s.jobs_cancelled(), {{"state", "cancelled"}})});
-    Gauge(out, "ckptd_checkpoints", "Committed checkpoints in the store",
-          s.checkpoints());
-    Gauge(out, "ckptd_checkpoint_stored_bytes",
-          "Bytes the committed checkpoints store",
+    Gauge(out, "ckptd_checkpoints", "Committed checkpoints in the store", s.checkpoints());
+    Gauge(out, "ckptd_checkpoint_stored_bytes", "Bytes the committed checkpoints store",
           s.checkpoint_stored_bytes());
     if (s.disk_free_bytes() >= 0) {
       Gauge(out, "ckptd_disk_free_bytes",
@@ -248,8 +245,7 @@ class StatsCollectable final : public prometheus::Collectable {
           s.rss_bytes());
     Gauge(out, "ckptd_resident_memory_peak_bytes", "Peak resident set size of ckptd (VmHWM)",
           s.peak_rss_bytes());
-    Gauge(out, "ckptd_uptime_seconds", "Seconds since ckptd started serving",
-          s.uptime_seconds());
+    Gauge(out, "ckptd_uptime_seconds", "Seconds since ckptd started serving", s.uptime_seconds());
     return out;
   }
 
@@ -259,8 +255,8 @@ class StatsCollectable final : public prometheus::Collectable {
   MetricsExporter::StatsSource source_;
 };
 
-absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const std::string& listen,
-                                                                        const std::string& version) {
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    const std::string& listen, const std::string& version) {
   if (listen.empty() || listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-listen ", listen, ": expected HOST:PORT, e.g. 127.0.0.1:9464"));
@@ -273,8 +269,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const st
     // host name is resolved by it. Two threads: scrapes are rare and cheap.
     m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
   }
   const std::vector<int> ports = m->exposer_->GetListeningPorts();
   if (ports.empty() || ports.front() <= 0) {

@@ -12,11 +12,11 @@
 #ifndef CKPT_SERVICE_METRICS_METRICS_H_
 #define CKPT_SERVICE_METRICS_METRICS_H_
 
+#include <grpcpp/support/server_interceptor.h>
+
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/support/server_interceptor.h>
 
 #include "absl/status/statusor.h"
 #include "ckpt.pb.h"

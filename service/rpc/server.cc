@@ -36,7 +36,8 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   // Interceptors, in order, for every call of every service.
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   if (!options.metrics_listen.empty()) {
-    CKPT_ASSIGN_OR_RETURN(s->metrics_, MetricsExporter::Start(options.metrics_listen, CKPT_VERSION));
+    CKPT_ASSIGN_OR_RETURN(s->metrics_,
+                          MetricsExporter::Start(options.metrics_listen, CKPT_VERSION));
     interceptors.push_back(s->metrics_->NewInterceptorFactory());
   }
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -51,7 +52,8 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   // By name too, for probes that ask for the service (Shutdown's SetServingStatus(false) covers
   // every name).
-  s->server_->GetHealthCheckService()->SetServingStatus(v1::CheckpointService::service_full_name(), true);
+  s->server_->GetHealthCheckService()->SetServingStatus(
+      v1::CheckpointService::service_full_name(), true);
   if (s->metrics_) {
     s->metrics_->SetStatsSource([service = s->service_.get()] { return service->Stats(); });
     spdlog::info("event=metrics listen={} port={}", options.metrics_listen, s->metrics_->port());

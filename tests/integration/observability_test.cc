@@ -3,6 +3,8 @@
 // the gRPC health service by name. A real ckptd on 127.0.0.1:0, driven through ckptctl.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -10,27 +12,24 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <condition_variable>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
-
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/match.h"
-#include "absl/strings/ascii.h"
 #include "core/ckpt_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -61,7 +60,8 @@ int WaitForPortFile(const std::string& path) {
   for (int i = 0; i < 300; ++i) {
     int port = 0;
     std::string text = ReadFile(path);
-    if (!text.empty() && text.back() == '\n' && absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
+    if (!text.empty() && text.back() == '\n' &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
       return port;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -236,8 +236,8 @@ TEST_F(ObservabilityTest, MetricsEndpointPassesPromtoolAndPrometheusScrapesIt) {
   StartServer({"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", dir_ / "metrics_port"});
   const int metrics_port = WaitForPortFile(dir_ / "metrics_port");
   ASSERT_GT(metrics_port, 0) << server_->Log();
-  EXPECT_THAT(server_->Log(), HasSubstr(absl::StrCat("event=metrics listen=127.0.0.1:0 port=",
-                                                     metrics_port)));
+  EXPECT_THAT(server_->Log(),
+              HasSubstr(absl::StrCat("event=metrics listen=127.0.0.1:0 port=", metrics_port)));
   const auto [uploaded, fetched] = UploadAndFetch();
   ASSERT_GT(fetched, 0);
   ASSERT_GT(uploaded, fetched);
@@ -250,16 +250,19 @@ TEST_F(ObservabilityTest, MetricsEndpointPassesPromtoolAndPrometheusScrapesIt) {
   EXPECT_EQ(Sample(m, "ckptd_upload_bytes_total"), static_cast<double>(uploaded)) << m;
   EXPECT_EQ(Sample(m, "ckptd_build_info{version=\"" CKPT_VERSION "\"}"), 1) << m;
   // Every source rank is one Upload stream, each finished OK; one Fetch.
-  EXPECT_EQ(Sample(m, "ckptd_rpc_requests_total{code=\"OK\",method=\"Upload\",service=\"ckpt.v1."
-                      "CheckpointService\"}"),
+  EXPECT_EQ(Sample(m,
+                   "ckptd_rpc_requests_total{code=\"OK\",method=\"Upload\",service=\"ckpt.v1."
+                   "CheckpointService\"}"),
             8)
       << m;
-  EXPECT_EQ(Sample(m, "ckptd_rpc_requests_total{code=\"OK\",method=\"Fetch\",service=\"ckpt.v1."
-                      "CheckpointService\"}"),
+  EXPECT_EQ(Sample(m,
+                   "ckptd_rpc_requests_total{code=\"OK\",method=\"Fetch\",service=\"ckpt.v1."
+                   "CheckpointService\"}"),
             1)
       << m;
-  EXPECT_EQ(Sample(m, "ckptd_rpc_duration_seconds_count{method=\"Fetch\",service=\"ckpt.v1."
-                      "CheckpointService\"}"),
+  EXPECT_EQ(Sample(m,
+                   "ckptd_rpc_duration_seconds_count{method=\"Fetch\",service=\"ckpt.v1."
+                   "CheckpointService\"}"),
             1)
       << m;
   EXPECT_EQ(Sample(m, "ckptd_checkpoints"), 1) << m;
@@ -298,6 +301,11 @@ TEST_F(ObservabilityTest, MetricsEndpointPassesPromtoolAndPrometheusScrapesIt) {
   }
   const std::string after = HttpGet(metrics_port, "/metrics").body;
   EXPECT_THAT(after, ::testing::Not(HasSubstr("NoSuchMethod")));
+  EXPECT_EQ(Sample(after,
+                   "ckptd_rpc_requests_total{code=\"UNIMPLEMENTED\",method=\"unknown\","
+                   "service=\"unknown\"}"),
+            1)
+      << after;
 
   // Debian's promtool lints the exposition (names, units, HELP and TYPE lines).
   if (!std::filesystem::exists(kPromtool) || !std::filesystem::exists(kPrometheus)) {
