@@ -17,6 +17,17 @@ bool IsKeyChar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
 }
 
+// Whether the '"' at `quote` closes a quoted value: the text ends there or the next pair starts.
+bool EndsQuotedValue(std::string_view text, size_t quote) {
+  size_t k = quote + 1;
+  if (k == text.size()) return true;
+  if (text[k] != ' ') return false;
+  ++k;
+  const size_t key_start = k;
+  while (k < text.size() && IsKeyChar(text[k])) ++k;
+  return k > key_start && k < text.size() && text[k] == '=';
+}
+
 // A value as JSON: integers and decimals as numbers, true/false as booleans, else a string.
 nlohmann::ordered_json Typed(std::string_view value, bool quoted) {
   if (quoted) return std::string(value);
@@ -33,8 +44,8 @@ nlohmann::ordered_json Typed(std::string_view value, bool quoted) {
 }
 
 // Adds the `key=value` / `key="quoted value"` pairs of `text` to `out`. Words that are not
-// pairs are skipped (they stay in "msg"). A quoted value ends at the first '"' followed by a
-// space or the end of the text, so that quotes inside an error message survive.
+// pairs are skipped (they stay in "msg"). A quoted value ends at the first '"' followed by the
+// end of the text or by " key=", so that quotes inside an error message survive.
 void AddFields(std::string_view text, nlohmann::ordered_json& out) {
   size_t i = 0;
   while (i < text.size()) {
@@ -51,10 +62,7 @@ void AddFields(std::string_view text, nlohmann::ordered_json& out) {
     bool quoted = false;
     if (v < text.size() && text[v] == '"') {
       size_t end = v + 1;
-      while (end < text.size() &&
-             !(text[end] == '"' && (end + 1 == text.size() || text[end + 1] == ' '))) {
-        ++end;
-      }
+      while (end < text.size() && !(text[end] == '"' && EndsQuotedValue(text, end))) ++end;
       value = text.substr(v + 1, end - v - 1);
       quoted = true;
       i = end + 1;

@@ -16,7 +16,8 @@ inline constexpr char kTextLogPattern[] = "%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ %n %v";
 // Formats each record as one JSON object and a newline:
 //   {"time":"2026-01-02T03:04:05.678+00:00","level":"info","logger":"ckptd",
 //    "msg":"event=start listen=... port=50051", "event":"start","port":50051, ...}
-// The message's `key=value` pairs (values optionally "quoted") also become fields of their own,
+// The message's `key=value` pairs (values optionally "quoted"; a quoted value ends at a '"'
+// followed by the end or by ` key=`) also become fields of their own,
 // integers and decimals as numbers, true/false as booleans; a key that would clash with time,
 // level, logger or msg is prefixed with "field_". Invalid UTF-8 is replaced, never fatal.
 class JsonLogFormatter final : public spdlog::formatter {
