@@ -30,8 +30,9 @@ namespace ckpt {
 class RpcMetrics;
 class StatsCollectable;
 
-// Thread-safe. Must outlive the gRPC server its interceptor factory is given to only in the
-// sense that the factory shares its RPC metrics (a shared_ptr), so either may go first.
+// Thread-safe. The interceptor factory shares the RPC metrics (a shared_ptr), so the exporter and
+// the gRPC server may be destroyed in either order; the stats source must stay valid while the
+// exporter lives.
 class MetricsExporter {
  public:
   using StatsSource = std::function<v1::ServerStats()>;
