@@ -265,8 +265,8 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   m->rpc_ = std::make_shared<RpcMetrics>();
   m->stats_ = std::make_shared<StatsCollectable>(version);
   try {
-    // civetweb's "listening_ports": "v4addr:port" or "[v6addr]:port". Two threads: scrapes
-    // are rare and cheap.
+    // civetweb's "listening_ports": "v4addr:port" or "host:port" (Debian's build refuses
+    // "[v6addr]:port"). Two threads: scrapes are rare and cheap.
     m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
