@@ -345,6 +345,10 @@ absl::StatusOr<v1::RankDependenciesResponse> CkptClient::RankDependencies(
       &v1::CheckpointService::Stub::RankDependencies, request);
 }
 
+absl::StatusOr<v1::ServerStats> CkptClient::GetStats() {
+  return Unary<v1::GetStatsRequest, v1::ServerStats>(&v1::CheckpointService::Stub::GetStats, {});
+}
+
 // ---------------------------------------------------------------- jobs
 
 bool IsTerminalJobState(v1::JobState state) {

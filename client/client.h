@@ -211,6 +211,8 @@ class CkptClient {
   absl::Status DeleteCheckpoint(const std::string& checkpoint_id);
   absl::StatusOr<v1::RankDependenciesResponse> RankDependencies(
       const v1::RankDependenciesRequest& request);
+  // The server's counters and gauges (GetStats).
+  absl::StatusOr<v1::ServerStats> GetStats();
 
   // ------------------------------------------------------------------------------- jobs
 

@@ -12,6 +12,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   python3 python3-numpy python3-protobuf
   systemd shellcheck
+  prometheus-cpp-dev prometheus
   python3-grpcio python3-xxhash python3-pytest python3-pip python3-venv openssl
 )
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "service/log_format.h"
 #include "service/rpc/server.h"
 #include "spdlog/spdlog.h"
 
@@ -21,6 +22,8 @@ struct Flags {
   ckpt::ServerOptions options;
   std::string port_file;
   std::string log_level = "info";
+  std::string log_format = "text";
+  std::string metrics_port_file;
   int64_t min_free_mib = options.store.min_free_disk_bytes >> 20;
   int64_t map_budget_mib = options.store.mapped_bytes_budget >> 20;
   int64_t stream_mib = options.service.stream_bytes_in_flight >> 20;
@@ -51,6 +54,13 @@ void AddServerFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--port-file", f.port_file, "Write the bound port to this file once listening")
       ->envname("CKPTD_PORT_FILE");
+  app.add_option("--metrics-listen", f.options.metrics_listen,
+                 "Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT; port 0: any free "
+                 "port; default: off)")
+      ->envname("CKPTD_METRICS_LISTEN");
+  app.add_option("--metrics-port-file", f.metrics_port_file,
+                 "Write the bound metrics port to this file once listening")
+      ->envname("CKPTD_METRICS_PORT_FILE");
   app.add_option("--io-threads", f.options.io_threads, "Worker threads for store I/O")
       ->envname("CKPTD_IO_THREADS")
       ->check(CLI::Range(1, 256))
@@ -150,6 +160,11 @@ void AddLogFlags(CLI::App& app, Flags& f) {
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
       ->envname("CKPTD_LOG_LEVEL")
       ->capture_default_str();
+  app.add_option("--log-format", f.log_format,
+                 "text (time level logger key=value...) or json (one object per line)")
+      ->envname("CKPTD_LOG_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
 }
 
 // Writes the port atomically (a temporary file renamed into place), so that a reader never sees
@@ -184,7 +199,7 @@ int main(int argc, char** argv) {
   }
   flags.Apply();
   spdlog::set_level(spdlog::level::from_str(flags.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n %v");
+  ckpt::SetUpLogging("ckptd", flags.log_format);
 
   // Block the shutdown signals in every thread; one thread waits for them.
   sigset_t signals;
@@ -200,6 +215,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!flags.port_file.empty()) WritePortFile(flags.port_file, (*server)->port());
+  if (!flags.metrics_port_file.empty() && (*server)->metrics_port() != 0) {
+    WritePortFile(flags.metrics_port_file, (*server)->metrics_port());
+  }
   std::thread watcher([&] {
     int sig = 0;
     while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {

@@ -95,6 +95,10 @@ struct CommandLine {
   std::string export_ranks_list;
   ExportCommand export_cmd;
 
+  // stats
+  CLI::App* stats = nullptr;
+  bool stats_json = false;
+
   // sample
   CLI::App* sample = nullptr;
   std::string sample_dir;
@@ -371,12 +375,18 @@ absl::Status RunWithServer(const CommandLine& c, CkptClient& client) {
   if (*c.jobs_get) return RunJobGet(client, c.job_id, std::cout);
   if (*c.jobs_watch) return RunJobWatch(client, c.job_id, {}, std::cout);
   if (*c.jobs_cancel) return RunJobCancel(client, c.job_id, std::cout);
+  if (*c.stats) return RunStats(client, c.stats_json, std::cout);
   if (*c.export_sub) {
     ExportCommand command = c.export_cmd;
     if (c.export_ranks->count() > 0) command.ranks = c.export_ranks_list;
     return RunExport(client, command, std::cout, std::cerr);
   }
   return absl::OkStatus();
+}
+
+void AddStatsCommand(CLI::App& app, CommandLine& c) {
+  c.stats = app.add_subcommand("stats", "Print the server's counters: store, streams, jobs");
+  c.stats->add_flag("--json", c.stats_json, "Print JSON (sizes in bytes)");
 }
 
 int Main(int argc, char** argv) {
@@ -396,6 +406,7 @@ int Main(int argc, char** argv) {
   AddJobsCommands(app, c);
   AddExportCommand(app, c);
   AddSampleCommand(app, c);
+  AddStatsCommand(app, c);
   if (std::optional<int> exit_code = Parse(app, argc, argv)) return *exit_code;
 
   std::optional<absl::Status> status = RunOffline(c);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -11,10 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/ckptctl/offline_commands.h"
+#include "client/ckptctl/progress.h"
 #include "client/ckptctl/rank_list.h"
 #include "core/box.h"
 #include "core/rank_files.h"
 #include "core/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace ckpt {
 namespace {
@@ -306,6 +309,82 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
   out << "exported " << command.checkpoint_id << " to destination strategy "
       << command.destination_strategy << ": " << summary.ranks.size() << " ranks, "
       << summary.tensors << " tensors, " << summary.bytes << " bytes into " << summary.dir << "\n";
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- stats
+
+absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
+  CKPT_ASSIGN_OR_RETURN(v1::ServerStats s, client.GetStats());
+  if (json) {
+    nlohmann::ordered_json j;
+    j["version"] = s.version();
+    j["uptime_seconds"] = s.uptime_seconds();
+    j["checkpoints"] = s.checkpoints();
+    j["checkpoint_stored_bytes"] = s.checkpoint_stored_bytes();
+    j["disk_free_bytes"] = s.disk_free_bytes();
+    j["fetch_streams"] = s.fetch_streams();
+    j["fetch_bytes_sent"] = s.fetch_bytes_sent();
+    j["fetch_bytes_in_flight"] = s.fetch_bytes_in_flight();
+    j["upload_streams"] = s.upload_streams();
+    j["pending_uploads"] = s.pending_uploads();
+    j["upload_bytes_received"] = s.upload_bytes_received();
+    j["jobs"] = {{"queued", s.jobs_queued()},
+                 {"running", s.jobs_running()},
+                 {"succeeded", s.jobs_succeeded()},
+                 {"failed", s.jobs_failed()},
+                 {"cancelled", s.jobs_cancelled()}};
+    j["job_bytes_written"] = s.job_bytes_written();
+    j["store_bytes_read"] = s.store_bytes_read();
+    j["store_chunks_read"] = s.store_chunks_read();
+    j["store_bytes_copied"] = s.store_bytes_copied();
+    j["store_bytes_written"] = s.store_bytes_written();
+    j["store_chunks_written"] = s.store_chunks_written();
+    j["store_mapped_bytes"] = s.store_mapped_bytes();
+    j["data_loss_rpcs"] = s.data_loss_rpcs();
+    j["data_loss_jobs"] = s.data_loss_jobs();
+    j["rss_bytes"] = s.rss_bytes();
+    j["peak_rss_bytes"] = s.peak_rss_bytes();
+    out << j.dump(2) << "\n";
+    return absl::OkStatus();
+  }
+  // "  label         value", the values aligned.
+  auto line = [&out](std::string_view label, const std::string& value) {
+    out << "  " << label << std::string(label.size() < 14 ? 14 - label.size() : 1, ' ') << value
+        << "\n";
+  };
+  const int64_t up = static_cast<int64_t>(s.uptime_seconds());
+  const std::string uptime = up >= 86400 ? absl::StrCat(up / 86400, "d ", up % 86400 / 3600, "h")
+                             : up >= 3600 ? absl::StrCat(up / 3600, "h ", up % 3600 / 60, "m")
+                             : up >= 60   ? absl::StrCat(up / 60, "m ", up % 60, "s")
+                                          : absl::StrCat(up, "s");
+  out << "ckptd " << s.version() << ", up " << uptime << "\n";
+  out << "store\n";
+  line("checkpoints", absl::StrCat(s.checkpoints(), " (", FormatBytes(s.checkpoint_stored_bytes()),
+                                   " stored)"));
+  line("disk free", s.disk_free_bytes() < 0 ? "unknown" : FormatBytes(s.disk_free_bytes()));
+  line("read", absl::StrCat(FormatBytes(s.store_bytes_read()), " in ", s.store_chunks_read(),
+                            " chunks (", FormatBytes(s.store_bytes_copied()), " as copies)"));
+  line("written", absl::StrCat(FormatBytes(s.store_bytes_written()), " in ",
+                               s.store_chunks_written(), " chunks"));
+  line("mapped now", FormatBytes(s.store_mapped_bytes()));
+  out << "fetch\n";
+  line("open streams", absl::StrCat(s.fetch_streams()));
+  line("sent", FormatBytes(s.fetch_bytes_sent()));
+  line("queued now", FormatBytes(s.fetch_bytes_in_flight()));
+  out << "upload\n";
+  line("open streams", absl::StrCat(s.upload_streams(), " (", s.pending_uploads(),
+                                    " checkpoint(s) in progress)"));
+  line("received", FormatBytes(s.upload_bytes_received()));
+  out << "jobs\n";
+  line("by state", absl::StrCat("queued=", s.jobs_queued(), " running=", s.jobs_running(),
+                                " succeeded=", s.jobs_succeeded(), " failed=", s.jobs_failed(),
+                                " cancelled=", s.jobs_cancelled()));
+  line("written", FormatBytes(s.job_bytes_written()));
+  out << "health\n";
+  line("data loss", absl::StrCat(s.data_loss_rpcs(), " RPC(s), ", s.data_loss_jobs(), " job(s)"));
+  line("memory", absl::StrCat(FormatBytes(s.rss_bytes()), " resident (peak ",
+                              FormatBytes(s.peak_rss_bytes()), ")"));
   return absl::OkStatus();
 }
 

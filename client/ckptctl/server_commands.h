@@ -78,6 +78,10 @@ absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, s
 // `ckptctl rm CKPT`.
 absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
 
+// `ckptctl stats [--json]`: the server's counters and gauges (GetStats), sizes human-readable;
+// with --json one object with every field, sizes in exact bytes.
+absl::Status RunStats(CkptClient& client, bool json, std::ostream& out);
+
 // ---------------------------------------------------------------- client-side export
 
 struct ExportCommand {

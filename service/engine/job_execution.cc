@@ -135,6 +135,9 @@ void JobRunner::RunJob(const std::shared_ptr<Entry>& e) {
     } else {
       j->set_state(v1::JOB_STATE_FAILED);
       j->set_reason(StatusText(status));
+      if (status.code() == absl::StatusCode::kDataLoss) {
+        data_loss_failures_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     p->set_bytes_per_second(0);
     p->set_eta_seconds(0);

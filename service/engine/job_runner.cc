@@ -259,6 +259,13 @@ std::vector<v1::Job> JobRunner::List() const {
   return out;
 }
 
+std::map<v1::JobState, int64_t> JobRunner::CountByState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<v1::JobState, int64_t> out;
+  for (const auto& [id, e] : jobs_) ++out[e->job.state()];
+  return out;
+}
+
 absl::StatusOr<v1::Job> JobRunner::Cancel(const std::string& id) {
   std::shared_ptr<Entry> e;
   bool queued = false;
@@ -365,6 +372,7 @@ void JobRunner::Persist(Entry* e) {
 }
 
 void JobRunner::RecordBytesLocked(Entry* e, int64_t bytes, absl::Time now) {
+  bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
   v1::JobProgress* p = e->job.mutable_progress();
   p->set_bytes_done(p->bytes_done() + bytes);
   auto& samples = e->samples;

@@ -158,6 +158,15 @@ class JobRunner {
   // returns. NOT_FOUND for an unknown id.
   absl::StatusOr<std::unique_ptr<JobWatch>> Watch(const std::string& id, JobWatchFn fn);
 
+  // Jobs known now, by state (cheap: counts the records held in memory). Thread-safe.
+  std::map<v1::JobState, int64_t> CountByState() const;
+  // Tensor bytes all jobs have written since this runner was created (a job that runs again
+  // after a restart or a retry counts its bytes again). Thread-safe.
+  int64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+  // Jobs that ended FAILED with a DATA_LOSS error (a stored chunk failed its checksum) since this
+  // runner was created. Thread-safe.
+  int64_t data_loss_failures() const { return data_loss_failures_.load(std::memory_order_relaxed); }
+
   static bool IsTerminal(v1::JobState state);
   // Where a file output is assembled before it is renamed into place:
   // "<output>.ckptd-partial-<job id>" (a sibling in the same directory, so that the rename stays
@@ -231,6 +240,8 @@ class JobRunner {
   bool started_ = false;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+  std::atomic<int64_t> bytes_written_{0};
+  std::atomic<int64_t> data_loss_failures_{0};
 };
 
 }  // namespace ckpt

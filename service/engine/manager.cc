@@ -252,6 +252,31 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointManager::ListCheckpoin
   return out;
 }
 
+absl::StatusOr<StoredSummary> CheckpointManager::Summarize() {
+  std::lock_guard<std::mutex> summary_lock(summary_mu_);
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> ids, store_->ListCheckpoints());
+  std::map<std::string, int64_t> bytes;
+  StoredSummary out;
+  for (const std::string& id : ids) {
+    auto known = stored_bytes_.find(id);
+    if (known == stored_bytes_.end()) {
+      auto c = LoadCheckpoint(id);
+      if (c.status().code() == absl::StatusCode::kNotFound) continue;  // deleted meanwhile
+      CKPT_RETURN_IF_ERROR(c.status());
+      known = stored_bytes_.emplace(id, InfoOf(**c).stored_bytes()).first;
+    }
+    bytes.insert(*known);
+    ++out.checkpoints;
+    out.stored_bytes += known->second;
+  }
+  stored_bytes_ = std::move(bytes);  // forgets checkpoints deleted since
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, pending] : pending_) {
+    if (!pending->committed()) ++out.pending_uploads;
+  }
+  return out;
+}
+
 absl::StatusOr<v1::DescribeCheckpointResponse> CheckpointManager::DescribeCheckpoint(
     const std::string& id) {
   CKPT_ASSIGN_OR_RETURN(auto c, LoadCheckpoint(id));
@@ -276,6 +301,10 @@ absl::StatusOr<v1::DescribeCheckpointResponse> CheckpointManager::DescribeCheckp
 }
 
 absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
+  // Summarize() never sees the id half deleted, nor keeps its size for a later checkpoint of the
+  // same id.
+  std::lock_guard<std::mutex> summary_lock(summary_mu_);
+  stored_bytes_.erase(id);
   absl::Status deleted = store_->DeleteCheckpoint(id);
   if (deleted.code() == absl::StatusCode::kNotFound) {
     // Not committed: an upload in progress (or one whose client gave up) is discarded, so that

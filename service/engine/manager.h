@@ -32,6 +32,15 @@ struct ManagerOptions {
   size_t plan_cache_entries = 64;
 };
 
+// What the store holds, for statistics.
+struct StoredSummary {
+  // Committed checkpoints and the bytes they store (CheckpointInfo::stored_bytes summed).
+  int64_t checkpoints = 0;
+  int64_t stored_bytes = 0;
+  // Checkpoints being uploaded (not yet committed).
+  int64_t pending_uploads = 0;
+};
+
 // Thread-safe. Does not own the store.
 class CheckpointManager {
  public:
@@ -64,6 +73,12 @@ class CheckpointManager {
   absl::StatusOr<v1::RankDependenciesResponse> RankDependencies(
       const v1::RankDependenciesRequest& request);
 
+  // The store's checkpoints and bytes, and the pending uploads, now. Cheap enough for every
+  // metrics scrape: it lists the checkpoint ids (an index scan) and reads a manifest only for a
+  // checkpoint it has not sized before (committed checkpoints never change; sizes are forgotten
+  // when a checkpoint is deleted).
+  absl::StatusOr<StoredSummary> Summarize();
+
   CheckpointStore* store() const { return store_; }
 
  private:
@@ -82,6 +97,10 @@ class CheckpointManager {
   std::map<std::string, std::shared_ptr<const LoadedCheckpoint>> checkpoints_;  // decoded cache
   // Plan cache: key -> planner; a plain list (small) with most recent at the back.
   std::vector<std::pair<std::string, std::shared_ptr<const Resharder>>> plans_;
+
+  // Summarize()'s stored bytes by checkpoint id; summary_mu_ is taken before mu_.
+  std::mutex summary_mu_;
+  std::map<std::string, int64_t> stored_bytes_;
 };
 
 // Validates an id or name: 1-200 characters of [A-Za-z0-9._-], not starting with '.' or '-'.

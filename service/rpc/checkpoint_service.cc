@@ -12,6 +12,7 @@
 #include "core/absl_compat.h"
 #include "core/names.h"
 #include "service/rpc/grpc_status.h"
+#include "storage/file_stream.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt {
@@ -56,6 +57,7 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
   const absl::Time start = absl::Now();
   if (shutting_down_) {
     LogRpc(method, ctx->peer(), ShuttingDownError(), 0, absl::Now() - start);
+    RpcFinished(ShuttingDownError());
     reactor->Finish(ToGrpcStatus(ShuttingDownError()));
     return reactor;
   }
@@ -66,7 +68,7 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
     reactor->Finish(ToGrpcStatus(principal.status()));
     return reactor;
   }
-  executor_->Submit([ctx, reactor, method, start, full_method, target = std::move(target),
+  executor_->Submit([this, ctx, reactor, method, start, full_method, target = std::move(target),
                      principal = std::move(*principal), fn = std::move(fn)]() mutable {
     absl::Status status;
     if constexpr (std::is_invocable_v<Fn&, const Principal&>) {
@@ -75,6 +77,7 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::Unary(grpc::CallbackServerConte
       status = fn();
     }
     LogRpc(method, ctx->peer(), status, 0, absl::Now() - start);
+    RpcFinished(status);
     const MethodPolicy* policy = FindMethodPolicy(full_method);
     if ((policy != nullptr && policy->mutating) ||
         status.code() == absl::StatusCode::kPermissionDenied) {
@@ -284,21 +287,66 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStats(grpc::CallbackServerCo
                                                           const v1::GetStatsRequest*,
                                                           v1::ServerStats* resp) {
   return Unary(ctx, "GetStats", [this, resp]() -> absl::Status {
-    const StoreStats store = manager_->store()->stats();
-    resp->set_store_bytes_read(store.chunk_bytes_read);
-    resp->set_store_chunks_read(store.chunks_read);
-    resp->set_store_bytes_written(store.chunk_bytes_written);
-    resp->set_store_chunks_written(store.chunks_written);
-    resp->set_store_bytes_copied(store.chunk_bytes_copied);
-    resp->set_store_mapped_bytes(store.mapped_bytes);
-    resp->set_fetch_bytes_sent(fetch_bytes_sent_.load(std::memory_order_relaxed));
-    resp->set_fetch_bytes_in_flight(budget_.in_use());
-    resp->set_fetch_streams(active_fetches_.load(std::memory_order_relaxed));
-    const ProcessMemory memory = ReadProcessMemory();
-    resp->set_rss_bytes(memory.rss_bytes);
-    resp->set_peak_rss_bytes(memory.peak_rss_bytes);
+    *resp = Stats();
     return absl::OkStatus();
   });
+}
+
+v1::ServerStats CheckpointServiceImpl::Stats() {
+  v1::ServerStats out;
+  const StoreStats store = manager_->store()->stats();
+  out.set_store_bytes_read(store.chunk_bytes_read);
+  out.set_store_chunks_read(store.chunks_read);
+  out.set_store_bytes_written(store.chunk_bytes_written);
+  out.set_store_chunks_written(store.chunks_written);
+  out.set_store_bytes_copied(store.chunk_bytes_copied);
+  out.set_store_mapped_bytes(store.mapped_bytes);
+  out.set_fetch_bytes_sent(fetch_bytes_sent_.load(std::memory_order_relaxed));
+  out.set_fetch_bytes_in_flight(budget_.in_use());
+  out.set_fetch_streams(active_fetches_.load(std::memory_order_relaxed));
+  const ProcessMemory memory = ReadProcessMemory();
+  out.set_rss_bytes(memory.rss_bytes);
+  out.set_peak_rss_bytes(memory.peak_rss_bytes);
+  if (auto summary = manager_->Summarize(); summary.ok()) {
+    out.set_checkpoints(summary->checkpoints);
+    out.set_checkpoint_stored_bytes(summary->stored_bytes);
+    out.set_pending_uploads(summary->pending_uploads);
+  } else {
+    Logger()->warn("event=stats error=\"{}\"", std::string(summary.status().message()));
+  }
+  out.set_disk_free_bytes(-1);
+  if (!options_.data_dir.empty()) {
+    if (auto free = FreeDiskBytes(options_.data_dir); free.ok()) out.set_disk_free_bytes(*free);
+  }
+  out.set_upload_streams(active_uploads_.load(std::memory_order_relaxed));
+  out.set_upload_bytes_received(upload_bytes_received_.load(std::memory_order_relaxed));
+  out.set_job_bytes_written(jobs_->bytes_written());
+  for (const auto& [state, count] : jobs_->CountByState()) {
+    switch (state) {
+      case v1::JOB_STATE_QUEUED:
+        out.set_jobs_queued(count);
+        break;
+      case v1::JOB_STATE_RUNNING:
+        out.set_jobs_running(count);
+        break;
+      case v1::JOB_STATE_SUCCEEDED:
+        out.set_jobs_succeeded(count);
+        break;
+      case v1::JOB_STATE_FAILED:
+        out.set_jobs_failed(count);
+        break;
+      case v1::JOB_STATE_CANCELLED:
+        out.set_jobs_cancelled(count);
+        break;
+      default:
+        break;
+    }
+  }
+  out.set_data_loss_rpcs(data_loss_rpcs_.load(std::memory_order_relaxed));
+  out.set_data_loss_jobs(jobs_->data_loss_failures());
+  out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  out.set_version(CKPT_VERSION);
+  return out;
 }
 
 }  // namespace ckpt

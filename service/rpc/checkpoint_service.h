@@ -35,6 +35,8 @@ struct ServiceOptions {
   int64_t server_bytes_in_flight = int64_t{256} << 20;
   // Largest accepted upload data message. The API promises ≤ 1 MiB.
   int64_t max_upload_message_bytes = int64_t{1} << 20;
+  // The store's directory, whose file system's free space GetStats reports (empty: not measured).
+  std::string data_dir;
 };
 
 // Fetch and Upload are registered raw (grpc::ByteBuffer) so that data messages can reference
@@ -102,6 +104,22 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
 
   // Tensor bytes of Fetch data messages written to clients (GetStats).
   void CountFetchBytesSent(int64_t n) { fetch_bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
+  // Tensor bytes of Upload data messages received (GetStats).
+  void CountUploadBytes(int64_t n) {
+    upload_bytes_received_.fetch_add(n, std::memory_order_relaxed);
+  }
+  // Upload streams open now (UploadStarted .. UploadEnded).
+  void UploadStarted() { active_uploads_.fetch_add(1, std::memory_order_relaxed); }
+  void UploadEnded() { active_uploads_.fetch_sub(1, std::memory_order_relaxed); }
+  // Every RPC's final status, next to its LogRpc line: counts DATA_LOSS.
+  void RpcFinished(const absl::Status& status) {
+    if (status.code() == absl::StatusCode::kDataLoss) {
+      data_loss_rpcs_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  // What GetStats returns: the service's, the engine's and the store's counters and gauges now.
+  // Cheap enough to call per metrics scrape (CheckpointManager::Summarize). Thread-safe.
+  v1::ServerStats Stats();
 
   CheckpointManager* manager() const { return manager_; }
   JobRunner* jobs() const { return jobs_; }
@@ -137,6 +155,10 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> fetch_bytes_sent_{0};
   std::atomic<int64_t> active_fetches_{0};
+  std::atomic<int64_t> upload_bytes_received_{0};
+  std::atomic<int64_t> active_uploads_{0};
+  std::atomic<int64_t> data_loss_rpcs_{0};
+  const absl::Time started_ = absl::Now();
 };
 
 // Resident set size of this process now and at its peak (VmRSS / VmHWM of /proc/self/status),

@@ -241,6 +241,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
                             ? std::string("merged")
                             : absl::StrCat(request_.destination_strategy(), "/", request_.rank())));
     lease_ = LimitLease();
+    service_->RpcFinished(status);
     reactor_->Finish(ToGrpcStatus(status));
   }
 

@@ -94,8 +94,10 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   s->jobs_ = std::make_unique<JobRunner>(s->manager_.get(), job_options);
   CKPT_RETURN_IF_ERROR(s->jobs_->Start());
   s->executor_ = std::make_unique<Executor>(options.io_threads);
+  ServiceOptions service_options = options.service;
+  service_options.data_dir = options.data_dir;  // GetStats' disk free
   s->service_ = std::make_unique<CheckpointServiceImpl>(
-      s->manager_.get(), s->jobs_.get(), s->executor_.get(), options.service, s->auth_.get());
+      s->manager_.get(), s->jobs_.get(), s->executor_.get(), service_options, s->auth_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -105,6 +107,14 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   // the connections silently; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(s->service_.get());
+  // Interceptors, in order, for every call of every service.
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  if (!options.metrics_listen.empty()) {
+    CKPT_ASSIGN_OR_RETURN(s->metrics_,
+                          MetricsExporter::Start(options.metrics_listen, CKPT_VERSION));
+    interceptors.push_back(s->metrics_->NewInterceptorFactory());
+  }
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // Data messages are ≤ 1 MiB, but a strategy (PutStrategy, GetStrategy) of a large model is
   // one message of several MiB: 64 MiB bounds what one message may make the server hold.
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -115,6 +125,14 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
                                                " (address in use or invalid?)"));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  // By name too, for probes that ask for the service (Shutdown's SetServingStatus(false) covers
+  // every name).
+  s->server_->GetHealthCheckService()->SetServingStatus(
+      v1::CheckpointService::service_full_name(), true);
+  if (s->metrics_) {
+    s->metrics_->SetStatsSource([service = s->service_.get()] { return service->Stats(); });
+    spdlog::info("event=metrics listen={} port={}", options.metrics_listen, s->metrics_->port());
+  }
   s->maintenance_ = std::thread([raw = s.get()] { raw->MaintenanceLoop(); });
   spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={} tls={} auth={}",
                options.listen, s->port_, options.data_dir, options.io_threads, options.jobs.workers,

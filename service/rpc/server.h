@@ -19,6 +19,7 @@
 #include "service/engine/manager.h"
 #include "service/rpc/auth.h"
 #include "service/rpc/auth_tls.h"
+#include "service/metrics/metrics.h"
 #include "service/rpc/checkpoint_service.h"
 #include "storage/checkpoint_store.h"
 
@@ -30,6 +31,9 @@ struct ServerOptions {
   // Directory of the store: its RocksDB database (metadata, manifests, jobs, chunk locations) and
   // the segment files that hold chunk bytes.
   std::string data_dir = "./data";
+  // Address of the Prometheus /metrics endpoint ("HOST:PORT"; port 0: any free port, see
+  // CkptServer::metrics_port()); empty: no metrics endpoint.
+  std::string metrics_listen;
   // Worker threads for store I/O and planning. Default 4.
   int io_threads = 4;
   // How often idle uploads are expired and orphaned chunks collected. Default 60 s.
@@ -63,6 +67,8 @@ class CkptServer {
   ~CkptServer();
 
   int port() const { return port_; }
+  // The bound port of the metrics endpoint; 0 when ServerOptions::metrics_listen is empty.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // Marks NOT_SERVING, stops the job runner (running jobs stay RUNNING and resume at the next
   // start; job watches end), stops accepting calls, drains in-flight ones (cancelling them after
   // the drain timeout), flushes the store. Idempotent.
@@ -93,6 +99,8 @@ class CkptServer {
   bool stopping_ = false;
   bool stopped_ = false;
   std::thread maintenance_;
+  // Last: destroyed first, so that no scrape reads the service while it is destroyed.
+  std::unique_ptr<MetricsExporter> metrics_;
 };
 
 }  // namespace ckpt

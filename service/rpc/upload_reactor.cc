@@ -29,6 +29,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         start_(absl::Now()),
         principal_(std::move(principal)),
         lease_(std::move(lease)) {
+    service_->UploadStarted();
     if (service_->shutting_down()) {
       Done(ShuttingDownError());
       return;
@@ -55,7 +56,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     });
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->UploadEnded();
+    delete this;
+  }
 
  private:
   absl::Status Handle() {
@@ -64,6 +68,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       for (std::string_view d : data_) size += d.size();
       CKPT_RETURN_IF_ERROR(CheckData(size));
       for (std::string_view d : data_) CKPT_RETURN_IF_ERROR(upload_->Append(d));
+      service_->CountUploadBytes(static_cast<int64_t>(size));
       return absl::OkStatus();
     }
     v1::UploadRequest request;
@@ -84,7 +89,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         return upload_->StartTensor(request.tensor());
       case v1::UploadRequest::kData:
         CKPT_RETURN_IF_ERROR(CheckData(request.data().size()));
-        return upload_->Append(request.data());
+        CKPT_RETURN_IF_ERROR(upload_->Append(request.data()));
+        service_->CountUploadBytes(static_cast<int64_t>(request.data().size()));
+        return absl::OkStatus();
       case v1::UploadRequest::KIND_NOT_SET:
         return absl::InvalidArgumentError("empty upload message");
     }
@@ -138,6 +145,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           absl::StrCat("checkpoint=", header_.checkpoint_id(), " rank=", header_.rank()), s);
     // The slot is free before the client sees the status, so that its next upload may start.
     lease_ = LimitLease();
+    service_->RpcFinished(s);
     Finish(ToGrpcStatus(s));
   }
 

@@ -111,6 +111,7 @@ class WatchCall : public std::enable_shared_from_this<WatchCall> {
     finished_ = true;
     LogRpc("WatchJob", peer_, status, 0, absl::Now() - start_,
            absl::StrCat("job=", job_id_, " updates=", updates_));
+    service_->RpcFinished(status);
     reactor_->Finish(ToGrpcStatus(status));
   }
 

@@ -386,6 +386,23 @@ TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("checkpoint demo tensor "));
+  // That fetch sent the damaged chunk whole, and the client found the damage. A transform job
+  // reads in ckptd, which verifies every chunk: it fails with DATA_LOSS, and ckptd counts it
+  // (`ckptctl stats`, ckptd_data_loss_total).
+  v1::SubmitTransformRequest job;
+  job.set_checkpoint_id("demo");
+  job.mutable_target()->set_merged_file(std::filesystem::absolute(dir_ / "merged.ckpt"));
+  auto submitted = client_->SubmitTransform(job);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto ended = client_->WatchJob(submitted->job().id());
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended->reason(), HasSubstr("DATA_LOSS")) << ended->reason();
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->data_loss_jobs(), 1);
+  EXPECT_EQ(stats->data_loss_rpcs(), 0);
+  EXPECT_EQ(stats->jobs_failed(), 1);
 }
 
 TEST_F(ServerTest, KilledUploadLeavesNothingVisible) {

@@ -981,6 +981,42 @@ TEST_F(ManagerTest, DeletingAPendingUploadDiscardsItForARetry) {
   EXPECT_EQ(manager_->ListCheckpoints()->size(), 1u);
 }
 
+// Summarize (GetStats, metrics): pending uploads, then the committed checkpoint and its stored
+// bytes; a deleted checkpoint is forgotten, and one re-created under its id is sized anew.
+TEST_F(ManagerTest, SummarizeCountsCheckpointsPendingUploadsAndStoredBytes) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  auto empty = manager_->Summarize();
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->checkpoints, 0);
+  EXPECT_EQ(empty->stored_bytes, 0);
+  ASSERT_TRUE(UploadRank("ck", "src", &src, 0, DemoTensors()).ok());
+  EXPECT_EQ(manager_->Summarize()->pending_uploads, 1);
+  ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+  EXPECT_EQ(manager_->Summarize()->pending_uploads, 0);
+
+  UploadAll("ck", "src", src, DemoTensors());
+  auto one = manager_->Summarize();
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->checkpoints, 1);
+  EXPECT_EQ(one->pending_uploads, 0);
+  const int64_t sharded_bytes = (*manager_->ListCheckpoints())[0].stored_bytes();
+  EXPECT_EQ(one->stored_bytes, sharded_bytes);
+
+  ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+  EXPECT_EQ(manager_->Summarize()->checkpoints, 0);
+  EXPECT_EQ(manager_->Summarize()->stored_bytes, 0);
+
+  // The same id again, as a whole-tensor file of a subset of the tensors: another size.
+  std::vector<SampleTensor> fewer = DemoTensors();
+  fewer.pop_back();
+  ASSERT_TRUE(UploadRank("ck", "", nullptr, 0, fewer).ok());
+  const int64_t whole_bytes = (*manager_->ListCheckpoints())[0].stored_bytes();
+  ASSERT_NE(whole_bytes, sharded_bytes);
+  EXPECT_EQ(manager_->Summarize()->checkpoints, 1);
+  EXPECT_EQ(manager_->Summarize()->stored_bytes, whole_bytes);
+}
+
 // Chunk geometry: bytes read from the store over bytes delivered, for every rank of a row,
 // column and optimizer-shard re-split, with the production chunk sizes.
 TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
