@@ -429,9 +429,10 @@ TEST(JsonOutputTest, JobsAndCheckpointsUseExactIntegersAndSnakeCase) {
   info.set_stored_bytes((int64_t{1} << 53) + 1);  // beyond a double's exact integers
   std::ostringstream out;
   PrintJsonLine(CheckpointInfoJson(info), out);
-  EXPECT_THAT(out.str(), HasSubstr("\"stored_bytes\":9007199254740993"));
-  EXPECT_EQ(out.str().back(), '\n');
-  EXPECT_EQ(std::count(out.str().begin(), out.str().end(), '\n'), 1);
+  const std::string line = out.str();
+  EXPECT_THAT(line, HasSubstr("\"stored_bytes\":9007199254740993"));
+  EXPECT_EQ(line.back(), '\n');
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
 }
 
 TEST(ProgressReporterTest, DisabledWritesNothing) {
