@@ -73,7 +73,9 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out) {
 
 void PrintStrategy(const Strategy& s, std::string_view label, bool json, std::ostream& out) {
   if (json) {
-    out << nlohmann::json::parse(SerializeStrategy(s, StrategyFormat::kJson)).dump() << "\n";
+    // The strategy file itself, indented as MindSpore writes it (a document to save and edit,
+    // not a result object).
+    out << nlohmann::json::parse(SerializeStrategy(s, StrategyFormat::kJson)).dump(2) << "\n";
     return;
   }
   out << "strategy " << label << ": " << s.params().size() << " parameters, "

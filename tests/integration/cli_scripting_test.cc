@@ -159,7 +159,10 @@ TEST_F(CliScriptingTest, EveryCommandPrintsParseableJson) {
   const std::string demo = dir_ / "demo";
   Json sample = CtlJson({"sample", demo});
   EXPECT_EQ(sample["dir"], demo);
-  EXPECT_EQ(CtlJson({"strategy", "show", demo + "/dst_strategy.json"}).is_object(), true);
+  // strategy show/get --json print the strategy file itself (indented, several lines).
+  auto shown = Ctl({"strategy", "show", demo + "/dst_strategy.json", "--json"});
+  EXPECT_EQ(shown.exit_code, 0) << shown.stderr_text;
+  EXPECT_TRUE(Json::parse(shown.stdout_text).contains("parallel_layout_item"));
   // One stage's file, as a pipelined job saves it.
   std::ofstream(dir_ / "stage0.json")
       << R"({"current_stage": 0, "parallel_strategy_item": {"MatMul_w": {"stage": 0, )"
@@ -178,7 +181,9 @@ TEST_F(CliScriptingTest, EveryCommandPrintsParseableJson) {
   ASSERT_TRUE(strategies.is_array());
   EXPECT_EQ(strategies.size(), 2u);
   EXPECT_EQ(strategies[0]["name"], "dst");
-  EXPECT_TRUE(CtlJson({"strategy", "get", "dst"}).is_object());
+  auto got = Ctl({"strategy", "get", "dst", "--json"});
+  EXPECT_EQ(got.exit_code, 0) << got.stderr_text;
+  EXPECT_TRUE(Json::parse(got.stdout_text).contains("parallel_layout_item"));
 
   Json upload = CtlJson({"upload", "demo", "--strategy", "src", "--dir", demo + "/checkpoint"});
   EXPECT_EQ(upload["committed"], true);
