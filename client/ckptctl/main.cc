@@ -5,11 +5,13 @@
 // options are parsed into; after parsing, RunOffline runs a subcommand that needs no server and
 // RunWithServer the others, through RunWithRetries (client/ckptctl/retry.h). Exit status: 0 on
 // success, 2 for a usage error, otherwise the class of the failure (client/ckptctl/exit_codes.h).
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <iostream>
-#include <sstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -424,11 +426,18 @@ absl::Status RunWithServer(const CommandLine& c, CkptClient& client, std::ostrea
   return absl::OkStatus();
 }
 
+// Whether a fetch writes `path` in place (an open descriptor, a pipe, a device) rather than as a
+// file published at the end: a failed attempt may then have written part of the bytes already.
+bool FetchWritesInPlace(const std::string& path) {
+  if (OutputDescriptor(path) >= 0) return true;
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+}
+
 // Whether running the parsed subcommand again after an UNAVAILABLE failure is harmless: it only
-// reads, or (fetch to a file, export) publishes its output atomically at the end. A fetch to
-// standard output may have written part of the file already.
+// reads, or (fetch to a file, export) publishes its output atomically at the end.
 bool IsIdempotent(const CommandLine& c) {
-  if (*c.fetch) return OutputDescriptor(c.fetch_cmd.out_path) < 0;
+  if (*c.fetch) return !FetchWritesInPlace(c.fetch_cmd.out_path);
   return *c.strategy_get || *c.strategy_ls || *c.ls || *c.describe || *c.deps || *c.export_sub ||
          *c.jobs_ls || *c.jobs_get || *c.jobs_watch || *c.health;
 }
