@@ -25,8 +25,9 @@ absl::Status RunWithRetries(const RetryOptions& options, bool idempotent, const 
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   bool announced = false;
   for (int attempts = 1;; ++attempts) {
-    // With --wait-for-server, each attempt waits for a ready channel (at most a few seconds
-    // per channel: a fresh one then connects at once when the server appears).
+    // With --wait-for-server, each attempt waits for a ready channel, at most 1 s per channel:
+    // a fresh channel then connects at once when the server appears, where an old one may be in
+    // gRPC's reconnect backoff.
     const absl::Duration connect_timeout =
         waiting ? absl::Trunc(std::clamp(deadline - absl::Now(), absl::Milliseconds(100),
                                          absl::Seconds(1)),
@@ -39,7 +40,7 @@ absl::Status RunWithRetries(const RetryOptions& options, bool idempotent, const 
     // A failed connect sent nothing; a failed call may have had effects unless idempotent.
     const bool may_retry = !connected || idempotent;
     if (!may_retry) return status;
-    const absl::Duration backoff = RetryBackoff(options, attempts, unit(random));
+    absl::Duration backoff = RetryBackoff(options, attempts, unit(random));
     if (waiting) {
       if (!announced) {
         err << "ckptctl: server unavailable, retrying for up to "
@@ -47,12 +48,14 @@ absl::Status RunWithRetries(const RetryOptions& options, bool idempotent, const 
             << std::flush;
         announced = true;
       }
-      if (absl::Now() + backoff >= deadline) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
         return absl::UnavailableError(absl::StrCat(
             status.message(), " (gave up after waiting ",
             FormatDurationText(options.wait_for_server), ", ", attempts,
             attempts == 1 ? " attempt)" : " attempts)"));
       }
+      backoff = std::min(backoff, left);  // one last attempt at the deadline
     } else if (!idempotent || attempts >= options.attempts_without_wait) {
       return status;
     }
