@@ -388,6 +388,14 @@ absl::StatusOr<std::vector<v1::Job>> CkptClient::ListJobs() {
   return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
 }
 
+absl::Status CkptClient::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  return Unary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
+             &v1::CheckpointService::Stub::DeleteJob, request)
+      .status();
+}
+
 absl::StatusOr<v1::Job> CkptClient::WatchJob(const std::string& job_id,
                                              std::function<void(const v1::Job&)> on_update) {
   v1::WatchJobRequest request;

@@ -105,6 +105,10 @@ struct ExportSummary {
   std::vector<RankExportResult> ranks;
 };
 
+// The descriptor an output path names without being a file to replace: 1 for "-" and
+// /dev/stdout, 2 for /dev/stderr, N for /dev/fd/N and /proc/self/fd/N; -1 otherwise. Pure.
+int OutputDescriptor(std::string_view path);
+
 // True for SUCCEEDED, FAILED and CANCELLED: the job will not change any more.
 bool IsTerminalJobState(v1::JobState state);
 // "RUNNING" for JOB_STATE_RUNNING, and so on; the number for a state this client does not know.
@@ -196,9 +200,15 @@ class CkptClient {
   // Everything in memory (tests, small checkpoints). `summary` receives the plan when non-null.
   absl::StatusOr<std::vector<FetchedTensor>> FetchAll(const v1::FetchRequest& request,
                                                       v1::FetchPlanSummary* summary = nullptr);
-  // Writes the fetched tensors as a MindSpore .ckpt at `path`, streaming. The file appears
-  // (atomically) only when the whole fetch succeeded. `progress` gets data bytes received /
-  // the plan's total. Returns the plan summary.
+  // Writes the fetched tensors as a MindSpore .ckpt at `path`, streaming. `progress` gets data
+  // bytes received / the plan's total. Returns the plan summary. Where the bytes go:
+  //  - "-", /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: that open descriptor, written
+  //    in place (see OutputDescriptor); a failed fetch may have written part of the file there.
+  //  - an existing character device or pipe: written in place.
+  //  - otherwise a regular file that appears (atomically) only when the whole fetch succeeded,
+  //    its missing parent directories created first. A symbolic link is followed: the file it
+  //    names is replaced and the link stays. Never renamed over: anything not a regular file
+  //    (directories, sockets and block devices are refused with INVALID_ARGUMENT).
   absl::StatusOr<v1::FetchPlanSummary> FetchToFile(const v1::FetchRequest& request,
                                                    const std::string& path,
                                                    ProgressFn progress = nullptr);
@@ -225,12 +235,21 @@ class CkptClient {
   // Asks the server to cancel a queued or running job; returns the job as the server left it.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  // Removes a finished job's record (FAILED_PRECONDITION while it runs, NOT_FOUND if unknown).
+  absl::Status DeleteJob(const std::string& job_id);
   // Streams the job's state into `on_update` (may be null; called on this thread, in order) until
   // the server ends the stream, and returns the last state, which is terminal (see
   // IsTerminalJobState). The stream's error otherwise, e.g. UNAVAILABLE when the server went away
   // (the job itself keeps running on the server; watch it again).
   absl::StatusOr<v1::Job> WatchJob(const std::string& job_id,
                                    std::function<void(const v1::Job&)> on_update = nullptr);
+
+  // ------------------------------------------------------------------------------- health
+
+  // The standard gRPC health check (grpc.health.v1.Health/Check) of `service` ("" for the
+  // server as a whole): "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN". NOT_FOUND
+  // when the server does not know `service`; UNAVAILABLE when it cannot be reached.
+  absl::StatusOr<std::string> CheckHealth(const std::string& service);
 
   // ------------------------------------------------------------------------------- export
 

@@ -1,7 +1,12 @@
 // CkptClient's fetches: a Fetch stream read in place (client/fetch_wire.h), checked message by
 // message (order, sizes, every part checksum) and assembled from bands of tiles into rows before
 // the visitor sees it; FetchAll collects it in memory, FetchToFile writes a MindSpore .ckpt.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +28,7 @@
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/sync_stream.h"
 #include "storage/file_stream.h"
+#include "storage/posix_io.h"
 
 namespace ckpt {
 namespace {
@@ -325,7 +331,84 @@ class CkptFileVisitor final : public TensorVisitor {
   int64_t done_ = 0;
 };
 
+// Writes sequentially, through a 1 MiB buffer, to a descriptor it does not own (standard
+// output, or another already open descriptor). Not thread-safe.
+class DescriptorSink final : public ByteSink {
+ public:
+  DescriptorSink(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+
+  absl::Status Write(std::string_view bytes) override {
+    buffer_.append(bytes.data(), bytes.size());
+    if (buffer_.size() >= kBufferBytes) return Flush();
+    return absl::OkStatus();
+  }
+  absl::Status Flush() {
+    const char* data = buffer_.data();
+    size_t n = buffer_.size();
+    while (n > 0) {
+      const ssize_t put = ::write(fd_, data, n);
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, "write", name_);
+      }
+      data += put;
+      n -= static_cast<size_t>(put);
+    }
+    buffer_.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = 1 << 20;
+  const int fd_;
+  const std::string name_;
+  std::string buffer_;
+};
+
+// Where FetchToFile writes `path` when it is a file to (re)place: the path itself, or for a
+// symbolic link the file it names (so that the link is never replaced by the file). Creates the
+// missing parent directories of a new file.
+absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
+  namespace fs = std::filesystem;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISLNK(st.st_mode)) return path;
+    std::error_code ec;
+    const fs::path target = fs::canonical(path, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, " is a symbolic link to a missing file; give the file's own path"));
+    }
+    return target.string();
+  }
+  if (errno != ENOENT) return ErrnoToStatus(errno, "stat", path);
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) return ErrnoToStatus(ec.value(), "create directory", parent.string());
+  }
+  return path;
+}
+
 }  // namespace
+
+int OutputDescriptor(std::string_view path) {
+  if (path == "-" || path == "/dev/stdout") return STDOUT_FILENO;
+  if (path == "/dev/stderr") return STDERR_FILENO;
+  for (std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/")}) {
+    if (!path.starts_with(prefix)) continue;
+    std::string_view digits = path.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9) return -1;
+    int fd = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return -1;
+      fd = fd * 10 + (c - '0');
+    }
+    return fd;
+  }
+  return -1;
+}
 
 // ---------------------------------------------------------------- fetch
 
@@ -387,9 +470,20 @@ absl::StatusOr<v1::FetchPlanSummary> CkptClient::FetchToFileImpl(const v1::Fetch
                                                                  const std::string& path,
                                                                  const ProgressFn& progress,
                                                                  CancelGroup* group) {
+  if (const int fd = OutputDescriptor(path); fd >= 0) {
+    // An open descriptor: written in place, never created, replaced or renamed over.
+    DescriptorSink sink(fd, path == "-" ? std::string("standard output") : path);
+    CkptFileVisitor visitor(&sink, &progress);
+    CKPT_RETURN_IF_ERROR(FetchImpl(request, visitor, group));
+    CKPT_RETURN_IF_ERROR(visitor.Finish());
+    CKPT_RETURN_IF_ERROR(sink.Flush());
+    return visitor.summary();
+  }
+  CKPT_ASSIGN_OR_RETURN(const std::string file, ResolveOutputFile(path));
   // The sink writes a temporary file and publishes it only on Commit(); returning early destroys
-  // it, which removes the temporary, so a failed fetch leaves no file behind.
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> sink, AtomicFileSink::Create(path));
+  // it, which removes the temporary, so a failed fetch leaves no file behind. A character device
+  // or a pipe is written in place.
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileSink> sink, AtomicFileSink::Create(file));
   CkptFileVisitor visitor(sink.get(), &progress);
   CKPT_RETURN_IF_ERROR(FetchImpl(request, visitor, group));
   CKPT_RETURN_IF_ERROR(visitor.Finish());

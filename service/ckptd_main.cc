@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "service/log_format.h"
+#include "core/duration_text.h"
 #include "service/rpc/server.h"
 #include "spdlog/spdlog.h"
 
@@ -31,6 +32,7 @@ struct Flags {
   int64_t idle_minutes = absl::ToInt64Minutes(options.manager.upload_idle_timeout);
   int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
   int64_t max_upload_gib = options.manager.upload.max_upload_bytes >> 30;
+  std::string job_retention = ckpt::FormatDurationText(options.jobs.retention);
 
   // Copies the MiB and minute values into `options`.
   void Apply() {
@@ -41,6 +43,10 @@ struct Flags {
     options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);
     options.jobs.max_bytes_per_second = job_bandwidth_mib << 20;
     options.manager.upload.max_upload_bytes = max_upload_gib << 30;
+    // Validated by the flag's check; "0" keeps finished jobs forever.
+    const absl::Duration retention = *ckpt::ParseDurationText(job_retention);
+    options.jobs.retention =
+        retention == absl::ZeroDuration() ? absl::InfiniteDuration() : retention;
   }
 };
 
@@ -118,6 +124,17 @@ void AddJobFlags(CLI::App& app, Flags& f) {
                  "Cap on the MiB/s all transform jobs together move (0: unlimited)")
       ->envname("CKPTD_JOB_BANDWIDTH_MIB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--job-retention", f.job_retention,
+                 "Remove finished jobs' records this long after they ended, e.g. 12h, 7d "
+                 "(0: keep them)")
+      ->envname("CKPTD_JOB_RETENTION")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            absl::StatusOr<absl::Duration> d = ckpt::ParseDurationText(text);
+            return d.ok() ? std::string() : std::string(d.status().message());
+          },
+          "DURATION"))
       ->capture_default_str();
 }
 

@@ -135,6 +135,8 @@ class CheckpointStore {
   virtual absl::Status PutJob(const std::string& id, std::string_view record) = 0;  // synced
   virtual absl::StatusOr<std::string> GetJob(const std::string& id) = 0;            // NOT_FOUND
   virtual absl::StatusOr<std::vector<JobRecord>> ListJobs() = 0;                    // by id
+  // Removes a job record (synced); OK when there is none.
+  virtual absl::Status DeleteJob(const std::string& id) = 0;
 
   // --- Maintenance ---
   // Deletes the chunks of every data id that is neither committed nor live (uploads that never

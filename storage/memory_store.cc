@@ -196,6 +196,12 @@ absl::StatusOr<std::string> MemoryStore::GetJob(const std::string& id) {
   return it->second;
 }
 
+absl::Status MemoryStore::DeleteJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.erase(id);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<JobRecord>> MemoryStore::ListJobs() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<JobRecord> jobs;

@@ -97,6 +97,7 @@ class SegmentStore final : public CheckpointStore {
   absl::Status PutJob(const std::string& id, std::string_view record) override;
   absl::StatusOr<std::string> GetJob(const std::string& id) override;
   absl::StatusOr<std::vector<JobRecord>> ListJobs() override;
+  absl::Status DeleteJob(const std::string& id) override;
 
   absl::StatusOr<int64_t> CollectGarbage() override;
   absl::Status Flush() override;

@@ -182,6 +182,13 @@ absl::StatusOr<std::string> SegmentStore::GetJob(const std::string& id) {
   return Get(jobs_, id, absl::StrCat("job ", id));
 }
 
+absl::Status SegmentStore::DeleteJob(const std::string& id) {
+  const std::string doing = absl::StrCat("deleting job ", id);
+  rocksdb::WriteBatch batch;
+  CKPT_RETURN_IF_ERROR(FromRocks(batch.Delete(jobs_, id), doing));
+  return Write(&batch, /*sync=*/true, doing);
+}
+
 absl::StatusOr<std::vector<JobRecord>> SegmentStore::ListJobs() {
   std::vector<JobRecord> jobs;
   CKPT_RETURN_IF_ERROR(

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/ckptctl/output.h"
 #include "client/ckptctl/progress.h"
 #include "client/ckptctl/rank_list.h"
 #include "core/rank_files.h"
@@ -85,7 +87,10 @@ std::string ProgressCounts(const v1::JobProgress& p) {
 class JobDisplay {
  public:
   JobDisplay(const JobWaitOptions& options, std::ostream& out)
-      : live_(options.live.value_or(::isatty(STDERR_FILENO) == 1)),
+      : live_(!options.json && !options.quiet &&
+              options.live.value_or(::isatty(STDERR_FILENO) == 1)),
+        quiet_(options.quiet),
+        json_(options.json),
         terminal_(options.terminal != nullptr ? options.terminal : &std::cerr),
         out_(&out),
         interval_(options.line_interval) {}
@@ -94,8 +99,13 @@ class JobDisplay {
   JobDisplay& operator=(const JobDisplay&) = delete;
 
   void Update(const v1::Job& job) {
+    if (json_) {
+      PrintJsonLine(JobJson(job), *out_);
+      out_->flush();
+      return;
+    }
     // The final state is reported by the caller, not as progress.
-    if (IsTerminalJobState(job.state())) return;
+    if (quiet_ || IsTerminalJobState(job.state())) return;
     const absl::Time now = absl::Now();
     if (live_) {
       if (now - last_draw_ < absl::Milliseconds(100) && job.state() == last_state_) return;
@@ -160,6 +170,8 @@ class JobDisplay {
   }
 
   const bool live_;
+  const bool quiet_;
+  const bool json_;
   std::ostream* const terminal_;
   std::ostream* const out_;
   const absl::Duration interval_;
@@ -219,7 +231,9 @@ absl::Status WaitForJob(CkptClient& client, const std::string& job_id,
   } else {
     display.Clear();
   }
-  return ReportOutcome(*job, out);
+  // In JSON the final state was the last line; a failure still sets the exit status.
+  std::ostringstream discarded;
+  return ReportOutcome(*job, options.json ? discarded : out);
 }
 
 }  // namespace
@@ -276,7 +290,10 @@ absl::Status RunTransform(CkptClient& client, const TransformCommand& command, s
 
   CKPT_ASSIGN_OR_RETURN(v1::SubmitTransformResponse response, client.SubmitTransform(request));
   const v1::Job& job = response.job();
-  if (response.created()) {
+  if (command.json) {
+    PrintJsonLine({{"job_id", job.id()}, {"created", response.created()}, {"job", JobJson(job)}},
+                  out);
+  } else if (response.created()) {
     out << "submitted job " << job.id() << ": " << command.checkpoint_id << " -> "
         << DescribeTarget(request) << "\n";
   } else {
@@ -289,14 +306,25 @@ absl::Status RunTransform(CkptClient& client, const TransformCommand& command, s
   return WaitForJob(client, job.id(), command.wait_options, out);
 }
 
-absl::Status RunJobsList(CkptClient& client, std::ostream& out) {
+absl::Status RunJobsList(CkptClient& client, bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, client.ListJobs());
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const v1::Job& job : jobs) list.push_back(JobJson(job));
+    PrintJsonLine(list, out);
+    return absl::OkStatus();
+  }
   for (const v1::Job& job : jobs) out << FormatJobLine(job) << "\n";
   return absl::OkStatus();
 }
 
-absl::Status RunJobGet(CkptClient& client, const std::string& job_id, std::ostream& out) {
+absl::Status RunJobGet(CkptClient& client, const std::string& job_id, bool json,
+                       std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(v1::Job job, client.GetJob(job_id));
+  if (json) {
+    PrintJsonLine(JobJson(job), out);
+    return absl::OkStatus();
+  }
   const v1::JobProgress& p = job.progress();
   auto when = [](int64_t unix_seconds) {
     return unix_seconds > 0 ? FormatUtcTime(unix_seconds) : std::string("-");
@@ -323,8 +351,13 @@ absl::Status RunJobWatch(CkptClient& client, const std::string& job_id,
   return WaitForJob(client, job_id, options, out);
 }
 
-absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::ostream& out) {
+absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, bool json,
+                          std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(v1::Job job, client.CancelJob(job_id));
+  if (json) {
+    PrintJsonLine(JobJson(job), out);
+    return absl::OkStatus();
+  }
   switch (job.state()) {
     case v1::JOB_STATE_CANCELLED:
       out << "cancelled job " << job.id() << "\n";
@@ -338,6 +371,17 @@ absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::os
       // The server stops the job at its next check; its output is removed then.
       out << "cancelling job " << job.id() << " (" << JobStateName(job.state()) << ")\n";
       break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunJobRemove(CkptClient& client, const std::string& job_id, bool json,
+                          std::ostream& out) {
+  CKPT_RETURN_IF_ERROR(client.DeleteJob(job_id));
+  if (json) {
+    PrintJsonLine({{"deleted_job", job_id}}, out);
+  } else {
+    out << "removed job " << job_id << "\n";
   }
   return absl::OkStatus();
 }

@@ -26,6 +26,11 @@ struct JobWaitOptions {
   // Plain mode: at most one progress line per interval (state changes are always shown).
   // Default 1 s.
   absl::Duration line_interval = absl::Seconds(1);
+  // No progress at all (--progress none); the outcome is still printed.
+  bool quiet = false;
+  // Every state the server sends, the final one included, as one JSON object per line on the
+  // command's output (output.h's JobJson) instead of progress and the outcome line.
+  bool json = false;
 };
 
 // "ID  STATE  CKPT -> TARGET  PCT%[  reason: ...]", the `jobs ls` line of `job`. Pure, for tests.
@@ -49,6 +54,9 @@ struct TransformCommand {
   // Wait for the end, showing progress; fail when the job fails or is cancelled.
   bool wait = false;
   JobWaitOptions wait_options;
+  // Print {"job_id", "created", "job"} as one JSON line (and, with `wait`, the job's states as
+  // JSON lines: wait_options.json).
+  bool json = false;
 };
 // `ckptctl transform CKPT --dst-strategy NAME (--as NEW | --export-dir DIR [--ranks LIST]
 // [--prefix P]) [--id J] [--wait]` and `transform CKPT --merged-file FILE [--id J] [--wait]`.
@@ -56,15 +64,20 @@ struct TransformCommand {
 // "job J SUCCEEDED: ...", or returns ABORTED (failed) / CANCELLED with the job's reason.
 absl::Status RunTransform(CkptClient& client, const TransformCommand& command, std::ostream& out);
 
-// `ckptctl jobs ls`: one FormatJobLine per job.
-absl::Status RunJobsList(CkptClient& client, std::ostream& out);
-// `ckptctl jobs get ID`: every field of the job, one per line.
-absl::Status RunJobGet(CkptClient& client, const std::string& job_id, std::ostream& out);
+// `ckptctl jobs ls [--json]`: one FormatJobLine per job, or a JSON array of jobs.
+absl::Status RunJobsList(CkptClient& client, bool json, std::ostream& out);
+// `ckptctl jobs get ID [--json]`: every field of the job, one per line, or one JSON object.
+absl::Status RunJobGet(CkptClient& client, const std::string& job_id, bool json,
+                       std::ostream& out);
 // `ckptctl jobs watch ID`: as `transform --wait` for an existing job.
 absl::Status RunJobWatch(CkptClient& client, const std::string& job_id,
                          const JobWaitOptions& options, std::ostream& out);
-// `ckptctl jobs cancel ID`: prints the state the server left the job in.
-absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, std::ostream& out);
+// `ckptctl jobs cancel ID [--json]`: prints the state the server left the job in.
+absl::Status RunJobCancel(CkptClient& client, const std::string& job_id, bool json,
+                          std::ostream& out);
+// `ckptctl jobs rm ID [--json]`: removes a finished job's record.
+absl::Status RunJobRemove(CkptClient& client, const std::string& job_id, bool json,
+                          std::ostream& out);
 
 }  // namespace ckpt
 

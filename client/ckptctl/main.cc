@@ -3,12 +3,15 @@
 //
 // The subcommands are declared group by group (Add*Commands), each group keeping the values its
 // options are parsed into; after parsing, RunOffline runs a subcommand that needs no server and
-// RunWithServer the others. Exit status: 0 on success, 1 when the command fails, 2 for a usage
-// error.
+// RunWithServer the others, through RunWithRetries (client/ckptctl/retry.h). Exit status: 0 on
+// success, 2 for a usage error, otherwise the class of the failure (client/ckptctl/exit_codes.h).
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,19 +19,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "client/ckptctl/exit_codes.h"
 #include "client/ckptctl/job_commands.h"
 #include "client/ckptctl/offline_commands.h"
+#include "client/ckptctl/progress.h"
+#include "client/ckptctl/retry.h"
 #include "client/ckptctl/server_commands.h"
 #include "client/client.h"
 #include "client/malloc_tuning.h"
+#include "core/duration_text.h"
 
 namespace ckpt {
 namespace {
 
+// Prints the one-line error and returns the exit status of its class.
 int Fail(const absl::Status& status) {
   std::cerr << "ckptctl: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
             << "\n";
-  return 1;
+  return ExitStatusFor(status);
 }
 
 // The values of every subcommand's options. CLI11 writes into these members through pointers
@@ -37,11 +45,14 @@ struct CommandLine {
   std::string server = "127.0.0.1:50051";
   // TLS and the bearer token (ClientOptions); a token is only ever read from a file.
   ClientOptions connection;
+  // Output and waiting, for every command.
+  bool json = false;
+  std::string wait_for_server = "0s";
+  std::string progress = "auto";
 
   // inspect
   CLI::App* inspect = nullptr;
   std::string inspect_path;
-  bool inspect_json = false;
 
   // strategy show | merge | put | get | ls | rm
   CLI::App* strategy_show = nullptr;
@@ -52,7 +63,6 @@ struct CommandLine {
   CLI::App* strategy_rm = nullptr;
   std::string strategy_path;
   std::string strategy_name;
-  bool strategy_json = false;
   bool overwrite = false;
   std::vector<std::string> merge_inputs;
   std::string merge_out;
@@ -70,7 +80,6 @@ struct CommandLine {
   std::string deps_dst_strategy;
   std::optional<int64_t> deps_rank;
   bool deps_all = false;
-  bool deps_json = false;
 
   // ls, describe, rm
   CLI::App* ls = nullptr;
@@ -87,7 +96,12 @@ struct CommandLine {
   CLI::App* jobs_get = nullptr;
   CLI::App* jobs_watch = nullptr;
   CLI::App* jobs_cancel = nullptr;
+  CLI::App* jobs_rm = nullptr;
   std::string job_id;
+
+  // health
+  CLI::App* health = nullptr;
+  std::string health_service;
 
   // export
   CLI::App* export_sub = nullptr;
@@ -97,7 +111,6 @@ struct CommandLine {
 
   // stats
   CLI::App* stats = nullptr;
-  bool stats_json = false;
 
   // sample
   CLI::App* sample = nullptr;
@@ -126,12 +139,28 @@ void AddGlobalOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--token-file", c.connection.token_file,
                  "File holding the bearer token to authenticate with")
       ->envname("CKPT_TOKEN_FILE");
+  app.add_flag("--json", c.json,
+               "Print the result as JSON (one object or array per line; sizes in bytes)");
+  app.add_option("--wait-for-server", c.wait_for_server,
+                 "Keep trying this long (e.g. 30s, 5m) while ckptd is unavailable")
+      ->envname("CKPT_WAIT_FOR_SERVER")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            absl::StatusOr<absl::Duration> d = ParseDurationText(text);
+            return d.ok() ? std::string() : std::string(d.status().message());
+          },
+          "DURATION"))
+      ->capture_default_str();
+  app.add_option("--progress", c.progress,
+                 "Transfer and job progress: auto (a bar on a terminal, else a line every few "
+                 "seconds), bar, plain or none")
+      ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
+      ->capture_default_str();
 }
 
 void AddInspectCommand(CLI::App& app, CommandLine& c) {
   c.inspect = app.add_subcommand("inspect", "List the tensors of a MindSpore .ckpt file");
   c.inspect->add_option("FILE", c.inspect_path, "MindSpore .ckpt file")->required();
-  c.inspect->add_flag("--json", c.inspect_json, "Print JSON");
 }
 
 void AddStrategyCommands(CLI::App& app, CommandLine& c) {
@@ -142,7 +171,6 @@ void AddStrategyCommands(CLI::App& app, CommandLine& c) {
       ->add_option("PATH", c.strategy_path,
                    "Binary or .json strategy file, or a directory of per-stage files")
       ->required();
-  c.strategy_show->add_flag("--json", c.strategy_json, "Print MindSpore's JSON strategy form");
   c.strategy_merge = strategy->add_subcommand(
       "merge", "Merge per-stage strategy files as merge_pipeline_strategys does");
   c.strategy_merge
@@ -160,7 +188,6 @@ void AddStrategyCommands(CLI::App& app, CommandLine& c) {
   c.strategy_put->add_flag("--overwrite", c.overwrite, "Replace an existing strategy of that name");
   c.strategy_get = strategy->add_subcommand("get", "Print a registered strategy");
   c.strategy_get->add_option("NAME", c.strategy_name, "Registered name")->required();
-  c.strategy_get->add_flag("--json", c.strategy_json, "Print the JSON form");
   c.strategy_ls = strategy->add_subcommand("ls", "List registered strategies");
   c.strategy_rm = strategy->add_subcommand("rm", "Delete a registered strategy");
   c.strategy_rm->add_option("NAME", c.strategy_name, "Registered name")->required();
@@ -191,7 +218,10 @@ void AddFetchCommand(CLI::App& app, CommandLine& c) {
   auto* rank = c.fetch->add_option("--rank", cmd.rank, "Destination global rank");
   auto* merged = c.fetch->add_flag("--merged", cmd.merged, "Every tensor whole (single device)");
   merged->excludes(strategy)->excludes(rank);
-  c.fetch->add_option("--out", cmd.out_path, "Output .ckpt file")->required();
+  c.fetch->add_option("--out", cmd.out_path,
+                      "Output .ckpt file (missing directories are created), or - for standard "
+                      "output")
+      ->required();
   c.fetch->add_option("--include", cmd.include, "Only tensors matching this glob")
       ->allow_extra_args(false);
   c.fetch->add_option("--exclude", cmd.exclude, "Skip tensors matching this glob")
@@ -214,7 +244,6 @@ void AddDepsCommand(CLI::App& app, CommandLine& c) {
   auto* rank = c.deps->add_option("--rank", c.deps_rank, "Destination global rank");
   auto* all = c.deps->add_flag("--all", c.deps_all, "Every destination rank");
   rank->excludes(all);
-  c.deps->add_flag("--json", c.deps_json, "Print JSON");
 }
 
 void AddCheckpointCommands(CLI::App& app, CommandLine& c) {
@@ -269,6 +298,15 @@ void AddJobsCommands(CLI::App& app, CommandLine& c) {
   c.jobs_watch->add_option("ID", c.job_id, "Job id")->required();
   c.jobs_cancel = jobs->add_subcommand("cancel", "Cancel a queued or running job");
   c.jobs_cancel->add_option("ID", c.job_id, "Job id")->required();
+  c.jobs_rm = jobs->add_subcommand("rm", "Remove a finished job's record (its output stays)");
+  c.jobs_rm->add_option("ID", c.job_id, "Job id")->required();
+}
+
+void AddHealthCommand(CLI::App& app, CommandLine& c) {
+  c.health = app.add_subcommand(
+      "health", "gRPC health check of the server: exit 0 when it is SERVING");
+  c.health->add_option("--service", c.health_service,
+                       "Service to check, e.g. ckpt.v1.CheckpointService (default: the server)");
 }
 
 void AddExportCommand(CLI::App& app, CommandLine& c) {
@@ -311,7 +349,7 @@ std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line in the common format; exit 2 marks a usage error, as most tools do.
     Fail(absl::InvalidArgumentError(absl::StrCat(e.what(), " (see ckptctl --help)")));
-    return 2;
+    return static_cast<int>(ExitCode::kUsage);
   }
   return std::nullopt;
 }
@@ -329,16 +367,15 @@ absl::Status RunOfflineDeps(const CommandLine& c) {
   if (!c.deps_rank && !c.deps_all) {
     return absl::InvalidArgumentError("deps needs --rank R or --all");
   }
-  return RunLocalDeps(c.deps_src_strategy, c.deps_dst_strategy, c.deps_rank, c.deps_json,
-                      std::cout);
+  return RunLocalDeps(c.deps_src_strategy, c.deps_dst_strategy, c.deps_rank, c.json, std::cout);
 }
 
 // Runs the parsed subcommand when it never contacts the server; nullopt when it needs one.
 std::optional<absl::Status> RunOffline(const CommandLine& c) {
-  if (*c.inspect) return RunInspect(c.inspect_path, c.inspect_json, std::cout);
-  if (*c.strategy_show) return RunStrategyShow(c.strategy_path, c.strategy_json, std::cout);
-  if (*c.strategy_merge) return RunStrategyMerge(c.merge_inputs, c.merge_out, std::cout);
-  if (*c.sample) return RunSample(c.sample_dir, std::cout);
+  if (*c.inspect) return RunInspect(c.inspect_path, c.json, std::cout);
+  if (*c.strategy_show) return RunStrategyShow(c.strategy_path, c.json, std::cout);
+  if (*c.strategy_merge) return RunStrategyMerge(c.merge_inputs, c.merge_out, c.json, std::cout);
+  if (*c.sample) return RunSample(c.sample_dir, c.json, std::cout);
   if (*c.deps && !c.deps_ckpt.empty() && !c.deps_src_strategy.empty()) {
     return absl::InvalidArgumentError(
         "deps takes either CKPT --dst-strategy NAME (server) or --src-strategy FILE "
@@ -349,44 +386,110 @@ std::optional<absl::Status> RunOffline(const CommandLine& c) {
   return std::nullopt;
 }
 
-// Runs the parsed subcommand that talks to the server through `client`.
-absl::Status RunWithServer(const CommandLine& c, CkptClient& client) {
+// Runs the parsed subcommand that talks to the server through `client`, its result on `out`.
+absl::Status RunWithServer(const CommandLine& c, CkptClient& client, std::ostream& out) {
+  const ProgressMode progress = *ParseProgressMode(c.progress);  // checked by the parser
   if (*c.strategy_put) {
-    return RunStrategyPut(client, c.strategy_name, c.strategy_path, c.overwrite, std::cout);
+    return RunStrategyPut(client, c.strategy_name, c.strategy_path, c.overwrite, c.json, out);
   }
-  if (*c.strategy_get) return RunStrategyGet(client, c.strategy_name, c.strategy_json, std::cout);
-  if (*c.strategy_ls) return RunStrategyList(client, std::cout);
-  if (*c.strategy_rm) return RunStrategyRemove(client, c.strategy_name, std::cout);
-  if (*c.upload) return RunUpload(client, c.upload_cmd, std::cout, std::cerr);
-  if (*c.fetch) return RunFetch(client, c.fetch_cmd, std::cout, std::cerr);
+  if (*c.strategy_get) return RunStrategyGet(client, c.strategy_name, c.json, out);
+  if (*c.strategy_ls) return RunStrategyList(client, c.json, out);
+  if (*c.strategy_rm) return RunStrategyRemove(client, c.strategy_name, c.json, out);
+  if (*c.upload) {
+    UploadCommand command = c.upload_cmd;
+    command.progress.mode = progress;
+    command.json = c.json;
+    return RunUpload(client, command, out, std::cerr);
+  }
+  if (*c.fetch) {
+    FetchCommand command = c.fetch_cmd;
+    command.progress.mode = progress;
+    command.json = c.json;
+    return RunFetch(client, command, out, std::cerr);
+  }
   if (*c.deps) {
     return RunRemoteDeps(client, c.deps_ckpt, c.deps_dst_strategy, c.deps_rank, c.deps_all,
-                         c.deps_json, std::cout);
+                         c.json, out);
   }
-  if (*c.ls) return RunList(client, std::cout);
-  if (*c.describe) return RunDescribe(client, c.checkpoint_id, std::cout);
-  if (*c.rm) return RunRemove(client, c.checkpoint_id, std::cout);
+  if (*c.ls) return RunList(client, c.json, out);
+  if (*c.describe) return RunDescribe(client, c.checkpoint_id, c.json, out);
+  if (*c.rm) return RunRemove(client, c.checkpoint_id, c.json, out);
+  // Job progress: the bar on stderr, or plain lines on the command's output.
+  JobWaitOptions wait;
+  wait.json = c.json;
+  wait.quiet = progress == ProgressMode::kNone;
+  if (progress == ProgressMode::kBar) wait.live = true;
+  if (progress == ProgressMode::kPlain) wait.live = false;
+  wait.line_interval = absl::Seconds(5);
   if (*c.transform) {
     TransformCommand command = c.transform_cmd;
     if (c.transform_ranks->count() > 0) command.ranks = c.transform_ranks_list;
-    return RunTransform(client, command, std::cout);
+    command.json = c.json;
+    command.wait_options = wait;
+    return RunTransform(client, command, out);
   }
-  if (*c.jobs_ls) return RunJobsList(client, std::cout);
-  if (*c.jobs_get) return RunJobGet(client, c.job_id, std::cout);
-  if (*c.jobs_watch) return RunJobWatch(client, c.job_id, {}, std::cout);
-  if (*c.jobs_cancel) return RunJobCancel(client, c.job_id, std::cout);
-  if (*c.stats) return RunStats(client, c.stats_json, std::cout);
+  if (*c.jobs_ls) return RunJobsList(client, c.json, out);
+  if (*c.jobs_get) return RunJobGet(client, c.job_id, c.json, out);
+  if (*c.jobs_watch) return RunJobWatch(client, c.job_id, wait, out);
+  if (*c.jobs_cancel) return RunJobCancel(client, c.job_id, c.json, out);
+  if (*c.jobs_rm) return RunJobRemove(client, c.job_id, c.json, out);
+  if (*c.health) return RunHealth(client, c.health_service, c.json, out);
+  if (*c.stats) return RunStats(client, c.json, out);
   if (*c.export_sub) {
     ExportCommand command = c.export_cmd;
     if (c.export_ranks->count() > 0) command.ranks = c.export_ranks_list;
-    return RunExport(client, command, std::cout, std::cerr);
+    command.progress.mode = progress;
+    command.json = c.json;
+    return RunExport(client, command, out, std::cerr);
   }
   return absl::OkStatus();
 }
 
 void AddStatsCommand(CLI::App& app, CommandLine& c) {
   c.stats = app.add_subcommand("stats", "Print the server's counters: store, streams, jobs");
-  c.stats->add_flag("--json", c.stats_json, "Print JSON (sizes in bytes)");
+}
+
+// Whether a fetch writes `path` in place (an open descriptor, a pipe, a device) rather than as a
+// file published at the end: a failed attempt may then have written part of the bytes already.
+bool FetchWritesInPlace(const std::string& path) {
+  if (OutputDescriptor(path) >= 0) return true;
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+}
+
+// Whether running the parsed subcommand again after an UNAVAILABLE failure is harmless: it only
+// reads, or (fetch to a file, export) publishes its output atomically at the end.
+bool IsIdempotent(const CommandLine& c) {
+  if (*c.fetch) return !FetchWritesInPlace(c.fetch_cmd.out_path);
+  return *c.strategy_get || *c.strategy_ls || *c.ls || *c.describe || *c.deps || *c.export_sub ||
+         *c.jobs_ls || *c.jobs_get || *c.jobs_watch || *c.health || *c.stats;
+}
+
+// The options of each connection: TLS and the token from the command line or environment.
+ClientOptions ClientOptionsFor(const CommandLine& c, absl::Duration connect_timeout) {
+  ClientOptions options = c.connection;
+  options.connect_timeout = connect_timeout;
+  return options;
+}
+
+// Runs a server subcommand with the retries of RetryOptions. Its output is held back until the
+// last attempt (a failed attempt's partial output is dropped), except for commands that report
+// as they go (jobs watch, transform --wait), which write straight to standard output.
+absl::Status RunServerCommand(const CommandLine& c) {
+  RetryOptions retry;
+  retry.wait_for_server = *ParseDurationText(c.wait_for_server);  // checked by the parser
+  const bool streams = *c.jobs_watch || (*c.transform && c.transform_cmd.wait);
+  std::ostringstream buffer;
+  std::ostream& out = streams ? std::cout : buffer;
+  const absl::Status status = RunWithRetries(
+      retry, IsIdempotent(c),
+      [&c](absl::Duration connect_timeout) {
+        return CkptClient::Connect(c.server, ClientOptionsFor(c, connect_timeout));
+      },
+      [&](CkptClient& client) { return RunWithServer(c, client, out); },
+      [&buffer]() { buffer.str(""); }, std::cerr);
+  if (!streams) std::cout << buffer.str();
+  return status;
 }
 
 int Main(int argc, char** argv) {
@@ -405,17 +508,13 @@ int Main(int argc, char** argv) {
   AddTransformCommand(app, c);
   AddJobsCommands(app, c);
   AddExportCommand(app, c);
+  AddHealthCommand(app, c);
   AddSampleCommand(app, c);
   AddStatsCommand(app, c);
   if (std::optional<int> exit_code = Parse(app, argc, argv)) return *exit_code;
 
   std::optional<absl::Status> status = RunOffline(c);
-  if (!status.has_value()) {
-    absl::StatusOr<std::unique_ptr<CkptClient>> client =
-        CkptClient::Connect(c.server, c.connection);
-    if (!client.ok()) return Fail(client.status());
-    status = RunWithServer(c, **client);
-  }
+  if (!status.has_value()) status = RunServerCommand(c);
   // Flush before deciding the exit code: a closed stdout pipe is a failure to report too.
   std::cout.flush();
   if (status->ok() && !std::cout) *status = absl::InternalError("cannot write to standard output");

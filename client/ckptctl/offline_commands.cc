@@ -10,6 +10,7 @@
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "core/status_macros.h"
+#include "client/ckptctl/progress.h"
 #include "nlohmann/json.hpp"
 #include "storage/file_stream.h"
 
@@ -51,27 +52,29 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out) {
     }
     out << nlohmann::json{{"file", path}, {"tensors", j}, {"total_bytes", total},
                           {"crc_trailer", reader.had_crc_trailer()}}
-               .dump(2)
+               .dump()
         << "\n";
     return absl::OkStatus();
   }
   size_t width = 4;
   for (const Row& r : rows) width = std::max(width, r.name.size());
-  out << std::string("NAME") << std::string(width - 4 + 2, ' ') << "DTYPE     SHAPE            BYTES\n";
+  out << std::string("NAME") << std::string(width - 4 + 2, ' ') << "DTYPE     SHAPE            SIZE\n";
   for (const Row& r : rows) {
     std::string shape = ShapeToString(r.dims);
     out << r.name << std::string(width - r.name.size() + 2, ' ') << r.dtype
         << std::string(r.dtype.size() < 10 ? 10 - r.dtype.size() : 1, ' ') << shape
-        << std::string(shape.size() < 17 ? 17 - shape.size() : 1, ' ') << r.bytes
+        << std::string(shape.size() < 17 ? 17 - shape.size() : 1, ' ') << FormatBytes(r.bytes)
         << (r.chunks > 1 ? absl::StrCat(" (", r.chunks, " chunks)") : "") << "\n";
   }
-  out << rows.size() << " tensors, " << total << " bytes"
+  out << rows.size() << " tensors, " << FormatBytes(total)
       << (reader.had_crc_trailer() ? ", crc_num trailer verified" : "") << "\n";
   return absl::OkStatus();
 }
 
 void PrintStrategy(const Strategy& s, std::string_view label, bool json, std::ostream& out) {
   if (json) {
+    // The strategy file itself, indented as MindSpore writes it (a document to save and edit,
+    // not a result object).
     out << nlohmann::json::parse(SerializeStrategy(s, StrategyFormat::kJson)).dump(2) << "\n";
     return;
   }
@@ -92,10 +95,19 @@ absl::Status RunStrategyShow(const std::string& path, bool json, std::ostream& o
 }
 
 absl::Status RunStrategyMerge(const std::vector<std::string>& inputs, const std::string& out_path,
-                              std::ostream& out) {
+                              bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<StrategyFile> files, ReadStrategyFiles(inputs));
   CKPT_ASSIGN_OR_RETURN(Strategy merged, MergeStageStrategies(files));
   CKPT_RETURN_IF_ERROR(WriteStrategyFile(merged, out_path));
+  if (json) {
+    out << nlohmann::json{{"out", out_path},
+                          {"files", files.size()},
+                          {"parameter_count", merged.params().size()},
+                          {"stage_count", merged.stage_count()}}
+               .dump()
+        << "\n";
+    return absl::OkStatus();
+  }
   out << "merged " << files.size() << " files into " << out_path << ": " << merged.params().size()
       << " parameters, " << merged.stage_count() << " stages\n";
   return absl::OkStatus();
@@ -134,7 +146,7 @@ absl::Status RunLocalDeps(const std::string& src_path, const std::string& dst_pa
   return absl::OkStatus();
 }
 
-absl::Status RunSample(const std::string& dir, std::ostream& out) {
+absl::Status RunSample(const std::string& dir, bool json, std::ostream& out) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
@@ -145,6 +157,18 @@ absl::Status RunSample(const std::string& dir, std::ostream& out) {
   SampleOptions options;
   CKPT_RETURN_IF_ERROR(WriteShardedSample(src, DemoTensors(), dir + "/checkpoint", options));
   CKPT_RETURN_IF_ERROR(WriteWholeSample(DemoTensors(), dir + "/whole.ckpt", options));
+  if (json) {
+    out << nlohmann::json{{"dir", dir},
+                          {"src_strategy", dir + "/src_strategy.ckpt"},
+                          {"dst_strategy", dir + "/dst_strategy.json"},
+                          {"checkpoint_dir", dir + "/checkpoint"},
+                          {"whole_checkpoint", dir + "/whole.ckpt"},
+                          {"source_ranks", src.world_size()},
+                          {"destination_ranks", dst.world_size()}}
+               .dump()
+        << "\n";
+    return absl::OkStatus();
+  }
   out << "wrote " << dir << "/src_strategy.ckpt (" << src.world_size() << " ranks: "
       << src.devices_per_stage() << " devices x " << src.stage_count()
       << (src.stage_count() == 1 ? " stage), " : " stages), ") << dir

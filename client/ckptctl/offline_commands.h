@@ -15,8 +15,8 @@
 
 namespace ckpt {
 
-// `ckptctl inspect FILE.ckpt [--json]`: tensors with dtype, shape and bytes, streaming (large
-// tensors are never held whole).
+// `ckptctl inspect FILE.ckpt [--json]`: tensors with dtype, shape and size (exact bytes in
+// JSON), streaming (large tensors are never held whole).
 absl::Status RunInspect(const std::string& path, bool json, std::ostream& out);
 
 // `ckptctl strategy show PATH [--json]`.
@@ -28,7 +28,7 @@ void PrintStrategy(const Strategy& strategy, std::string_view label, bool json, 
 
 // `ckptctl strategy merge FILES_OR_DIR... --out FILE[.json]`.
 absl::Status RunStrategyMerge(const std::vector<std::string>& inputs, const std::string& out_path,
-                              std::ostream& out);
+                              bool json, std::ostream& out);
 
 // `ckptctl deps --src-strategy FILE --dst-strategy FILE (--rank R | --all) [--json]`.
 absl::Status RunLocalDeps(const std::string& src_path, const std::string& dst_path,
@@ -39,7 +39,7 @@ void PrintDeps(const std::vector<std::pair<int64_t, std::vector<int64_t>>>& deps
                bool json, std::ostream& out);
 
 // `ckptctl sample DIR`: writes the demo strategies and checkpoints (see client/ckptctl/sample.h).
-absl::Status RunSample(const std::string& dir, std::ostream& out);
+absl::Status RunSample(const std::string& dir, bool json, std::ostream& out);
 
 }  // namespace ckpt
 

@@ -95,11 +95,30 @@ std::string FormatProgressLine(int64_t done_bytes, int64_t total_bytes, double b
   return line;
 }
 
+absl::StatusOr<ProgressMode> ParseProgressMode(std::string_view text) {
+  if (text == "auto") return ProgressMode::kAuto;
+  if (text == "bar") return ProgressMode::kBar;
+  if (text == "plain") return ProgressMode::kPlain;
+  if (text == "none") return ProgressMode::kNone;
+  return absl::InvalidArgumentError(absl::StrCat("--progress must be auto, bar, plain or none, got \"",
+                                                 absl::string_view(text.data(), text.size()),
+                                                 "\""));
+}
+
+ProgressMode ResolveProgressMode(ProgressMode mode) {
+  if (mode != ProgressMode::kAuto) return mode;
+  return ::isatty(STDERR_FILENO) == 1 ? ProgressMode::kBar : ProgressMode::kPlain;
+}
+
 ProgressReporter::ProgressReporter(ProgressOptions options)
     : out_(options.out != nullptr ? options.out : &std::cerr),
-      enabled_(options.enabled.value_or(::isatty(STDERR_FILENO) == 1)),
-      min_interval_(options.min_interval),
-      start_(absl::Now()) {}
+      enabled_(ResolveProgressMode(options.mode) != ProgressMode::kNone),
+      bar_(ResolveProgressMode(options.mode) == ProgressMode::kBar),
+      min_interval_(bar_ ? options.min_interval : options.plain_interval),
+      start_(absl::Now()) {
+  // Plain lines start one interval into the transfer: a short one prints none.
+  if (!bar_) last_draw_ = start_;
+}
 
 ProgressReporter::~ProgressReporter() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -119,7 +138,7 @@ void ProgressReporter::Update(int64_t done_bytes, int64_t total_bytes) {
 }
 
 void ProgressReporter::Done() {
-  if (!enabled_) return;
+  if (!enabled_ || !bar_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
   DrawLocked(absl::Now());
@@ -128,7 +147,7 @@ void ProgressReporter::Done() {
 }
 
 void ProgressReporter::Clear() {
-  if (!enabled_) return;
+  if (!enabled_ || !bar_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
   if (drawn_width_ > 0) *out_ << "\r" << std::string(drawn_width_, ' ') << "\r" << std::flush;
@@ -145,6 +164,11 @@ void ProgressReporter::DrawLocked(absl::Time now) {
   // The rate is meaningless in the first instants of a transfer (it would show GiB/s).
   const double rate = seconds >= 0.2 ? static_cast<double>(done_) / seconds : 0.0;
   std::string line = FormatProgressLine(done_, total_, rate);
+  if (!bar_) {
+    *out_ << "progress: " << line << "\n" << std::flush;
+    last_draw_ = now;
+    return;
+  }
   const size_t width = line.size();
   // Pad over the remains of a longer previous line ("ETA 1m05s" -> "ETA 9s").
   if (width < drawn_width_) line.append(drawn_width_ - width, ' ');

@@ -1,6 +1,6 @@
-// Progress display for long transfers (ckptctl upload / fetch / export): one line on stderr,
-// redrawn in place, only when stderr is a terminal so that scripts and logs get no control
-// characters. Also the byte, duration and time formats of ckptctl's output.
+// Progress display for long transfers (ckptctl upload / fetch / export) on stderr: a bar redrawn
+// in place on a terminal, or plain lines every few seconds for logs (CI), or nothing (--progress
+// auto|bar|plain|none). Also the byte, duration and time formats of ckptctl's human output.
 #ifndef CKPT_CLIENT_CKPTCTL_PROGRESS_H_
 #define CKPT_CLIENT_CKPTCTL_PROGRESS_H_
 
@@ -9,7 +9,9 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 
@@ -20,7 +22,9 @@ namespace ckpt {
 std::string FormatProgressLine(int64_t done_bytes, int64_t total_bytes, double bytes_per_second,
                                int bar_width = 10);
 
-// "12.3 MiB" style, in the largest binary unit not above `bytes` (B, KiB, MiB, GiB, TiB).
+// The one size format of ckptctl's human output: "512 B", "12.3 KiB", "1.0 MiB", "3.5 GiB",
+// "2.0 TiB": the largest binary unit not above `bytes`, one decimal (whole bytes below 1 KiB).
+// JSON output carries exact byte counts instead.
 std::string FormatBytes(int64_t bytes);
 
 // "2s", "1m05s", "3h07m": `seconds` rounded up (negative counts as 0), precise enough to plan
@@ -30,13 +34,23 @@ std::string FormatSeconds(double seconds);
 // "2024-05-01T12:00:00Z": a Unix time in UTC.
 std::string FormatUtcTime(int64_t unix_seconds);
 
+// --progress: kAuto is kBar when stderr is a terminal, else kPlain.
+enum class ProgressMode { kAuto, kBar, kPlain, kNone };
+// "auto", "bar", "plain", "none"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ProgressMode> ParseProgressMode(std::string_view text);
+// `mode` with kAuto decided by whether stderr (fd 2) is a terminal.
+ProgressMode ResolveProgressMode(ProgressMode mode);
+
 struct ProgressOptions {
-  // Where the line goes. Default std::cerr.
+  // Where the progress goes. Default std::cerr.
   std::ostream* out = nullptr;
-  // Draw at all. Default (nullopt): when stderr (fd 2) is a terminal.
-  std::optional<bool> enabled;
-  // Minimum time between redraws; the final state is always drawn. Default 100 ms.
+  // kBar: one line redrawn in place; kPlain: a line every plain_interval (none for transfers
+  // shorter than that); kNone: nothing. Default kAuto (see ResolveProgressMode).
+  ProgressMode mode = ProgressMode::kAuto;
+  // kBar: minimum time between redraws; the final state is always drawn. Default 100 ms.
   absl::Duration min_interval = absl::Milliseconds(100);
+  // kPlain: time between lines. Default 5 s.
+  absl::Duration plain_interval = absl::Seconds(5);
 };
 
 // Draws the progress of one transfer. Thread-safe: several upload threads may call Update
@@ -66,6 +80,7 @@ class ProgressReporter {
 
   std::ostream* const out_;
   const bool enabled_;
+  const bool bar_;  // else plain lines
   const absl::Duration min_interval_;
   const absl::Time start_;
 

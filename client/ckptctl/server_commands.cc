@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/ckptctl/offline_commands.h"
+#include "client/ckptctl/output.h"
 #include "client/ckptctl/progress.h"
 #include "client/ckptctl/rank_list.h"
 #include "core/box.h"
@@ -55,8 +56,12 @@ auto WithProgress(const ProgressOptions& options, Body body) -> decltype(body(Pr
 // ---------------------------------------------------------------- strategies
 
 absl::Status RunStrategyPut(CkptClient& client, const std::string& name, const std::string& path,
-                            bool overwrite, std::ostream& out) {
+                            bool overwrite, bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(v1::StrategyInfo info, client.PutStrategyFile(name, path, overwrite));
+  if (json) {
+    PrintJsonLine({{"registered", StrategyInfoJson(info)}, {"path", path}}, out);
+    return absl::OkStatus();
+  }
   out << "registered strategy " << info.name() << " from " << path << ": " << info.parameter_count()
       << " parameters, " << info.devices_per_stage() << " devices per stage, " << info.stage_count()
       << " stage(s), " << info.world_size() << " ranks\n";
@@ -70,8 +75,14 @@ absl::Status RunStrategyGet(CkptClient& client, const std::string& name, bool js
   return absl::OkStatus();
 }
 
-absl::Status RunStrategyList(CkptClient& client, std::ostream& out) {
+absl::Status RunStrategyList(CkptClient& client, bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::StrategyInfo> strategies, client.ListStrategies());
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const v1::StrategyInfo& s : strategies) list.push_back(StrategyInfoJson(s));
+    PrintJsonLine(list, out);
+    return absl::OkStatus();
+  }
   for (const v1::StrategyInfo& s : strategies) {
     out << s.name() << "  parameters=" << s.parameter_count()
         << "  devices_per_stage=" << s.devices_per_stage() << "  stages=" << s.stage_count()
@@ -80,8 +91,13 @@ absl::Status RunStrategyList(CkptClient& client, std::ostream& out) {
   return absl::OkStatus();
 }
 
-absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, std::ostream& out) {
+absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, bool json,
+                               std::ostream& out) {
   CKPT_RETURN_IF_ERROR(client.DeleteStrategy(name));
+  if (json) {
+    PrintJsonLine({{"deleted_strategy", name}}, out);
+    return absl::OkStatus();
+  }
   out << "deleted strategy " << name << "\n";
   return absl::OkStatus();
 }
@@ -137,15 +153,20 @@ absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::os
 
   std::vector<std::string> warnings;
   for (const RankUploadResult& r : summary.ranks) {
-    out << "uploaded rank " << r.rank << " from " << r.file << ": " << r.file_bytes << " bytes, "
-        << r.response.bytes_stored() << " stored\n";
+    if (!command.json) {
+      out << "uploaded rank " << r.rank << " from " << r.file << ": "
+          << FormatBytes(r.file_bytes) << ", " << FormatBytes(r.response.bytes_stored())
+          << " stored\n";
+    }
     warnings.insert(warnings.end(), r.response.warnings().begin(), r.response.warnings().end());
   }
   PrintWarnings(warnings, err);
-  if (summary.committed) {
+  if (command.json) {
+    PrintJsonLine(UploadSummaryJson(summary), out);
+  } else if (summary.committed) {
     out << "committed checkpoint " << summary.checkpoint_id << ": " << summary.ranks_total
-        << " ranks, " << summary.file_bytes << " bytes uploaded, " << summary.bytes_stored
-        << " bytes stored\n";
+        << " ranks, " << FormatBytes(summary.file_bytes) << " uploaded, "
+        << FormatBytes(summary.bytes_stored) << " stored\n";
   } else {
     // Possible when another client uploads other ranks of the same checkpoint.
     out << "checkpoint " << summary.checkpoint_id
@@ -188,9 +209,18 @@ absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostr
                           return client.FetchToFile(request, command.out_path, std::move(progress));
                         }));
   PrintWarnings({summary.warnings().begin(), summary.warnings().end()}, err);
-  out << "fetched " << summary.tensor_count() << " tensors (" << summary.total_bytes()
-      << " bytes) from source ranks " << Bracketed(summary.source_ranks()) << " into "
-      << command.out_path << "\n";
+  // Nothing but the file's bytes on standard output when the file goes there.
+  std::ostream& report = OutputDescriptor(command.out_path) == 1 ? err : out;
+  if (command.json) {
+    nlohmann::json j = FetchPlanJson(summary);
+    j["checkpoint_id"] = command.checkpoint_id;
+    j["out"] = command.out_path;
+    PrintJsonLine(j, report);
+    return absl::OkStatus();
+  }
+  report << "fetched " << summary.tensor_count() << " tensors (" << FormatBytes(summary.total_bytes())
+         << ") from source ranks " << Bracketed(summary.source_ranks()) << " into "
+         << (command.out_path == "-" ? std::string("standard output") : command.out_path) << "\n";
   return absl::OkStatus();
 }
 
@@ -227,26 +257,38 @@ absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
 
 // ---------------------------------------------------------------- checkpoints
 
-absl::Status RunList(CkptClient& client, std::ostream& out) {
+absl::Status RunList(CkptClient& client, bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> checkpoints, client.ListCheckpoints());
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const v1::CheckpointInfo& c : checkpoints) list.push_back(CheckpointInfoJson(c));
+    PrintJsonLine(list, out);
+    return absl::OkStatus();
+  }
   for (const v1::CheckpointInfo& c : checkpoints) {
     out << c.id()
         << "  source_strategy=" << (c.source_strategy().empty() ? "-" : c.source_strategy())
         << "  ranks=" << c.ranks() << "  tensors=" << c.tensor_count()
-        << "  stored_bytes=" << c.stored_bytes() << "  created=" << FormatUtcTime(c.created_unix())
+        << "  stored=" << FormatBytes(c.stored_bytes()) << "  created=" << FormatUtcTime(c.created_unix())
         << "\n";
   }
   return absl::OkStatus();
 }
 
-absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, std::ostream& out) {
+absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, bool json,
+                         std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(v1::DescribeCheckpointResponse response,
                         client.DescribeCheckpoint(checkpoint_id));
+  if (json) {
+    PrintJsonLine(DescribeJson(response), out);
+    return absl::OkStatus();
+  }
   const v1::CheckpointInfo& info = response.info();
   out << "checkpoint " << info.id() << ": source strategy "
       << (info.source_strategy().empty() ? "(none, whole tensors)" : info.source_strategy()) << ", "
-      << info.ranks() << " ranks, " << info.tensor_count() << " tensors, " << info.logical_bytes()
-      << " logical bytes, " << info.stored_bytes() << " stored bytes, created "
+      << info.ranks() << " ranks, " << info.tensor_count() << " tensors, "
+      << FormatBytes(info.logical_bytes()) << " logical, " << FormatBytes(info.stored_bytes())
+      << " stored, created "
       << FormatUtcTime(info.created_unix()) << "\n";
   size_t name_width = 4;
   size_t dtype_width = 5;
@@ -266,16 +308,45 @@ absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, s
     out << "  " << pad(t.name(), name_width) << pad(t.dtype(), dtype_width)
         << pad(shapes[i], shape_width)
         << (t.kind() == v1::TENSOR_KIND_VERBATIM ? "verbatim" : "sharded ")
-        << "  slices=" << t.stored_slices() << "  stored_bytes=" << t.stored_bytes();
+        << "  slices=" << t.stored_slices() << "  stored=" << FormatBytes(t.stored_bytes());
     if (!t.layout().empty()) out << "  " << t.layout();
     out << "\n";
   }
   return absl::OkStatus();
 }
 
-absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, std::ostream& out) {
+absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, bool json,
+                       std::ostream& out) {
   CKPT_RETURN_IF_ERROR(client.DeleteCheckpoint(checkpoint_id));
+  if (json) {
+    PrintJsonLine({{"deleted_checkpoint", checkpoint_id}}, out);
+    return absl::OkStatus();
+  }
   out << "deleted checkpoint " << checkpoint_id << "\n";
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- health
+
+absl::Status RunHealth(CkptClient& client, const std::string& service, bool json,
+                       std::ostream& out) {
+  absl::StatusOr<std::string> answer = client.CheckHealth(service);
+  // A service the server does not (yet) report on is not serving it: the unavailable class too.
+  if (answer.status().code() == absl::StatusCode::kNotFound) {
+    return absl::UnavailableError(answer.status().message());
+  }
+  CKPT_ASSIGN_OR_RETURN(const std::string status, std::move(answer));
+  if (status != "SERVING") {
+    // The unavailable class: a caller waiting for the server retries it.
+    return absl::UnavailableError(absl::StrCat(
+        "ckptd at ", client.address(), " reports ", status,
+        service.empty() ? std::string() : absl::StrCat(" for service ", service)));
+  }
+  if (json) {
+    PrintJsonLine({{"server", client.address()}, {"service", service}, {"status", status}}, out);
+  } else {
+    out << client.address() << (service.empty() ? "" : " ") << service << ": " << status << "\n";
+  }
   return absl::OkStatus();
 }
 
@@ -300,15 +371,23 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
       }));
   std::vector<std::string> warnings;
   for (const RankExportResult& r : summary.ranks) {
-    out << "exported rank " << r.rank << ": " << r.summary.tensor_count() << " tensors ("
-        << r.summary.total_bytes() << " bytes) from source ranks "
-        << Bracketed(r.summary.source_ranks()) << " into " << r.file << "\n";
+    if (!command.json) {
+      out << "exported rank " << r.rank << ": " << r.summary.tensor_count() << " tensors ("
+          << FormatBytes(r.summary.total_bytes()) << ") from source ranks "
+          << Bracketed(r.summary.source_ranks()) << " into " << r.file << "\n";
+    }
     warnings.insert(warnings.end(), r.summary.warnings().begin(), r.summary.warnings().end());
   }
   PrintWarnings(warnings, err);
+  if (command.json) {
+    PrintJsonLine(ExportSummaryJson(command.checkpoint_id, command.destination_strategy, summary),
+                  out);
+    return absl::OkStatus();
+  }
   out << "exported " << command.checkpoint_id << " to destination strategy "
       << command.destination_strategy << ": " << summary.ranks.size() << " ranks, "
-      << summary.tensors << " tensors, " << summary.bytes << " bytes into " << summary.dir << "\n";
+      << summary.tensors << " tensors, " << FormatBytes(summary.bytes) << " into " << summary.dir
+      << "\n";
   return absl::OkStatus();
 }
 
@@ -345,7 +424,7 @@ absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
     j["data_loss_jobs"] = s.data_loss_jobs();
     j["rss_bytes"] = s.rss_bytes();
     j["peak_rss_bytes"] = s.peak_rss_bytes();
-    out << j.dump(2) << "\n";
+    PrintJsonLine(j, out);
     return absl::OkStatus();
   }
   // "  label         value", the values aligned.

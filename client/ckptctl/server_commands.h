@@ -24,14 +24,16 @@ namespace ckpt {
 // `ckptctl strategy put NAME PATH [--overwrite]`: PATH is a binary or .json strategy file, or a
 // directory of per-stage files (merged first).
 absl::Status RunStrategyPut(CkptClient& client, const std::string& name, const std::string& path,
-                            bool overwrite, std::ostream& out);
-// `ckptctl strategy get NAME [--json]`: the `strategy show` summary, or the JSON form.
+                            bool overwrite, bool json, std::ostream& out);
+// `ckptctl strategy get NAME [--json]`: the `strategy show` summary, or MindSpore's JSON form
+// of the strategy (the document itself, as `strategy show --json`).
 absl::Status RunStrategyGet(CkptClient& client, const std::string& name, bool json,
                             std::ostream& out);
-// `ckptctl strategy ls`: one line per strategy.
-absl::Status RunStrategyList(CkptClient& client, std::ostream& out);
-// `ckptctl strategy rm NAME`.
-absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, std::ostream& out);
+// `ckptctl strategy ls [--json]`: one line per strategy, or a JSON array.
+absl::Status RunStrategyList(CkptClient& client, bool json, std::ostream& out);
+// `ckptctl strategy rm NAME [--json]`.
+absl::Status RunStrategyRemove(CkptClient& client, const std::string& name, bool json,
+                               std::ostream& out);
 
 struct UploadCommand {
   std::string checkpoint_id;
@@ -43,6 +45,8 @@ struct UploadCommand {
   std::string file;
   // Progress display (default: on stderr when it is a terminal).
   ProgressOptions progress;
+  // Print the summary as one JSON object (client/ckptctl/output.h).
+  bool json = false;
 };
 // `ckptctl upload CKPT --strategy NAME --dir DIR [--parallel N]` or `upload CKPT --file FILE`.
 absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::ostream& out,
@@ -60,9 +64,12 @@ struct FetchCommand {
   std::vector<std::string> exclude;
   bool strict = false;
   ProgressOptions progress;
+  bool json = false;
 };
 // `ckptctl fetch CKPT (--dst-strategy NAME --rank R | --merged) --out FILE [--include GLOB]...
-// [--exclude GLOB]... [--strict]`. Summary warnings go to `err` as "warning: ..." lines.
+// [--exclude GLOB]... [--strict]`. Summary warnings go to `err` as "warning: ..." lines. When
+// FILE is standard output ("-", /dev/stdout: see OutputDescriptor in client/client.h) the file's
+// bytes are all that goes there: the summary goes to `err` too.
 absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostream& out,
                       std::ostream& err);
 
@@ -71,12 +78,19 @@ absl::Status RunRemoteDeps(CkptClient& client, const std::string& checkpoint_id,
                            const std::string& destination_strategy, std::optional<int64_t> rank,
                            bool all, bool json, std::ostream& out);
 
-// `ckptctl ls`: one line per checkpoint.
-absl::Status RunList(CkptClient& client, std::ostream& out);
-// `ckptctl describe CKPT`: the checkpoint's summary, then one line per tensor.
-absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
-// `ckptctl rm CKPT`.
-absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, std::ostream& out);
+// `ckptctl ls [--json]`: one line per checkpoint, or a JSON array.
+absl::Status RunList(CkptClient& client, bool json, std::ostream& out);
+// `ckptctl describe CKPT [--json]`: the checkpoint's summary, then one line per tensor.
+absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, bool json,
+                         std::ostream& out);
+// `ckptctl rm CKPT [--json]`.
+absl::Status RunRemove(CkptClient& client, const std::string& checkpoint_id, bool json,
+                       std::ostream& out);
+
+// `ckptctl health [--service NAME] [--json]`: OK when the server reports SERVING; UNAVAILABLE
+// naming the status otherwise.
+absl::Status RunHealth(CkptClient& client, const std::string& service, bool json,
+                       std::ostream& out);
 
 // `ckptctl stats [--json]`: the server's counters and gauges (GetStats), sizes human-readable;
 // with --json one object with every field, sizes in exact bytes.
@@ -94,6 +108,7 @@ struct ExportCommand {
   std::string prefix = kDefaultRankFilePrefix;
   int parallel = 4;
   ProgressOptions progress;
+  bool json = false;
 };
 // `ckptctl export CKPT --dst-strategy NAME --dir DIR [--ranks LIST] [--prefix P] [--parallel N]`:
 // CkptClient::ExportRanks, then one line per rank and a total.

@@ -175,6 +175,31 @@ absl::Status JobRunner::Start() {
   return absl::OkStatus();
 }
 
+int JobRunner::RemoveExpired(absl::Time now) {
+  if (options_.retention == absl::InfiniteDuration()) return 0;
+  const int64_t cutoff = absl::ToUnixSeconds(now - options_.retention);
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, e] : jobs_) {
+      if (IsTerminal(e->job.state()) && !e->running && e->job.finished_unix() < cutoff) {
+        expired.push_back(id);
+      }
+    }
+  }
+  int removed = 0;
+  for (const std::string& id : expired) {
+    absl::Status status = Delete(id);
+    if (status.ok()) {
+      ++removed;
+      Logger()->info("event=job_expire job={}", id);
+    } else if (status.code() != absl::StatusCode::kNotFound) {
+      Logger()->warn("event=job_expire job={} error=\"{}\"", id, std::string(status.message()));
+    }
+  }
+  return removed;
+}
+
 void JobRunner::Shutdown() {
   std::vector<std::thread> threads;
   {
@@ -264,6 +289,28 @@ std::map<v1::JobState, int64_t> JobRunner::CountByState() const {
   std::map<v1::JobState, int64_t> out;
   for (const auto& [id, e] : jobs_) ++out[e->job.state()];
   return out;
+}
+
+absl::Status JobRunner::Delete(const std::string& id) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CKPT_RETURN_IF_ERROR(Available());
+    e = Find(id);
+    if (!e) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+    if (!IsTerminal(e->job.state()) || e->running) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", job_internal::StateName(e->job.state()),
+                       "; only a finished job can be removed (cancel it first)"));
+    }
+  }
+  // The record goes first: were the store to fail, the job stays listed and can be removed
+  // again. A finished job never changes, so nothing persists it again meanwhile.
+  std::lock_guard<std::mutex> persist(e->persist_mu);
+  CKPT_RETURN_IF_ERROR(store_->DeleteJob(id));
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.erase(id);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Job> JobRunner::Cancel(const std::string& id) {

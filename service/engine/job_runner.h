@@ -77,6 +77,10 @@ struct JobRunnerOptions {
   // How long Cancel() waits for a running job to stop and remove its partial output before it
   // returns the job as it is then. Default 10 s.
   absl::Duration cancel_wait = absl::Seconds(10);
+  // Finished jobs (SUCCEEDED, FAILED, CANCELLED) whose finished time is older than this are
+  // removed by RemoveExpired() (at Start() and whenever the server's maintenance runs).
+  // InfiniteDuration keeps them forever. Default 7 days.
+  absl::Duration retention = absl::Hours(24 * 7);
   // Chunking of checkpoints written by jobs. Should equal ManagerOptions::upload so that a
   // job-written checkpoint is stored exactly like an uploaded one.
   UploadOptions upload;
@@ -154,6 +158,13 @@ class JobRunner {
   // partial output is removed. Waits (up to cancel_wait) for that and returns the job, CANCELLED
   // unless it had ended already (then unchanged). NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // Removes the record of a finished job. FAILED_PRECONDITION while it is queued or running,
+  // NOT_FOUND for an unknown id, UNAVAILABLE when not started or stopping. Its output (a
+  // checkpoint or files) is not touched.
+  absl::Status Delete(const std::string& id);
+  // Removes every finished job that finished before `now` - JobRunnerOptions::retention; returns
+  // how many. Failures to delete a record are logged and the job kept for the next round.
+  int RemoveExpired(absl::Time now);
   // Registers `fn` for job `id` (see JobWatchFn); the current state is delivered before this
   // returns. NOT_FOUND for an unknown id.
   absl::StatusOr<std::unique_ptr<JobWatch>> Watch(const std::string& id, JobWatchFn fn);

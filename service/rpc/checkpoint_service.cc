@@ -264,6 +264,14 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::ListJobs(grpc::CallbackServerCo
   });
 }
 
+grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx,
+                                                           const v1::DeleteJobRequest* req,
+                                                           v1::DeleteJobResponse*) {
+  return Unary(ctx, "DeleteJob", [this, req]() -> absl::Status {
+    return jobs_->Delete(req->job_id());
+  });
+}
+
 ProcessMemory ReadProcessMemory() {
   ProcessMemory memory;
   std::ifstream status("/proc/self/status");

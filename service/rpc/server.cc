@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   job_options.upload = options.manager.upload;
   s->jobs_ = std::make_unique<JobRunner>(s->manager_.get(), job_options);
   CKPT_RETURN_IF_ERROR(s->jobs_->Start());
+  s->jobs_->RemoveExpired(absl::Now());  // finished jobs past --job-retention
   s->executor_ = std::make_unique<Executor>(options.io_threads);
   ServiceOptions service_options = options.service;
   service_options.data_dir = options.data_dir;  // GetStats' disk free
@@ -157,6 +158,7 @@ void CkptServer::MaintenanceLoop() {
     if (stopping_) break;
     lock.unlock();
     const int expired = manager_->ExpireIdleUploads();
+    jobs_->RemoveExpired(absl::Now());
     auto collected = store_->CollectGarbage();
     if (expired > 0 || (collected.ok() && *collected > 0)) {
       spdlog::info("event=maintenance expired_uploads={} collected={}", expired,

@@ -20,6 +20,7 @@
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "core/strategy.h"
+#include "client/ckptctl/progress.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -269,9 +270,9 @@ TEST_F(CkptctlTest, InspectWholeCheckpointAsText) {
     EXPECT_THAT(lines[i + 1], ::testing::StartsWith(t.name + " "));
     EXPECT_THAT(lines[i + 1], HasSubstr(std::string(DTypeName(t.dtype))));
     EXPECT_THAT(lines[i + 1], HasSubstr(ShapeToString(t.global_shape)));
-    EXPECT_THAT(lines[i + 1], ::testing::EndsWith(absl::StrCat(" ", bytes)));
+    EXPECT_THAT(lines[i + 1], ::testing::EndsWith(absl::StrCat(" ", FormatBytes(bytes))));
   }
-  EXPECT_EQ(lines.back(), absl::StrCat(tensors.size() + 2, " tensors, ", total, " bytes"));
+  EXPECT_EQ(lines.back(), absl::StrCat(tensors.size() + 2, " tensors, ", FormatBytes(total)));
 }
 
 TEST_F(CkptctlTest, InspectReportsChunkedTensorsAndCrcTrailer) {

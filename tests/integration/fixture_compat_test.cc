@@ -206,7 +206,7 @@ TEST(FixtureCompatTest, InspectGoldenSequentialMlpLists12Float32Tensors) {
   const std::vector<std::string> lines = SplitLines(text.stdout_text);
   ASSERT_EQ(lines.size(), 14u) << text.stdout_text;
   for (size_t i = 1; i <= 12; ++i) EXPECT_THAT(lines[i], HasSubstr("Float32"));
-  EXPECT_THAT(lines.back(), ::testing::StartsWith("12 tensors, 3072 bytes"));
+  EXPECT_THAT(lines.back(), ::testing::StartsWith("12 tensors, 3.0 KiB"));
 }
 
 TEST(FixtureCompatTest, InspectGoldenRouter) {

@@ -456,6 +456,10 @@ TEST_F(JobsCliTest, CancelledJobFailsTheWaiterAndLeavesNoOutput) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    // A running job's record cannot be removed: the invalid-argument class (5).
+    auto rm = Ctl({"jobs", "rm", "victim"});
+    EXPECT_EQ(rm.exit_code, 5) << rm.stderr_text;
+    EXPECT_THAT(rm.stderr_text, HasSubstr("FAILED_PRECONDITION: job victim is RUNNING"));
     auto cancel = Ctl({"jobs", "cancel", "victim"});
     EXPECT_EQ(cancel.exit_code, 0) << cancel.stderr_text;
     EXPECT_THAT(cancel.stdout_text, HasSubstr("victim"));
@@ -463,12 +467,15 @@ TEST_F(JobsCliTest, CancelledJobFailsTheWaiterAndLeavesNoOutput) {
   auto wait = Ctl({"transform", "big", "--dst-strategy", "bigdst", "--export-dir",
                    "cancelled-export", "--id", "victim", "--wait"});
   canceller.join();
-  EXPECT_NE(wait.exit_code, 0) << wait.stdout_text;
+  EXPECT_EQ(wait.exit_code, 1) << wait.stdout_text;  // CANCELLED: the "other" class
   EXPECT_EQ(testing::SplitLines(wait.stderr_text).size(), 1u) << wait.stderr_text;
   EXPECT_THAT(wait.stderr_text, HasSubstr("CANCELLED: job victim was cancelled"));
   EXPECT_FALSE(fs::exists(out));
   EXPECT_TRUE(EntriesOf(root_).empty());
   EXPECT_THAT(CtlOk({"jobs", "ls"}).stdout_text, HasSubstr("victim  CANCELLED"));
+  // Once finished, its record can be removed.
+  EXPECT_THAT(CtlOk({"jobs", "rm", "victim"}).stdout_text, HasSubstr("removed job victim"));
+  EXPECT_THAT(CtlOk({"jobs", "ls"}).stdout_text, Not(HasSubstr("victim")));
 }
 
 // ------------------------------------------------------------------------------- export root

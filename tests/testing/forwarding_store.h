@@ -58,6 +58,7 @@ class ForwardingStore : public CheckpointStore {
   }
   absl::StatusOr<std::string> GetJob(const std::string& id) override { return base_->GetJob(id); }
   absl::StatusOr<std::vector<JobRecord>> ListJobs() override { return base_->ListJobs(); }
+  absl::Status DeleteJob(const std::string& id) override { return base_->DeleteJob(id); }
   absl::StatusOr<int64_t> CollectGarbage() override { return base_->CollectGarbage(); }
   absl::Status Flush() override { return base_->Flush(); }
   StoreStats stats() const override { return base_->stats(); }

@@ -35,8 +35,11 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   p->port_file_ = data_dir + ".port";
   p->log_path_ = data_dir + ".log";
   std::filesystem::remove(p->port_file_);
-  std::vector<std::string> args = {ckptd_path, "--listen", "127.0.0.1:0", "--data", data_dir,
-                                   "--port-file", p->port_file_};
+  std::vector<std::string> args = {ckptd_path, "--data", data_dir, "--port-file", p->port_file_};
+  // Any free port unless the test names the address (--listen 127.0.0.1:PORT).
+  if (std::find(extra_args.begin(), extra_args.end(), "--listen") == extra_args.end()) {
+    args.insert(args.end(), {"--listen", "127.0.0.1:0"});
+  }
   // Test machines may have little free disk: a small reserve unless the test sets its own.
   if (std::find(extra_args.begin(), extra_args.end(), "--min-free-disk-mib") == extra_args.end()) {
     args.insert(args.end(), {"--min-free-disk-mib", "64"});

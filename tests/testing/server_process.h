@@ -16,8 +16,8 @@ namespace ckpt::testing {
 // Not thread-safe. The destructor stops the server (SIGTERM, then SIGKILL after 20 s).
 class ServerProcess {
  public:
-  // Starts `ckptd_path` with --listen 127.0.0.1:0 --data DATA_DIR and waits (up to 30 s) until it
-  // has written its port file.
+  // Starts `ckptd_path` with --listen 127.0.0.1:0 (unless `extra_args` has its own --listen)
+  // --data DATA_DIR and waits (up to 30 s) until it has written its port file.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::string& ckptd_path, const std::string& data_dir,
       const std::vector<std::string>& extra_args = {});

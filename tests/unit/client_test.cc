@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,7 +21,11 @@
 #include "client/client.h"
 #include "client/rank_directory.h"
 #include "core/checksum.h"
+#include "client/ckptctl/exit_codes.h"
 #include "client/ckptctl/job_commands.h"
+#include "client/ckptctl/output.h"
+#include "client/ckptctl/retry.h"
+#include "core/duration_text.h"
 #include "client/ckptctl/progress.h"
 #include "client/ckptctl/rank_list.h"
 #include "client/ckptctl/server_commands.h"
@@ -265,11 +270,176 @@ TEST(FormatBytesTest, PicksLargestUnit) {
   EXPECT_EQ(FormatBytes(int64_t{5} << 40), "5.0 TiB");
 }
 
+// Every status code has its class; PERMISSION_DENIED and UNAUTHENTICATED are produced for real
+// only once ckptd checks credentials, so their row is checked here.
+TEST(ExitCodeTest, EveryStatusCodeMapsToItsClass) {
+  const std::vector<std::pair<absl::StatusCode, ExitCode>> table = {
+      {absl::StatusCode::kOk, ExitCode::kOk},
+      {absl::StatusCode::kCancelled, ExitCode::kOther},
+      {absl::StatusCode::kUnknown, ExitCode::kOther},
+      {absl::StatusCode::kInvalidArgument, ExitCode::kInvalidArgument},
+      {absl::StatusCode::kDeadlineExceeded, ExitCode::kUnavailable},
+      {absl::StatusCode::kNotFound, ExitCode::kNotFound},
+      {absl::StatusCode::kAlreadyExists, ExitCode::kAlreadyExists},
+      {absl::StatusCode::kPermissionDenied, ExitCode::kPermissionDenied},
+      {absl::StatusCode::kResourceExhausted, ExitCode::kUnavailable},
+      {absl::StatusCode::kFailedPrecondition, ExitCode::kInvalidArgument},
+      {absl::StatusCode::kAborted, ExitCode::kOther},
+      {absl::StatusCode::kOutOfRange, ExitCode::kInvalidArgument},
+      {absl::StatusCode::kUnimplemented, ExitCode::kOther},
+      {absl::StatusCode::kInternal, ExitCode::kOther},
+      {absl::StatusCode::kUnavailable, ExitCode::kUnavailable},
+      {absl::StatusCode::kDataLoss, ExitCode::kDataLoss},
+      {absl::StatusCode::kUnauthenticated, ExitCode::kPermissionDenied},
+  };
+  EXPECT_EQ(table.size(), 17u);  // every code of absl::StatusCode
+  for (const auto& [code, expected] : table) {
+    EXPECT_EQ(ExitCodeFor(code), expected) << absl::StatusCodeToString(code);
+    EXPECT_EQ(ExitStatusFor(absl::Status(code, code == absl::StatusCode::kOk ? "" : "x")),
+              static_cast<int>(expected));
+  }
+  // Each class has its own number and name.
+  std::set<int> numbers;
+  std::set<std::string_view> names;
+  for (ExitCode c : {ExitCode::kOk, ExitCode::kOther, ExitCode::kUsage, ExitCode::kNotFound,
+                     ExitCode::kAlreadyExists, ExitCode::kInvalidArgument, ExitCode::kUnavailable,
+                     ExitCode::kPermissionDenied, ExitCode::kDataLoss}) {
+    numbers.insert(static_cast<int>(c));
+    names.insert(ExitCodeName(c));
+  }
+  EXPECT_EQ(numbers.size(), 9u);
+  EXPECT_EQ(names.size(), 9u);
+}
+
+TEST(DurationTextTest, ParsesOperatorDurations) {
+  EXPECT_EQ(*ParseDurationText("90s"), absl::Seconds(90));
+  EXPECT_EQ(*ParseDurationText("5m"), absl::Minutes(5));
+  EXPECT_EQ(*ParseDurationText("1h30m"), absl::Minutes(90));
+  EXPECT_EQ(*ParseDurationText("500ms"), absl::Milliseconds(500));
+  EXPECT_EQ(*ParseDurationText("7d"), absl::Hours(24 * 7));
+  EXPECT_EQ(*ParseDurationText("1.5d"), absl::Hours(36));
+  EXPECT_EQ(*ParseDurationText("0"), absl::ZeroDuration());
+  for (const char* bad : {"", "5", "-1s", "inf", "soon", "d", "3dd", "1s junk"}) {
+    EXPECT_EQ(ParseDurationText(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(FormatDurationText(absl::Hours(24 * 7)), "7d");
+  EXPECT_EQ(FormatDurationText(absl::Minutes(90)), "1h30m");
+  EXPECT_EQ(FormatDurationText(absl::Seconds(30)), "30s");
+  EXPECT_EQ(FormatDurationText(absl::ZeroDuration()), "0");
+}
+
+TEST(RetryTest, BackoffGrowsExponentiallyWithJitterUpToTheCap) {
+  RetryOptions options;
+  options.initial_backoff = absl::Milliseconds(100);
+  options.max_backoff = absl::Seconds(1);
+  EXPECT_EQ(RetryBackoff(options, 1, 0.5), absl::Milliseconds(100));
+  EXPECT_EQ(RetryBackoff(options, 2, 0.5), absl::Milliseconds(200));
+  EXPECT_EQ(RetryBackoff(options, 3, 0.5), absl::Milliseconds(400));
+  EXPECT_EQ(RetryBackoff(options, 10, 0.5), absl::Seconds(1));
+  EXPECT_EQ(RetryBackoff(options, 1, 0.0), absl::Milliseconds(50));
+  EXPECT_LT(RetryBackoff(options, 1, 0.999), absl::Milliseconds(150));
+}
+
+TEST(RetryTest, RetriesUnavailableOnlyWhenIdempotentAndBounded) {
+  RetryOptions options;
+  options.initial_backoff = absl::Milliseconds(1);
+  options.attempts_without_wait = 3;
+  int connects = 0;
+  auto connect = [&](absl::Duration) -> absl::StatusOr<std::unique_ptr<CkptClient>> {
+    ++connects;
+    return CkptClient::Connect("127.0.0.1:1");
+  };
+  std::ostringstream err;
+  int attempts = 0;
+  auto unavailable = [&](CkptClient&) {
+    ++attempts;
+    return absl::UnavailableError("down");
+  };
+  EXPECT_EQ(RunWithRetries(options, true, connect, unavailable, nullptr, err).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(attempts, 3);
+  EXPECT_EQ(connects, 3);
+  attempts = 0;
+  EXPECT_EQ(RunWithRetries(options, false, connect, unavailable, nullptr, err).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(attempts, 1);
+  // Other failures are never retried; success ends at once; before_retry runs between.
+  attempts = 0;
+  int resets = 0;
+  auto flaky = [&](CkptClient&) {
+    return ++attempts < 2 ? absl::UnavailableError("down") : absl::NotFoundError("gone");
+  };
+  EXPECT_EQ(RunWithRetries(options, true, connect, flaky, [&] { ++resets; }, err).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_EQ(resets, 1);
+  EXPECT_EQ(err.str(), "");  // nothing said without --wait-for-server
+}
+
+TEST(RetryTest, WaitForServerRetriesUntilTheDeadlineAndSaysSo) {
+  RetryOptions options;
+  options.wait_for_server = absl::Milliseconds(300);
+  options.initial_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(40);
+  auto connect = [](absl::Duration) { return CkptClient::Connect("127.0.0.1:1"); };
+  int attempts = 0;
+  std::ostringstream err;
+  const absl::Time start = absl::Now();
+  absl::Status s = RunWithRetries(
+      options, true, connect,
+      [&](CkptClient&) {
+        ++attempts;
+        return absl::UnavailableError("down");
+      },
+      nullptr, err);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after waiting"));
+  EXPECT_GT(attempts, 3);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_THAT(err.str(), HasSubstr("--wait-for-server"));
+}
+
+TEST(OutputDescriptorTest, NamesTheDescriptorsThatAreNeverReplaced) {
+  EXPECT_EQ(OutputDescriptor("-"), 1);
+  EXPECT_EQ(OutputDescriptor("/dev/stdout"), 1);
+  EXPECT_EQ(OutputDescriptor("/dev/stderr"), 2);
+  EXPECT_EQ(OutputDescriptor("/dev/fd/7"), 7);
+  EXPECT_EQ(OutputDescriptor("/proc/self/fd/1"), 1);
+  EXPECT_EQ(OutputDescriptor("/dev/fd/x"), -1);
+  EXPECT_EQ(OutputDescriptor("/dev/fd/"), -1);
+  EXPECT_EQ(OutputDescriptor("out.ckpt"), -1);
+  EXPECT_EQ(OutputDescriptor("./-"), -1);
+}
+
+TEST(JsonOutputTest, JobsAndCheckpointsUseExactIntegersAndSnakeCase) {
+  v1::Job job;
+  job.set_id("j");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_request()->set_checkpoint_id("ck");
+  job.mutable_request()->mutable_target()->set_export_dir("/x");
+  job.mutable_progress()->set_bytes_done(int64_t{3} << 40);
+  job.mutable_progress()->set_bytes_total(int64_t{4} << 40);
+  const nlohmann::json j = JobJson(job);
+  EXPECT_EQ(j["state"], "RUNNING");
+  EXPECT_EQ(j["target"]["kind"], "export");
+  EXPECT_EQ(j["progress"]["bytes_done"].get<int64_t>(), int64_t{3} << 40);
+  EXPECT_EQ(j["percent"], 75);
+  v1::CheckpointInfo info;
+  info.set_id("c");
+  info.set_stored_bytes((int64_t{1} << 53) + 1);  // beyond a double's exact integers
+  std::ostringstream out;
+  PrintJsonLine(CheckpointInfoJson(info), out);
+  const std::string line = out.str();
+  EXPECT_THAT(line, HasSubstr("\"stored_bytes\":9007199254740993"));
+  EXPECT_EQ(line.back(), '\n');
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
+}
+
 TEST(ProgressReporterTest, DisabledWritesNothing) {
   std::ostringstream out;
   ProgressOptions options;
   options.out = &out;
-  options.enabled = false;
+  options.mode = ProgressMode::kNone;
   {
     ProgressReporter reporter(options);
     reporter.Update(1, 2);
@@ -282,7 +452,7 @@ TEST(ProgressReporterTest, RedrawsOneLineAndEndsIt) {
   std::ostringstream out;
   ProgressOptions options;
   options.out = &out;
-  options.enabled = true;
+  options.mode = ProgressMode::kBar;
   options.min_interval = absl::ZeroDuration();
   ProgressReporter reporter(options);
   reporter.Update(0, 100);
@@ -297,11 +467,41 @@ TEST(ProgressReporterTest, RedrawsOneLineAndEndsIt) {
   EXPECT_THAT(s, Not(HasSubstr("60%")));
 }
 
+TEST(ProgressReporterTest, PlainModePrintsWholeLinesAfterEachIntervalOnly) {
+  std::ostringstream out;
+  ProgressOptions options;
+  options.out = &out;
+  options.mode = ProgressMode::kPlain;
+  options.plain_interval = absl::Milliseconds(50);
+  ProgressReporter reporter(options);
+  reporter.Update(10, 100);  // within the first interval: nothing
+  EXPECT_EQ(out.str(), "");
+  absl::SleepFor(absl::Milliseconds(80));
+  reporter.Update(40, 100);
+  reporter.Update(41, 100);  // same interval: nothing more
+  reporter.Done();
+  const std::string s = out.str();
+  EXPECT_EQ(s.find('\r'), std::string::npos) << s;
+  EXPECT_EQ(std::count(s.begin(), s.end(), '\n'), 1) << s;
+  EXPECT_THAT(s, HasSubstr("progress: "));
+  EXPECT_THAT(s, HasSubstr("40%"));
+}
+
+TEST(ProgressModeTest, ParsesTheFourModesAndRefusesOthers) {
+  EXPECT_EQ(*ParseProgressMode("auto"), ProgressMode::kAuto);
+  EXPECT_EQ(*ParseProgressMode("bar"), ProgressMode::kBar);
+  EXPECT_EQ(*ParseProgressMode("plain"), ProgressMode::kPlain);
+  EXPECT_EQ(*ParseProgressMode("none"), ProgressMode::kNone);
+  EXPECT_EQ(ParseProgressMode("fancy").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveProgressMode(ProgressMode::kPlain), ProgressMode::kPlain);
+  EXPECT_NE(ResolveProgressMode(ProgressMode::kAuto), ProgressMode::kAuto);
+}
+
 TEST(ProgressReporterTest, ClearErasesTheLine) {
   std::ostringstream out;
   ProgressOptions options;
   options.out = &out;
-  options.enabled = true;
+  options.mode = ProgressMode::kBar;
   options.min_interval = absl::ZeroDuration();
   ProgressReporter reporter(options);
   reporter.Update(10, 100);
@@ -315,7 +515,7 @@ TEST(ProgressReporterTest, ConcurrentUpdates) {
   std::ostringstream out;
   ProgressOptions options;
   options.out = &out;
-  options.enabled = true;
+  options.mode = ProgressMode::kBar;
   options.min_interval = absl::ZeroDuration();
   ProgressReporter reporter(options);
   ProgressFn callback = reporter.Callback();

@@ -755,6 +755,37 @@ TEST_F(JobRunnerTest, CancelQueuedJob) {
   EXPECT_EQ(runner_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(JobRunnerTest, DeleteRemovesOnlyFinishedJobs) {
+  StartCappedRunner(4000);
+  Submit(ExportRequest("slow", tmp_ + "/out"));
+  WaitRunning("slow");
+  EXPECT_EQ(runner_->Delete("slow").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runner_->Delete("nope").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(runner_->Cancel("slow").ok());
+  ASSERT_TRUE(runner_->Delete("slow").ok());
+  EXPECT_EQ(runner_->Get("slow").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetJob("slow").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(runner_->List().empty());
+}
+
+TEST_F(JobRunnerTest, RemoveExpiredDropsOnlyFinishedJobsPastTheRetention) {
+  JobRunnerOptions options;
+  options.retention = absl::Hours(1);
+  options.max_bytes_per_second = 4000;
+  StartRunner(options);
+  Submit(ExportRequest("slow", tmp_ + "/out"));
+  WaitRunning("slow");
+  Submit(MergedRequest("done", "ck", tmp_ + "/m.ckpt"));
+  ASSERT_TRUE(runner_->Cancel("done").ok());  // queued behind "slow": cancelled at once
+  // Not old enough yet; the running job never expires.
+  EXPECT_EQ(runner_->RemoveExpired(absl::Now()), 0);
+  EXPECT_EQ(runner_->RemoveExpired(absl::Now() + absl::Hours(2)), 1);
+  EXPECT_EQ(runner_->Get("done").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetJob("done").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(runner_->Get("slow")->state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(runner_->Cancel("slow").ok());
+}
+
 TEST_F(JobRunnerTest, FetchCompletesWhileAJobRuns) {
   StartCappedRunner(2000);
   Submit(ExportRequest("big", tmp_ + "/out"));

@@ -560,6 +560,17 @@ TEST_P(StoreConformanceTest, JobsPutGetListOverwrite) {
   EXPECT_EQ(jobs[1].record, "done");
 }
 
+TEST_P(StoreConformanceTest, JobsDeleteRemovesOneRecordAndIgnoresUnknownIds) {
+  ASSERT_OK(store_->PutJob("job-1", "a"));
+  ASSERT_OK(store_->PutJob("job-2", "b"));
+  ASSERT_OK(store_->DeleteJob("job-1"));
+  ASSERT_OK(store_->DeleteJob("never-there"));
+  EXPECT_EQ(store_->GetJob("job-1").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_OK_AND_ASSIGN(std::vector<JobRecord> jobs, store_->ListJobs());
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].id, "job-2");
+}
+
 // --- Concurrency --------------------------------------------------------------------------------
 
 TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
