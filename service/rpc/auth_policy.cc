@@ -40,7 +40,8 @@ std::string FullMethodName(std::string_view method) {
 
 const std::vector<MethodPolicy>& MethodPolicies() {
   // reader: read checkpoints, strategies and jobs, fetch. writer: + register strategies, upload,
-  // submit transforms, cancel its own jobs. admin: + deletes, others' jobs, server statistics.
+  // submit transforms, cancel and remove its own jobs. admin: + deletes, others' jobs, server
+  // statistics.
   static const std::vector<MethodPolicy> table = {
       {"/ckpt.v1.CheckpointService/PutStrategy", Role::kWriter, true},
       {"/ckpt.v1.CheckpointService/GetStrategy", Role::kReader, false},
@@ -58,6 +59,7 @@ const std::vector<MethodPolicy>& MethodPolicies() {
       {"/ckpt.v1.CheckpointService/CancelJob", Role::kWriter, true},
       {"/ckpt.v1.CheckpointService/ListJobs", Role::kReader, false},
       {"/ckpt.v1.CheckpointService/GetStats", Role::kAdmin, false},
+      {"/ckpt.v1.CheckpointService/DeleteJob", Role::kWriter, true},
   };
   return table;
 }

@@ -32,12 +32,12 @@ struct MethodPolicy {
   bool mutating;
 };
 
-// The whole table, in the service's declaration order. CancelJob is `writer` here with one more
-// rule applied by its handler: below `admin`, a principal may cancel only jobs it owns
-// (Job.owner); see kCancelOthersJobsRole.
+// The whole table, in the service's declaration order. CancelJob and DeleteJob are `writer` here
+// with one more rule applied by their handlers: below `admin`, a principal may cancel or remove
+// only jobs it owns (Job.owner); see kOthersJobsRole.
 const std::vector<MethodPolicy>& MethodPolicies();
-// The role needed to cancel a job submitted by another principal.
-inline constexpr Role kCancelOthersJobsRole = Role::kAdmin;
+// The role needed to cancel or remove a job submitted by another principal.
+inline constexpr Role kOthersJobsRole = Role::kAdmin;
 
 // The row of `full_method`, or null when the table has none (the call must then be refused).
 const MethodPolicy* FindMethodPolicy(std::string_view full_method);

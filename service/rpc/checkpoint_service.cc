@@ -236,17 +236,7 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::CancelJob(grpc::CallbackServerC
   return Unary(
       ctx, "CancelJob",
       [this, req, resp](const Principal& who) -> absl::Status {
-        // The role table lets writers call CancelJob; only for their own jobs, though.
-        if (who.role < kCancelOthersJobsRole) {
-          auto existing = jobs_->Get(req->job_id());
-          if (!existing.ok()) return existing.status();
-          if (existing->owner() != who.name) {
-            return absl::PermissionDeniedError(absl::StrCat(
-                "principal ", who.name, " (role ", Sv(RoleName(who.role)),
-                ") may cancel only its own jobs; cancelling another principal's job needs role ",
-                Sv(RoleName(kCancelOthersJobsRole))));
-          }
-        }
+        CKPT_RETURN_IF_ERROR(CheckJobOwner(who, req->job_id(), "cancel"));
         auto job = jobs_->Cancel(req->job_id());
         if (!job.ok()) return job.status();
         *resp = std::move(*job);
@@ -267,9 +257,26 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::ListJobs(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CheckpointServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx,
                                                            const v1::DeleteJobRequest* req,
                                                            v1::DeleteJobResponse*) {
-  return Unary(ctx, "DeleteJob", [this, req]() -> absl::Status {
-    return jobs_->Delete(req->job_id());
-  });
+  return Unary(
+      ctx, "DeleteJob",
+      [this, req](const Principal& who) -> absl::Status {
+        CKPT_RETURN_IF_ERROR(CheckJobOwner(who, req->job_id(), "remove"));
+        return jobs_->Delete(req->job_id());
+      },
+      [req] { return absl::StrCat("job=", req->job_id()); });
+}
+
+absl::Status CheckpointServiceImpl::CheckJobOwner(const Principal& who, const std::string& job_id,
+                                                  std::string_view verb) const {
+  // The role table lets writers call CancelJob and DeleteJob; only for their own jobs, though.
+  if (who.role >= kOthersJobsRole) return absl::OkStatus();
+  auto existing = jobs_->Get(job_id);
+  if (!existing.ok()) return existing.status();
+  if (existing->owner() == who.name) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "principal ", who.name, " (role ", Sv(RoleName(who.role)), ") may ", verb,
+      " only its own jobs; to ", verb, " another principal's job needs role ",
+      Sv(RoleName(kOthersJobsRole))));
 }
 
 ProcessMemory ReadProcessMemory() {

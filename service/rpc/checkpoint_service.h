@@ -146,6 +146,11 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   template <typename Fn>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, Fn fn,
                                   std::function<std::string()> target = nullptr);
+  // OK when `who` may `verb` (cancel, remove) job `job_id`: its owner, or a principal of
+  // kOthersJobsRole; PERMISSION_DENIED naming the principal and the role needed otherwise, and
+  // the lookup's error (NOT_FOUND) for an unknown job.
+  absl::Status CheckJobOwner(const Principal& who, const std::string& job_id,
+                             std::string_view verb) const;
 
   CheckpointManager* const manager_;
   JobRunner* const jobs_;

@@ -229,6 +229,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"CancelJob", Role::kWriter},
       {"ListJobs", Role::kReader},
       {"GetStats", Role::kAdmin},
+      {"DeleteJob", Role::kWriter},
   };
   return roles;
 }
@@ -338,6 +339,13 @@ TEST_F(TlsServerTest, WritersCancelOnlyTheirOwnJobsAndLimitsArePerPrincipal) {
   EXPECT_TRUE(admin_->CancelJob(admins->job().id()).ok());
   EXPECT_EQ((*reader)->CancelJob(admins->job().id()).status().code(),
             absl::StatusCode::kPermissionDenied);
+  // Removing a finished job's record follows the same rule as cancelling it.
+  absl::Status remove_others = (*writer)->DeleteJob(admins->job().id());
+  EXPECT_EQ(remove_others.code(), absl::StatusCode::kPermissionDenied) << remove_others;
+  EXPECT_THAT(remove_others.message(), HasSubstr("needs role admin"));
+  EXPECT_EQ((*reader)->DeleteJob(first->job().id()).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*writer)->DeleteJob(first->job().id()).ok());
+  EXPECT_TRUE(admin_->DeleteJob(admins->job().id()).ok());
 
   // Fetch streams: the reader's one held stream blocks its second; the admin is not affected.
   auto held_channel = TlsChannel(server_->address(), pki_ + "/ca.pem", "", "", false);

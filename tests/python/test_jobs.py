@@ -87,8 +87,12 @@ def test_resubmission_is_idempotent_and_listed(demo_server, client, export_root)
         client.submit_transform("demo", dst_strategy="d3", export_dir=target, ranks=[2],
                                 job_id="again")
     assert "again" in [j.id for j in client.list_jobs()]
-    # Cancelling a finished job leaves it as it was.
+    # Cancelling a finished job leaves it as it was; removing it drops its record.
     assert client.cancel_job("again").state == ckptd.JobState.SUCCEEDED
+    client.delete_job("again")
+    assert "again" not in [j.id for j in client.list_jobs()]
+    with pytest.raises(ckptd.NotFound):
+        client.delete_job("again")
 
 
 def test_new_checkpoint_job_stores_the_resharded_layout(demo_server, client):

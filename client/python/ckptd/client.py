@@ -693,6 +693,11 @@ class Client:
         return Job.from_proto(self._unary(self._stub.CancelJob,
                                           pb.CancelJobRequest(job_id=job_id)))
 
+    def delete_job(self, job_id: str) -> None:
+        """Removes a finished job's record (FailedPrecondition while it is queued or running,
+        NotFound for an unknown id). Below the admin role, only the job's owner may."""
+        self._unary(self._stub.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
+
     def list_jobs(self) -> List[Job]:
         """Every job, by id."""
         response = self._unary(self._stub.ListJobs, pb.ListJobsRequest())

@@ -184,6 +184,7 @@ class Job:
     started_unix: int
     finished_unix: int
     attempts: int
+    owner: str = ""
     created: Optional[bool] = None
 
     @property
@@ -213,4 +214,4 @@ class Job:
             merged_file=target.merged_file if output == "merged_file" else None,
             ranks=list(target.ranks), prefix=target.prefix, submitted_unix=m.submitted_unix,
             started_unix=m.started_unix, finished_unix=m.finished_unix, attempts=m.attempts,
-            created=created)
+            owner=m.owner, created=created)
