@@ -13,7 +13,13 @@ PACKAGES=(
   python3 python3-numpy python3-protobuf
   systemd shellcheck
   python3-grpcio python3-xxhash python3-pytest python3-pip python3-venv openssl
+  python3-yaml
 )
+# kubectl, for the offline checks of deploy/k8s: Debian's kubernetes-client, unless a kubectl is
+# installed already (another package shipping /usr/bin/kubectl would conflict with it).
+if ! command -v kubectl >/dev/null 2>&1; then
+  PACKAGES+=(kubernetes-client)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
