@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import List, Set
+from typing import Dict, List, Set
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploy_checks as dc  # noqa: E402
@@ -83,21 +83,27 @@ def dependency_closure(packages: List[str]) -> Set[str]:
     return closure
 
 
-def owning_package(library: str) -> str:
-    """The Debian package that installed `library` (tried as given, resolved, and with /usr
-    added or removed, since merged-/usr packages register either form)."""
-    candidates = [library, os.path.realpath(library)]
-    for path in list(candidates):
-        if path.startswith("/usr/"):
-            candidates.append(path[len("/usr"):])
-        else:
-            candidates.append("/usr" + path)
-    for path in candidates:
-        out = subprocess.run(["dpkg-query", "-S", path], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, universal_newlines=True, check=False)
-        if out.returncode == 0 and out.stdout:
-            return out.stdout.split(":")[0].strip()
-    return ""
+def _path_forms(library: str) -> List[str]:
+    """library as given, resolved, and with /usr added or removed: merged-/usr packages register
+    either form."""
+    forms = [library, os.path.realpath(library)]
+    for path in list(forms):
+        forms.append(path[len("/usr"):] if path.startswith("/usr/") else "/usr" + path)
+    return forms
+
+
+def owning_packages(libraries: List[str]) -> Dict[str, str]:
+    """library -> the Debian package that installed it ("" when none), with one dpkg-query."""
+    forms = {lib: _path_forms(lib) for lib in libraries}
+    every = sorted({f for fs in forms.values() for f in fs})
+    out = subprocess.run(["dpkg-query", "-S"] + every, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, universal_newlines=True, check=False).stdout
+    owner = {}
+    for line in out.split("\n"):
+        packages, sep, path = line.partition(": ")
+        if sep and "diversion" not in packages:
+            owner[path.strip()] = packages.split(",")[0].split(":")[0].strip()
+    return {lib: next((owner[f] for f in fs if f in owner), "") for lib, fs in forms.items()}
 
 
 def main() -> int:
@@ -250,11 +256,9 @@ def main() -> int:
             libraries = re.findall(r"=>\s*(/\S+)", ldd.stdout)
             report.check(ldd.returncode == 0 and bool(libraries) and "not found" not in ldd.stdout,
                          "ldd %s resolves every library" % os.path.basename(binary), ldd.stdout)
-            missing = []
-            for library in libraries:
-                owner = owning_package(library)
-                if owner not in closure:
-                    missing.append("%s (%s)" % (library, owner or "no package"))
+            owners = owning_packages(libraries)
+            missing = ["%s (%s)" % (lib, owners[lib] or "no package") for lib in libraries
+                       if owners[lib] not in closure]
             report.check(not missing, "every library of %s comes with the .deb's Depends (%d)" %
                          (os.path.basename(binary), len(libraries)), "\n".join(missing))
     return report.finish()
