@@ -89,8 +89,14 @@ def load_files(report: dc.Report, root: str) -> Dict[str, List[dict]]:
 
 
 def kustomize(report: dc.Report, kubectl: str, directory: str) -> Optional[List[dict]]:
-    out = subprocess.run([kubectl, "kustomize", directory], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, universal_newlines=True, check=False)
+    try:
+        out = subprocess.run([kubectl, "kustomize", directory], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, universal_newlines=True, check=False)
+    except OSError as e:
+        report.check(False, "kubectl kustomize %s" % os.path.basename(directory),
+                     "cannot run %s: %s (deploy/install-deps.sh installs kubernetes-client)"
+                     % (kubectl, e.strerror))
+        return None
     if not report.check(out.returncode == 0, "kubectl kustomize %s" % os.path.basename(directory),
                         out.stderr):
         return None
@@ -354,9 +360,13 @@ def check_documented_secret(report: dc.Report, kubectl: str, example_path: str,
                 path = arg.split("=", 2)[-1]
                 with open(os.path.join(work, path), "w") as f:
                     f.write("stand-in for %s\n" % path)
-        out = subprocess.run(argv + ["--dry-run=client", "-o", "yaml"], cwd=work,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             universal_newlines=True, check=False)
+        try:
+            out = subprocess.run(argv + ["--dry-run=client", "-o", "yaml"], cwd=work,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True, check=False)
+        except OSError as e:
+            report.check(False, "the documented kubectl create secret runs", e.strerror)
+            return
     if not report.check(out.returncode == 0, "the documented kubectl create secret runs "
                         "(--dry-run=client)", out.stderr):
         return
