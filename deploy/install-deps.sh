@@ -14,7 +14,13 @@ PACKAGES=(
   systemd shellcheck
   prometheus-cpp-dev prometheus
   python3-grpcio python3-xxhash python3-pytest python3-pip python3-venv openssl
+  python3-yaml
 )
+# kubectl, for the offline checks of deploy/k8s: Debian's kubernetes-client, unless a kubectl is
+# installed already (another package shipping /usr/bin/kubectl would conflict with it).
+if ! command -v kubectl >/dev/null 2>&1; then
+  PACKAGES+=(kubernetes-client)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
