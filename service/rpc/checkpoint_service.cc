@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/absl_compat.h"
 #include "core/names.h"
+#include "core/status_macros.h"
 #include "service/rpc/grpc_status.h"
 #include "storage/file_stream.h"
 #include "spdlog/spdlog.h"
@@ -274,8 +275,8 @@ absl::Status CheckpointServiceImpl::CheckJobOwner(const Principal& who, const st
   if (!existing.ok()) return existing.status();
   if (existing->owner() == who.name) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      "principal ", who.name, " (role ", Sv(RoleName(who.role)), ") may ", verb,
-      " only its own jobs; to ", verb, " another principal's job needs role ",
+      "principal ", who.name, " (role ", Sv(RoleName(who.role)), ") may ", Sv(verb),
+      " only its own jobs; to ", Sv(verb), " another principal's job needs role ",
       Sv(RoleName(kOthersJobsRole))));
 }
 
