@@ -62,7 +62,10 @@ class CliScriptingTest : public ::testing::Test {
   void SetUp() override { StartServer(); }
 
   void StartServer(const std::vector<std::string>& extra_args = {}) {
-    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", extra_args);
+    // Transform jobs write beneath dir_ (paths relative to it).
+    std::vector<std::string> args = {"--export-root", dir_.path()};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", args);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
   }
@@ -235,9 +238,10 @@ TEST_F(CliScriptingTest, EveryCommandPrintsParseableJson) {
   EXPECT_EQ(CtlJson({"jobs", "cancel", "j1"})["state"], "SUCCEEDED");
   // transform --wait: the submission, then the job's states, one JSON line each.
   states.clear();
-  Json waited = CtlJson({"transform", "demo", "--merged-file", dir_ / "merged.ckpt", "--id",
-                         "j2", "--wait"},
+  Json waited = CtlJson({"transform", "demo", "--merged-file", "merged.ckpt", "--id", "j2",
+                         "--wait"},
                         &states);
+  ASSERT_FALSE(states.empty());
   EXPECT_EQ(states.front()["job_id"], "j2");
   EXPECT_EQ(waited["state"], "SUCCEEDED");
   EXPECT_EQ(CtlJson({"jobs", "rm", "j1"})["deleted_job"], "j1");

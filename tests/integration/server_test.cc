@@ -88,7 +88,7 @@ class ServerTest : public ::testing::Test {
   }
 
   void StartServer() {
-    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data");
+    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", {"--export-root", dir_.path()});
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     auto c = CkptClient::Connect(server_->address());
@@ -391,7 +391,7 @@ TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
   // (`ckptctl stats`, ckptd_data_loss_total).
   v1::SubmitTransformRequest job;
   job.set_checkpoint_id("demo");
-  job.mutable_target()->set_merged_file(std::filesystem::absolute(dir_ / "merged.ckpt"));
+  job.mutable_target()->set_merged_file("merged.ckpt");  // beneath --export-root
   auto submitted = client_->SubmitTransform(job);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   auto ended = client_->WatchJob(submitted->job().id());
