@@ -13,6 +13,7 @@ PACKAGES=(
   python3 python3-numpy python3-protobuf
   systemd shellcheck
   python3-grpcio python3-xxhash python3-pytest python3-pip python3-venv openssl
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,0 +1,72 @@
+// Fuzz target: the client's side of a Fetch stream. The input is a sequence of records
+// (fuzz_streams.h), each the bytes of one received FetchResponse message; each is handed to
+// ParseFetchWire (client/fetch_wire.h, which reads data messages in place) as a two-slice
+// grpc::ByteBuffer, then to the FetchChecker (client/fetch_checker.h), which checks order, sizes
+// and part checksums and assembles bands of tiles. The stream stops at the first refusal, as the
+// client does. A crash, leak or undefined behaviour is a finding.
+#include <grpc/grpc.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "client/fetch_checker.h"
+#include "client/fetch_wire.h"
+#include "tests/fuzz/fuzz_streams.h"
+
+namespace {
+
+// Checks what the checker promises its visitor: data only inside a tensor, never more bytes than
+// the tensor's header announced.
+class SizeCheckingVisitor final : public ckpt::TensorVisitor {
+ public:
+  absl::Status OnSummary(const ckpt::v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+  absl::Status OnTensor(const ckpt::v1::FetchTensorHeader& header) override {
+    if (open_) abort();
+    open_ = true;
+    remaining_ = header.total_bytes();
+    return absl::OkStatus();
+  }
+  absl::Status OnData(std::string_view data) override {
+    if (!open_ || static_cast<int64_t>(data.size()) > remaining_) abort();
+    remaining_ -= static_cast<int64_t>(data.size());
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override {
+    if (!open_ || remaining_ != 0) abort();
+    open_ = false;
+    return absl::OkStatus();
+  }
+
+ private:
+  bool open_ = false;
+  int64_t remaining_ = 0;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  grpc_init();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  SizeCheckingVisitor visitor;
+  ckpt::FetchChecker checker(&visitor, "fuzz");
+  ckpt::FetchWire message;
+  for (std::string_view record : ckpt::fuzz::SplitRecords(input, 256)) {
+    // Two slices, so that in-place views span slice boundaries as gRPC's do.
+    const size_t half = record.size() / 2;
+    grpc::Slice slices[2] = {grpc::Slice(record.data(), half),
+                             grpc::Slice(record.data() + half, record.size() - half)};
+    grpc::ByteBuffer buffer(slices, 2);
+    if (!ckpt::ParseFetchWire(&buffer, &message).ok()) return 0;
+    if (!checker.Consume(message).ok()) return 0;
+  }
+  (void)checker.End();
+  return 0;
+}
