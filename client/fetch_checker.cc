@@ -152,6 +152,12 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
     auto band =
         TileBand::Start(*c.dtype, c.local, c.received / *row_bytes, band_rows, kMaxBandBytes);
     if (!band.ok()) return fail(std::string(band.status().message()));
+    // Each message was checked against the bytes still due, but the band delivers all of its
+    // messages at once: it must fit as a whole too (the header's shape and size may disagree).
+    if (static_cast<int64_t>((*band)->bytes().size()) > c.total - c.received) {
+      return fail(absl::StrCat("a band of ", (*band)->bytes().size(), " bytes exceeds the ",
+                               c.total - c.received, " announced bytes still due"));
+    }
     c.band = std::move(*band);
   } else if (band_rows != c.band->box().extent(0)) {
     return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",

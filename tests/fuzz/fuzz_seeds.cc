@@ -5,7 +5,7 @@
 // every strategy in its own format and converted to the other; for upload, the sample's rank
 // files (and its whole-tensor file) as UploadRequest streams, one per rank and one of all ranks;
 // for fetch_wire, each sample file as the FetchResponse stream a server sends for it, in rows
-// and, for matrices, as a band of two tiles. Stream inputs are records (fuzz_streams.h).
+// and, for matrices, as a band of two tiles (after fetch_wire's mode byte). Stream inputs are records (fuzz_streams.h).
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -86,8 +86,9 @@ v1::FetchResponse DataMessage(const std::string& bytes, size_t part) {
 }
 
 // The fetch stream of `tensors`; with `tiles`, matrices come as one band of two column halves.
+// The leading mode byte (fetch_wire_fuzzer.cc) asks for recomputed checksums in tile streams.
 std::string FetchStream(const std::vector<CkptTensor>& tensors, bool tiles) {
-  std::string out;
+  std::string out(1, tiles ? '\x01' : '\x00');
   v1::FetchResponse summary;
   int64_t total = 0;
   for (const CkptTensor& t : tensors) total += static_cast<int64_t>(t.data.size());
