@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= 2
 
-.PHONY: deps configure build test run demo bench install package clean
+.PHONY: deps configure build test run demo bench install package clean fuzz
 
 deps:
 	bash deploy/install-deps.sh
@@ -44,6 +44,23 @@ install: build
 # A Debian package of the same files under /usr, in BUILD_DIR (ckptd_<version>_<arch>.deb).
 package: build
 	cd $(BUILD_DIR) && cpack -G DEB
+
+# libFuzzer campaign (tests/fuzz): a clang build with AddressSanitizer and UBSan in FUZZ_DIR of
+# the fuzz targets and what they link only; seed corpora from `ckptctl sample` (the main build's
+# ckptctl) and the MindSpore fixtures when present; each target runs FUZZ_SECONDS. Fails if any
+# target crashes; crash inputs are left in FUZZ_DIR/artifacts.
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_SANITIZE := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+# clang does not know GCC's -Wno-restrict (ckpt_target_options).
+FUZZ_CXXFLAGS := $(FUZZ_SANITIZE) -Wno-unknown-warning-option
+fuzz: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target ckptctl
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  "-DCMAKE_CXX_FLAGS=$(FUZZ_CXXFLAGS)" "-DCMAKE_C_FLAGS=$(FUZZ_SANITIZE)"
+	cmake --build $(FUZZ_DIR) -j$(JOBS) --target ckpt_fuzzers
+	bash tests/fuzz/run.sh $(FUZZ_DIR) $(BUILD_DIR)/client/ckptctl $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -18,7 +18,8 @@ absl::StatusOr<std::unique_ptr<TileBand>> TileBand::Start(DType dtype, const Sha
     return absl::InvalidArgumentError(absl::StrCat("bands of ", std::string(DTypeName(dtype)),
                                                    " (sub-byte elements) are not tiled"));
   }
-  if (first_row < 0 || rows <= 0 || rows > local[0] - first_row) {
+  // first_row <= local[0] first, so that local[0] - first_row cannot overflow.
+  if (first_row < 0 || rows <= 0 || first_row > local[0] || rows > local[0] - first_row) {
     return absl::InvalidArgumentError(absl::StrCat("band of ", rows, " rows from row ", first_row,
                                                    " outside a slice of ", local[0], " rows"));
   }

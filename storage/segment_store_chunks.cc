@@ -115,7 +115,11 @@ absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
   std::sort(lanes.begin(), lanes.end());
   lanes.erase(std::unique(lanes.begin(), lanes.end()), lanes.end());
   std::vector<std::string_view> pieces;
-  for (const auto& [id, stream] : lanes) {
+  for (const auto& lane : lanes) {
+    // Named copies: lambdas cannot capture structured bindings before C++20 compilers that
+    // implement P1091 (clang 16), and the fuzz build uses clang 14.
+    const uint64_t id = lane.first;
+    const uint32_t stream = lane.second;
     auto in_lane = [&](const ChunkWrite& c) {
       return c.address.data_id == id && c.stream == stream;
     };

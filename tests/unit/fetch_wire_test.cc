@@ -9,6 +9,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "tests/testing/byte_buffers.h"
+#include "client/fetch_checker.h"
 
 namespace ckpt {
 namespace {
@@ -173,6 +174,79 @@ TEST(FetchWireTest, CursorHashesRangesAcrossViews) {
       at += n;
     }
   }
+}
+
+// Counts what a FetchChecker hands on.
+class CountingVisitor final : public TensorVisitor {
+ public:
+  absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+  absl::Status OnTensor(const v1::FetchTensorHeader&) override { return absl::OkStatus(); }
+  absl::Status OnData(std::string_view data) override {
+    delivered += data.size();
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+  uint64_t delivered = 0;
+};
+
+v1::FetchResponse Summary(int64_t tensors, int64_t bytes) {
+  v1::FetchResponse m;
+  m.mutable_summary()->set_tensor_count(tensors);
+  m.mutable_summary()->set_total_bytes(bytes);
+  return m;
+}
+
+v1::FetchResponse TensorHeader(const std::string& dtype, const std::vector<int64_t>& local,
+                               int64_t total_bytes) {
+  v1::FetchResponse m;
+  m.mutable_tensor()->set_name("t");
+  m.mutable_tensor()->set_dtype(dtype);
+  for (int64_t d : local) m.mutable_tensor()->add_local_shape(d);
+  m.mutable_tensor()->set_total_bytes(total_bytes);
+  return m;
+}
+
+// One tile [lo, hi) of a matrix in a band of `band_rows` rows, its bytes checksummed.
+v1::FetchResponse Tile(const std::string& bytes, std::vector<int64_t> lo, std::vector<int64_t> hi,
+                       int64_t band_rows) {
+  v1::FetchResponse m;
+  m.mutable_data()->set_data(bytes);
+  m.mutable_data()->add_part_bytes(bytes.size());
+  m.mutable_data()->add_part_checksums(Checksum(bytes));
+  for (int64_t v : lo) m.mutable_data()->add_tile_box(v);
+  for (int64_t v : hi) m.mutable_data()->add_tile_box(v);
+  m.mutable_data()->set_band_rows(band_rows);
+  return m;
+}
+
+// A header whose local shape holds more bytes than its total_bytes must not let a band of tiles
+// deliver more than the header announced: each tile message fits the announced size on its own,
+// but the band they complete does not.
+TEST(FetchCheckerTest, BandOfTilesLargerThanTheAnnouncedBytesIsRefused) {
+  CountingVisitor visitor;
+  FetchChecker checker(&visitor, "ck");
+  ASSERT_TRUE(checker.Consume(Summary(1, 2)).ok());
+  ASSERT_TRUE(checker.Consume(TensorHeader("Int8", {4, 1}, 2)).ok());
+  absl::Status first = checker.Consume(Tile("ab", {0, 0}, {2, 1}, 4));
+  absl::Status second =
+      first.ok() ? checker.Consume(Tile("cd", {2, 0}, {4, 1}, 4)) : absl::OkStatus();
+  EXPECT_TRUE(!first.ok() || !second.ok());
+  const absl::Status refused = first.ok() ? second : first;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("announced"), std::string_view::npos) << refused;
+  EXPECT_LE(visitor.delivered, 2u);
+}
+
+// The same band within the announced bytes is assembled and delivered.
+TEST(FetchCheckerTest, BandOfTilesWithinTheAnnouncedBytesIsDelivered) {
+  CountingVisitor visitor;
+  FetchChecker checker(&visitor, "ck");
+  ASSERT_TRUE(checker.Consume(Summary(1, 4)).ok());
+  ASSERT_TRUE(checker.Consume(TensorHeader("Int8", {4, 1}, 4)).ok());
+  ASSERT_TRUE(checker.Consume(Tile("ab", {0, 0}, {2, 1}, 4)).ok());
+  ASSERT_TRUE(checker.Consume(Tile("cd", {2, 0}, {4, 1}, 4)).ok());
+  EXPECT_EQ(visitor.delivered, 4u);
+  EXPECT_TRUE(checker.End().ok());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,6 +128,18 @@ TEST(TileBandTest, BadTilesAndBandsAreRefusedNamingThem) {
               HasSubstr("outside a slice of 4 rows"));
   EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {4, 6}, 0, 4, 95).status().message()),
               HasSubstr("of 96 bytes exceeds the limit of 95"));
+}
+
+// A slice shape from the wire may have a negative first dimension: no band of it exists, and
+// finding that out must not overflow (local[0] - first_row for local[0] = INT64_MIN).
+TEST(TileBandTest, NegativeRowCountsHaveNoBands) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  for (int64_t first : {int64_t{0}, int64_t{1}, int64_t{5}}) {
+    auto band = TileBand::Start(DType::kInt8, {kMin, 1}, first, 1, 1 << 20);
+    EXPECT_EQ(band.status().code(), absl::StatusCode::kInvalidArgument) << first;
+    EXPECT_THAT(std::string(band.status().message()), HasSubstr("outside a slice of")) << first;
+  }
+  EXPECT_FALSE(TileBand::Start(DType::kInt8, {-3, 1}, 0, 1, 1 << 20).ok());
 }
 
 }  // namespace

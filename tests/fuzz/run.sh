@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs the fuzz campaign (`make fuzz`): writes the seed corpora, then runs every target for
+# SECONDS seconds. Fails (exit 1) if any target crashes, leaks, times out or runs out of memory;
+# each crash input is kept in FUZZ_DIR/artifacts/<target>/ and its reproduction command printed.
+#   tests/fuzz/run.sh FUZZ_DIR CKPTCTL SECONDS
+# FUZZ_DIR is the clang build holding the targets (tests/fuzz/fuzz_*); CKPTCTL writes the sample.
+# CKPT_FIXTURES_DIR (default: ../shared/fixtures/mindspore beside the checkout) adds the
+# MindSpore fixtures to the seeds when present.
+set -euo pipefail
+FUZZ_DIR=$1
+CKPTCTL=$2
+SECONDS_PER_TARGET=$3
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+FIXTURES=${CKPT_FIXTURES_DIR:-$ROOT/../shared/fixtures/mindspore}
+BIN=$FUZZ_DIR/tests/fuzz
+WORK=$FUZZ_DIR/fuzz-run
+TARGETS=(ckpt_decode strategy_binary strategy_json fetch_wire upload)
+
+rm -rf "$WORK/sample" "$WORK/seeds"
+mkdir -p "$WORK"
+"$CKPTCTL" sample "$WORK/sample" >/dev/null
+"$BIN/ckpt_fuzz_seeds" "$WORK/sample" "$FIXTURES" "$WORK/seeds"
+
+failed=()
+for t in "${TARGETS[@]}"; do
+  # The corpus grows across runs in WORK/corpus (never in the repository); seeds are read too.
+  mkdir -p "$WORK/corpus/$t" "$FUZZ_DIR/artifacts/$t"
+  echo "fuzz: $t for ${SECONDS_PER_TARGET}s"
+  log=$WORK/$t.log
+  if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     "$BIN/fuzz_$t" "$WORK/corpus/$t" "$WORK/seeds/$t" \
+       -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=2048 -timeout=10 -max_len=1048576 \
+       -print_final_stats=1 -artifact_prefix="$FUZZ_DIR/artifacts/$t/" >"$log" 2>&1; then
+    grep -E "^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb)" "$log" |
+      sed "s/^/fuzz: $t /" || true
+  else
+    echo "fuzz: $t FAILED; last lines of $log:" >&2
+    tail -n 40 "$log" >&2
+    for a in "$FUZZ_DIR/artifacts/$t"/*; do
+      [ -e "$a" ] && echo "fuzz: reproduce with: $BIN/fuzz_$t $a" >&2
+    done
+    failed+=("$t")
+  fi
+done
+
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "fuzz: crashes in: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz: ${#TARGETS[@]} targets ran ${SECONDS_PER_TARGET}s each without a crash"

@@ -1,0 +1,126 @@
+// Fuzz target: the upload stream handler (service/engine/upload_session.h) as ckptd runs it,
+// without gRPC. The input is a sequence of records (fuzz_streams.h), each one UploadRequest as a
+// client sends it; a header message begins a new stream (the previous one is finished first),
+// tensor headers and data go to the current stream, and the last stream is finished at the end,
+// as the upload reactor (service/rpc/upload_reactor.cc) does. The manager and a segment store in
+// a temporary directory live for the whole run, with the sample's strategies registered as
+// "demo" (2 stages x 4 devices) and "dst" (3 devices); every checkpoint an input names is deleted
+// after it. A crash, leak or undefined behaviour is a finding.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "ckpt.pb.h"
+#include "client/ckptctl/sample.h"
+#include "core/strategy.h"
+#include "service/engine/manager.h"
+#include "service/engine/upload_session.h"
+#include "storage/checkpoint_store.h"
+#include "tests/fuzz/fuzz_streams.h"
+
+namespace {
+
+// The data message limit of ckptd's upload reactor (CheckpointServiceOptions).
+constexpr int64_t kMaxDataMessageBytes = int64_t{1} << 20;
+
+std::string* store_dir = nullptr;
+ckpt::CheckpointStore* store = nullptr;
+ckpt::CheckpointManager* manager = nullptr;
+
+void RemoveStoreDir() {
+  std::error_code ec;
+  if (store_dir != nullptr) std::filesystem::remove_all(*store_dir, ec);
+}
+
+void Die(const std::string& what) {
+  fprintf(stderr, "upload_fuzzer: %s\n", what.c_str());
+  abort();
+}
+
+// Finishes `upload` (if any) as the reactor does at the end of a stream, then drops it.
+void FinishStream(std::unique_ptr<ckpt::RankUpload>& upload, const std::string& id) {
+  if (!upload) return;
+  auto response = upload->Finish();
+  if (response.ok() && response->committed()) manager->OnUploadFinished(id);
+  upload.reset();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  std::string pattern = std::filesystem::temp_directory_path().string() + "/ckpt-fuzz-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) Die("cannot create a temporary directory");
+  store_dir = new std::string(pattern);
+  atexit(RemoveStoreDir);
+  ckpt::StoreOptions store_options;
+  store_options.min_free_disk_bytes = 0;  // the campaign must not depend on the machine's disk
+  auto opened = ckpt::OpenSegmentStore(*store_dir, store_options);
+  if (!opened.ok()) Die(std::string(opened.status().message()));
+  store = opened->release();
+  ckpt::ManagerOptions options;
+  // Small chunks and bands, so that short inputs cross chunk and band boundaries.
+  options.upload.chunk_grid.target_chunk_bytes = 256;
+  options.upload.chunk_grid.min_column_bytes = 16;
+  options.upload.verbatim_dedupe_bytes = 1024;
+  options.upload.replica_wait = absl::Milliseconds(10);
+  options.upload.rank_release_wait = absl::Milliseconds(10);
+  manager = new ckpt::CheckpointManager(store, options);
+  for (const auto& [name, strategy] :
+       {std::pair{"demo", ckpt::DemoSourceStrategy()}, {"dst", ckpt::DemoDestinationStrategy()}}) {
+    auto put = manager->PutStrategy(
+        name, ckpt::SerializeStrategy(strategy, ckpt::StrategyFormat::kBinary),
+        ckpt::v1::STRATEGY_FORMAT_BINARY, /*overwrite=*/true);
+    if (!put.ok()) Die(std::string(put.status().message()));
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  std::set<std::string> ids;
+  std::unique_ptr<ckpt::RankUpload> upload;
+  std::string id;
+  for (std::string_view record : ckpt::fuzz::SplitRecords(input, 4096)) {
+    ckpt::v1::UploadRequest request;
+    if (!request.ParseFromArray(record.data(), static_cast<int>(record.size()))) break;
+    absl::Status status;
+    switch (request.kind_case()) {
+      case ckpt::v1::UploadRequest::kHeader: {
+        FinishStream(upload, id);
+        id = request.header().checkpoint_id();
+        ids.insert(id);
+        auto begun = manager->BeginUpload(request.header());
+        status = begun.status();
+        if (begun.ok()) upload = std::move(*begun);
+        break;
+      }
+      case ckpt::v1::UploadRequest::kTensor:
+        status = upload ? upload->StartTensor(request.tensor())
+                        : absl::InvalidArgumentError("no header");
+        break;
+      case ckpt::v1::UploadRequest::kData:
+        if (!upload || static_cast<int64_t>(request.data().size()) > kMaxDataMessageBytes) {
+          status = absl::InvalidArgumentError("no header, or data message too large");
+        } else {
+          status = upload->Append(request.data());
+        }
+        break;
+      case ckpt::v1::UploadRequest::KIND_NOT_SET:
+        status = absl::InvalidArgumentError("empty upload message");
+        break;
+    }
+    // A refused message ends its stream (the reactor cancels it): the upload is undone.
+    if (!status.ok()) upload.reset();
+  }
+  FinishStream(upload, id);
+  for (const std::string& name : ids) (void)manager->DeleteCheckpoint(name);
+  return 0;
+}
