@@ -46,6 +46,10 @@ absl::Status Doing(std::string_view doing, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(Sv(doing), ": ", status.message()));
 }
 
+}  // namespace
+
+namespace segment_store_internal {
+
 rocksdb::DBOptions DbOptions() {
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
@@ -89,6 +93,13 @@ std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(
       {segment_store_internal::kLocationsFamily, options},
   };
 }
+
+}  // namespace segment_store_internal
+
+namespace {
+
+using segment_store_internal::ColumnFamilies;
+using segment_store_internal::DbOptions;
 
 // An existing database must have exactly this layout's column families. A "chunks" family means
 // chunk bytes kept in RocksDB, a layout this version does not read: refused by name rather than
@@ -139,7 +150,13 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
   absl::StatusOr<int64_t> free_bytes =
       options.free_disk_bytes ? options.free_disk_bytes() : FreeDiskBytes(dir);
   std::string read_only_reason;
-  if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {
+  if (options.read_only) {
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
+      return absl::NotFoundError(absl::StrCat(doing, ": no store exists there"));
+    }
+    read_only_reason = absl::StrCat("the store in ", dir,
+                                    " was opened read-only (for verification)");
+  } else if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {
     read_only_reason = absl::StrFormat(
         "the store in %s was opened read-only because its disk had %d bytes free, below the "
         "free-space reserve of %d bytes (ckptd --min-free-disk-mib); free space and restart "
@@ -167,6 +184,11 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
                                                        read_only_reason));
   if (absl::Status format = store->CheckFormat(); !format.ok()) return Doing(doing, format);
   CKPT_RETURN_IF_ERROR(store->LoadCounter());
+  if (options.read_only) {
+    StoreLog()->info("event=store_open dir={} format={} mode=read-only", dir,
+                     segment_store_internal::kStoreFormatVersion);
+    return store;
+  }
   if (!read_only_reason.empty()) {
     StoreLog()->warn("event=store_open dir={} format={} mode=read-only free_bytes={} "
                      "reserve_bytes={} (below the free-space reserve: writes are refused)",

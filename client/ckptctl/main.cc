@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "client/ckptctl/backup_command.h"
 #include "client/ckptctl/job_commands.h"
 #include "client/ckptctl/offline_commands.h"
 #include "client/ckptctl/server_commands.h"
@@ -98,6 +99,9 @@ struct CommandLine {
   // sample
   CLI::App* sample = nullptr;
   std::string sample_dir;
+
+  // backup
+  BackupCommand backup;
 };
 
 void AddGlobalOptions(CLI::App& app, CommandLine& c) {
@@ -376,6 +380,7 @@ absl::Status RunWithServer(const CommandLine& c, CkptClient& client) {
     if (c.export_ranks->count() > 0) command.ranks = c.export_ranks_list;
     return RunExport(client, command, std::cout, std::cerr);
   }
+  if (*c.backup.sub) return RunBackup(client, c.backup, std::cout);
   return absl::OkStatus();
 }
 
@@ -396,6 +401,7 @@ int Main(int argc, char** argv) {
   AddJobsCommands(app, c);
   AddExportCommand(app, c);
   AddSampleCommand(app, c);
+  AddBackupCommand(app, c.backup);
   if (std::optional<int> exit_code = Parse(app, argc, argv)) return *exit_code;
 
   std::optional<absl::Status> status = RunOffline(c);

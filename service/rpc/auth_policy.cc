@@ -58,6 +58,7 @@ const std::vector<MethodPolicy>& MethodPolicies() {
       {"/ckpt.v1.CheckpointService/CancelJob", Role::kWriter, true},
       {"/ckpt.v1.CheckpointService/ListJobs", Role::kReader, false},
       {"/ckpt.v1.CheckpointService/GetStats", Role::kAdmin, false},
+      {"/ckpt.v1.CheckpointService/Backup", Role::kAdmin, true},
   };
   return table;
 }

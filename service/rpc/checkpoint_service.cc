@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/absl_compat.h"
 #include "core/names.h"
+#include "service/engine/store_maintenance.h"
 #include "service/rpc/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -299,6 +300,20 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStats(grpc::CallbackServerCo
     resp->set_peak_rss_bytes(memory.peak_rss_bytes);
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::Backup(grpc::CallbackServerContext* ctx,
+                                                        const v1::BackupRequest* req,
+                                                        v1::BackupResponse* resp) {
+  return Unary(
+      ctx, "Backup",
+      [this, req, resp]() -> absl::Status {
+        auto r = BackupStore(*manager_->store(), jobs_->export_root(), req->target_dir());
+        if (!r.ok()) return r.status();
+        *resp = std::move(*r);
+        return absl::OkStatus();
+      },
+      [req] { return absl::StrCat("target_dir=", req->target_dir()); });
 }
 
 }  // namespace ckpt

@@ -229,6 +229,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"CancelJob", Role::kWriter},
       {"ListJobs", Role::kReader},
       {"GetStats", Role::kAdmin},
+      {"Backup", Role::kAdmin},
   };
   return roles;
 }
