@@ -124,8 +124,15 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
                                                                  const StoreOptions& options) {
   const std::string doing = absl::StrCat("cannot open RocksDB store in ", dir);
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Doing(doing, ErrnoToStatus(ec.value(), "create directory", dir));
+  if (options.read_only) {
+    // Nothing is created: a store that is not there is an error.
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
+      return absl::NotFoundError(absl::StrCat(doing, ": no store exists there"));
+    }
+  } else {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Doing(doing, ErrnoToStatus(ec.value(), "create directory", dir));
+  }
 
   const rocksdb::DBOptions db_options = DbOptions();
   auto block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
@@ -151,9 +158,6 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
       options.free_disk_bytes ? options.free_disk_bytes() : FreeDiskBytes(dir);
   std::string read_only_reason;
   if (options.read_only) {
-    if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
-      return absl::NotFoundError(absl::StrCat(doing, ": no store exists there"));
-    }
     read_only_reason = absl::StrCat("the store in ", dir,
                                     " was opened read-only (for verification)");
   } else if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {

@@ -118,13 +118,18 @@ absl::Status LinkOrCopy(const std::string& from, const std::string& to, bool* li
 
 absl::StatusOr<BackupStats> SegmentStore::Backup(const std::string& target_dir) {
   const std::string doing = absl::StrCat("backing up the store in ", dir_, " to ", target_dir);
-  // The RocksDB checkpoint flushes the memtables (new table files): refused on a full disk.
-  CKPT_RETURN_IF_ERROR(CheckFreeDisk(0, doing, /*fresh=*/true));
+  std::error_code ec;
+  if (std::filesystem::symlink_status(target_dir, ec).type() !=
+      std::filesystem::file_type::not_found) {
+    return absl::AlreadyExistsError(absl::StrCat(doing, ": the target exists"));
+  }
   {
     std::lock_guard<std::mutex> lock(backup_mu_);
     ++backups_;
   }
   absl::Cleanup unpin = [this] { EndBackupPin(); };
+  // The RocksDB checkpoint flushes the memtables (new table files): refused on a full disk.
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(0, doing, /*fresh=*/true));
 
   // 1. The index: hard links of its table files, copies of its manifest and logs, all of one
   // consistent state (memtables flushed first: log_size_for_flush 0).
@@ -202,8 +207,10 @@ absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& d
   if (std::filesystem::is_directory(std::filesystem::path(dir) / "lost", ec)) {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(
              std::filesystem::path(dir) / "lost", ec)) {
-      if (entry.is_regular_file(ec)) {
-        notes.push_back(absl::StrCat("index file set aside as unreadable: ",
+      // RepairDB also moves the old manifest and the logs it converted to tables there; what
+      // it could not read are tables.
+      if (entry.is_regular_file(ec) && entry.path().extension() == ".sst") {
+        notes.push_back(absl::StrCat("index table set aside as unreadable: ",
                                      entry.path().lexically_relative(dir).string()));
       }
     }

@@ -91,6 +91,9 @@ int RunVerify(const std::string& dir, StoreOptions options, std::FILE* out, std:
       VerifyStore(**store, [out](const std::string& line) { Print(out, line); });
   if (!result.ok()) {
     Print(err, absl::StrCat("ckptd --verify: ", result.status().message()));
+    Print(err, absl::StrCat("ckptd --verify: the store's index cannot be read; `ckptd --salvage "
+                            "--data ",
+                            dir, "` repairs it and drops what cannot be recovered"));
     return kVerifyFailed;
   }
   Print(out, absl::StrFormat("verified %d checkpoints, %d chunks: %d damaged", result->checkpoints,
