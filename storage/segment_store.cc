@@ -2,6 +2,9 @@
 // format check), the RocksDB helpers the other parts use, the free-disk reserve and the stats.
 #include "storage/segment_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
@@ -44,6 +47,19 @@ constexpr int64_t kDiskRecheckBytes = int64_t{64} << 20;
 // `status` with `doing: ` in front.
 absl::Status Doing(std::string_view doing, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(Sv(doing), ": ", status.message()));
+}
+
+// The process holding RocksDB's lock on `lock_path` (a POSIX record lock on the whole file), or
+// 0 when none does (or the file cannot be checked).
+pid_t LockHolder(const std::string& lock_path) {
+  const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct flock lock = {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  const int got = ::fcntl(fd, F_GETLK, &lock);
+  ::close(fd);
+  return got == 0 && lock.l_type != F_UNLCK ? lock.l_pid : 0;
 }
 
 }  // namespace
@@ -128,6 +144,13 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
     // Nothing is created: a store that is not there is an error.
     if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
       return absl::NotFoundError(absl::StrCat(doing, ": no store exists there"));
+    }
+    // A read-only open takes no lock; a store a running ckptd writes to would be read while it
+    // changes.
+    if (const pid_t holder = LockHolder(absl::StrCat(dir, "/LOCK")); holder != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          doing, ": it is in use by a running ckptd (process ", holder,
+          "); stop it first, or verify a backup of it (ckptctl backup)"));
     }
   } else {
     std::filesystem::create_directories(dir, ec);

@@ -65,6 +65,11 @@ void FlipByte(const fs::path& path, uint64_t offset) {
   ASSERT_TRUE(file.good()) << path;
 }
 
+// An offset inside the first data block of a small table file (it starts at offset 0 and holds
+// at least the first record), so that a byte flipped there fails that block's checksum. (The
+// table's later blocks vary in size: its properties hold a random session id.)
+constexpr uint64_t kInFirstDataBlock = 32;
+
 // The store's index opened read-only with every column family.
 struct Index {
   explicit Index(const std::string& dir) {
@@ -212,11 +217,17 @@ TEST_F(SalvageTest, IntactStoreVerifiesClean) {
   EXPECT_THAT(verify.stdout_text, HasSubstr("verified 3 checkpoints"));
   EXPECT_THAT(verify.stdout_text, HasSubstr(": 0 damaged"));
   EXPECT_THAT(verify.stdout_text, Not(HasSubstr("damaged checkpoint")));
-  // Nothing was written: a second look finds the same, and a store that does not exist is an
-  // error, not a new empty store.
+  // A store that does not exist is an error, not a new empty store.
   const testing::SubprocessResult missing = Ckptd("--verify", dir_ / "nothing");
   EXPECT_EQ(missing.exit_code, 2) << missing.stdout_text;
   EXPECT_FALSE(fs::exists(dir_ / "nothing"));
+  // A store a running ckptd holds is not read behind its back.
+  auto server = ServerProcess::Start(CKPTD_PATH, dir_ / "data");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const testing::SubprocessResult busy = Ckptd("--verify", dir_ / "data");
+  EXPECT_EQ(busy.exit_code, 2) << busy.stdout_text;
+  EXPECT_THAT(busy.stderr_text, HasSubstr("in use by a running ckptd"));
+  EXPECT_EQ((*server)->Stop(), 0);
 }
 
 TEST_F(SalvageTest, FlippedChunkByteIsReportedAndItsCheckpointDropped) {
@@ -271,7 +282,7 @@ TEST_F(SalvageTest, FlippedMetadataTableByteNoLongerStopsTheStore) {
   }
   ASSERT_FALSE(table.empty());
   ASSERT_TRUE(table.ends_with(".sst")) << table;
-  FlipByte(table, fs::file_size(table) / 4);
+  FlipByte(table, kInFirstDataBlock);
   const testing::SubprocessResult verify = Ckptd("--verify", data);
   EXPECT_NE(verify.exit_code, 0) << verify.stdout_text << verify.stderr_text;
   EXPECT_THAT(verify.stdout_text + verify.stderr_text, HasSubstr("--salvage"));
@@ -290,7 +301,7 @@ TEST_F(SalvageTest, FlippedLocationTableByteDropsOnlyItsCheckpoint) {
                                segment_store_internal::BigEndian64(index.DataId("a")));
   }
   ASSERT_FALSE(table.empty());
-  FlipByte(table, fs::file_size(table) / 4);
+  FlipByte(table, kInFirstDataBlock);
   {
     // The collection of garbage at start-up scans every location: ckptd refuses to start.
     auto refused = ServerProcess::Start(CKPTD_PATH, data);
