@@ -92,9 +92,9 @@ absl::Status LinkOrCopy(const std::string& from, const std::string& to, bool* li
                         int64_t* bytes) {
   struct stat st;
   if (::stat(from.c_str(), &st) != 0) {
-    return absl::DataLossError(absl::StrCat("segment file ", from,
-                                            " of a committed checkpoint is missing: ",
-                                            ErrnoToStatus(errno, "stat", from).message()));
+    return absl::DataLossError(absl::StrCat(
+        "segment file ", from,
+        " of a committed checkpoint is missing: ", ErrnoToStatus(errno, "stat", from).message()));
   }
   *bytes += st.st_size;
   if (::link(from.c_str(), to.c_str()) == 0) {
@@ -112,7 +112,6 @@ absl::Status LinkOrCopy(const std::string& from, const std::string& to, bool* li
   if (::fsync(fd) != 0) return ErrnoToStatus(errno, "fsync", to);
   return absl::OkStatus();
 }
-
 
 }  // namespace
 
@@ -205,8 +204,8 @@ absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& d
         doing));
   }
   if (std::filesystem::is_directory(std::filesystem::path(dir) / "lost", ec)) {
-    for (const auto& entry : std::filesystem::recursive_directory_iterator(
-             std::filesystem::path(dir) / "lost", ec)) {
+    for (const auto& entry :
+         std::filesystem::recursive_directory_iterator(std::filesystem::path(dir) / "lost", ec)) {
       // RepairDB also moves the old manifest and the logs it converted to tables there; what
       // it could not read are tables.
       if (entry.is_regular_file(ec) && entry.path().extension() == ".sst") {
@@ -227,23 +226,22 @@ absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& d
       }));
   std::sort(marked.begin(), marked.end());
   for (uint64_t id : marked) max_id = std::max(max_id, id);
-  CKPT_RETURN_IF_ERROR(ScanMeta(
-      *index, kCheckpointPrefix, doing, [&](std::string_view key, std::string_view value) {
+  CKPT_RETURN_IF_ERROR(
+      ScanMeta(*index, kCheckpointPrefix, doing, [&](std::string_view key, std::string_view value) {
         const std::string id(key.substr(1));
         if (value.size() < 8) {
-          notes.push_back(absl::StrCat("checkpoint ", id,
-                                       ": record too short to name its data, deleted"));
+          notes.push_back(
+              absl::StrCat("checkpoint ", id, ": record too short to name its data, deleted"));
           return FromRocks(batch.Delete(index->meta(), segment_store_internal::ToSlice(key)),
                            doing);
         }
         const uint64_t data_id = DecodeBigEndian(value.data(), 8);
         max_id = std::max(max_id, data_id);
         if (!std::binary_search(marked.begin(), marked.end(), data_id)) {
-          notes.push_back(absl::StrCat("checkpoint ", id, ": committed marker of data id ",
-                                       data_id, " restored"));
-          return FromRocks(batch.Put(index->meta(), segment_store_internal::CommittedKey(data_id),
-                                     ""),
-                           doing);
+          notes.push_back(absl::StrCat("checkpoint ", id, ": committed marker of data id ", data_id,
+                                       " restored"));
+          return FromRocks(
+              batch.Put(index->meta(), segment_store_internal::CommittedKey(data_id), ""), doing);
         }
         return absl::OkStatus();
       }));

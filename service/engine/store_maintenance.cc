@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/absl_compat.h"
 #include "core/status_macros.h"
 #include "service/engine/loaded_checkpoint.h"
 #include "storage/posix_io.h"
@@ -37,8 +36,7 @@ bool VerifyCheckpoint(CheckpointStore& store, const std::string& id, VerifyRepor
   }
   const records::CheckpointManifest& m = (*loaded)->manifest;
   if (m.id() != id) {
-    report(absl::StrCat("damaged checkpoint ", id, ": manifest names checkpoint \"", m.id(),
-                        "\""));
+    report(absl::StrCat("damaged checkpoint ", id, ": manifest names checkpoint \"", m.id(), "\""));
     return false;
   }
   int64_t bad = 0;
@@ -127,18 +125,18 @@ int RunSalvage(const std::string& dir, StoreOptions options, std::FILE* out, std
       Print(out, absl::StrCat("dropped checkpoint ", id));
     } else {
       ++failed;
-      Print(err, absl::StrCat("ckptd --salvage: cannot drop checkpoint ", id, ": ",
-                              dropped.message()));
+      Print(err,
+            absl::StrCat("ckptd --salvage: cannot drop checkpoint ", id, ": ", dropped.message()));
     }
   }
   // Space of what was dropped: segment files and deleted records.
   if (absl::StatusOr<int64_t> gc = (*store)->CollectGarbage(); !gc.ok()) {
     Print(err, absl::StrCat("ckptd --salvage: collecting garbage: ", gc.status().message()));
   }
-  Print(out, absl::StrFormat("salvaged: %d checkpoints kept, %d dropped",
-                             result->checkpoints - static_cast<int64_t>(result->damaged.size()) +
-                                 failed,
-                             result->damaged.size() - failed));
+  Print(out,
+        absl::StrFormat("salvaged: %d checkpoints kept, %d dropped",
+                        result->checkpoints - static_cast<int64_t>(result->damaged.size()) + failed,
+                        result->damaged.size() - failed));
   return failed == 0 ? kVerifyClean : kVerifyFailed;
 }
 
@@ -150,21 +148,19 @@ absl::StatusOr<v1::BackupResponse> BackupStore(CheckpointStore& store, const Con
         "directory given by its --export-root flag (CKPTD_EXPORT_ROOT), which is not set");
   }
   if (target_dir.empty() || target_dir.front() != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target_dir \"", target_dir, "\" is not an absolute path; give the new directory's "
-        "absolute path beneath the server's --export-root"));
-  }
-  if (!target_dir.empty() && target_dir.back() == '/' && target_dir.size() == 1) {
-    return absl::InvalidArgumentError("target_dir \"/\" is not a new directory");
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_dir \"", target_dir,
+                     "\" is not an absolute path; give the new directory's "
+                     "absolute path beneath the server's --export-root"));
   }
   CKPT_ASSIGN_OR_RETURN(const std::string relative, root->Normalize("target_dir", target_dir));
   CKPT_ASSIGN_OR_RETURN(ConfinedRoot::Location location,
                         root->OpenParent(relative, "target_dir", target_dir));
   struct stat st;
   if (::fstatat(location.parent.get(), location.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "target_dir \"", target_dir,
-        "\" already exists; a backup writes a new directory and never replaces one"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("target_dir \"", target_dir,
+                     "\" already exists; a backup writes a new directory and never replaces one"));
   }
   if (errno != ENOENT) return ErrnoToStatus(errno, "stat", target_dir);
   // Built under a temporary name in the same directory (reached through this process's
@@ -179,8 +175,7 @@ absl::StatusOr<v1::BackupResponse> BackupStore(CheckpointStore& store, const Con
     (void)RemoveTreeAt(location.parent.get(), partial, target_dir);
     (void)RemoveTreeAt(location.parent.get(), partial + ".tmp", target_dir);
     return absl::Status(stats.status().code(),
-                        absl::StrCat("backup to \"", target_dir, "\": ",
-                                     stats.status().message()));
+                        absl::StrCat("backup to \"", target_dir, "\": ", stats.status().message()));
   }
   if (absl::Status renamed = RenameNoReplaceAt(location.parent.get(), partial,
                                                location.parent.get(), location.name, target_dir);

@@ -96,8 +96,8 @@ struct Index {
   }
   // The first chunk location of data id `data_id`.
   segment_store_internal::ChunkLocation FirstChunk(uint64_t data_id) {
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(
-        rocksdb::ReadOptions(), by_name[segment_store_internal::kLocationsFamily]));
+    std::unique_ptr<rocksdb::Iterator> it(
+        db->NewIterator(rocksdb::ReadOptions(), by_name[segment_store_internal::kLocationsFamily]));
     it->Seek(segment_store_internal::BigEndian64(data_id));
     EXPECT_TRUE(it->Valid());
     return it->Valid() ? *segment_store_internal::DecodeLocation(it->value().ToString())
@@ -140,8 +140,7 @@ class SalvageTest : public ::testing::Test {
       ASSERT_TRUE(server.ok()) << server.status();
       auto client = CkptClient::Connect((*server)->address());
       ASSERT_TRUE(client.ok());
-      ASSERT_TRUE(
-          (*client)->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", true).ok());
+      ASSERT_TRUE((*client)->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", true).ok());
       for (const std::string& id : phase) {
         auto up = (*client)->UploadDirectory(id, "src", dir_ / "demo/checkpoint");
         ASSERT_TRUE(up.ok() && up->committed) << up.status();
