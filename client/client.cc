@@ -339,6 +339,13 @@ absl::Status CkptClient::DeleteCheckpoint(const std::string& checkpoint_id) {
       .status();
 }
 
+absl::StatusOr<v1::BackupResponse> CkptClient::Backup(const std::string& target_dir) {
+  v1::BackupRequest request;
+  request.set_target_dir(target_dir);
+  return Unary<v1::BackupRequest, v1::BackupResponse>(&v1::CheckpointService::Stub::Backup,
+                                                      request);
+}
+
 absl::StatusOr<v1::RankDependenciesResponse> CkptClient::RankDependencies(
     const v1::RankDependenciesRequest& request) {
   return Unary<v1::RankDependenciesRequest, v1::RankDependenciesResponse>(

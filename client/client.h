@@ -219,6 +219,9 @@ class CkptClient {
   absl::StatusOr<v1::DescribeCheckpointResponse> DescribeCheckpoint(
       const std::string& checkpoint_id);
   absl::Status DeleteCheckpoint(const std::string& checkpoint_id);
+  // A consistent copy of the live store in the new server-side directory `target_dir` (an
+  // absolute path beneath the server's --export-root). Needs the admin role.
+  absl::StatusOr<v1::BackupResponse> Backup(const std::string& target_dir);
   absl::StatusOr<v1::RankDependenciesResponse> RankDependencies(
       const v1::RankDependenciesRequest& request);
   // The server's counters and gauges (GetStats).

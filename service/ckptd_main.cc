@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "service/log_format.h"
 #include "core/duration_text.h"
+#include "service/engine/store_maintenance.h"
 #include "service/rpc/server.h"
 #include "spdlog/spdlog.h"
 
@@ -209,6 +210,18 @@ int main(int argc, char** argv) {
   AddJobFlags(app, flags);
   AddSecurityFlags(app, flags);
   AddLogFlags(app, flags);
+  // Offline maintenance of the store in --data, then exit (docs/storage.md). Not read from the
+  // environment: a variable left set would turn every start into a one-shot run.
+  bool verify = false;
+  bool salvage = false;
+  CLI::Option* verify_flag = app.add_flag(
+      "--verify", verify,
+      "Check every checkpoint in --data offline (read-only), list what is damaged, and exit: "
+      "0 clean, 1 damaged, 2 the store cannot be opened");
+  app.add_flag("--salvage,--repair", salvage,
+               "Repair the index in --data offline (RocksDB RepairDB), drop the checkpoints that "
+               "fail verification (listed), and exit: 0 the store is usable, 2 it is not")
+      ->excludes(verify_flag);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -217,6 +230,12 @@ int main(int argc, char** argv) {
   flags.Apply();
   spdlog::set_level(spdlog::level::from_str(flags.log_level));
   ckpt::SetUpLogging("ckptd", flags.log_format);
+  if (verify || salvage) {
+    // The report goes to stdout; keep the store's informational log lines out of it.
+    if (flags.log_level == "info") spdlog::set_level(spdlog::level::warn);
+    return verify ? ckpt::RunVerify(flags.options.data_dir, flags.options.store, stdout, stderr)
+                  : ckpt::RunSalvage(flags.options.data_dir, flags.options.store, stdout, stderr);
+  }
 
   // Block the shutdown signals in every thread; one thread waits for them.
   sigset_t signals;

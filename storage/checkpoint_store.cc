@@ -29,4 +29,8 @@ absl::StatusOr<std::unique_ptr<ChunkData>> CheckpointStore::ReadChunk(const Chun
   return data;
 }
 
+absl::StatusOr<BackupStats> CheckpointStore::Backup(const std::string&) {
+  return absl::UnimplementedError("this store cannot be backed up (only the segment store can)");
+}
+
 }  // namespace ckpt

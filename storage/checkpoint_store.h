@@ -78,6 +78,15 @@ struct StoreStats {
   int64_t mapped_bytes = 0;
 };
 
+// What CheckpointStore::Backup copied.
+struct BackupStats {
+  int64_t checkpoints = 0;    // committed checkpoints in the copy
+  int64_t segment_files = 0;  // segment files in the copy: hard-linked + copied
+  int64_t linked_files = 0;   // hard links to the store's own (immutable) segment files
+  int64_t copied_files = 0;   // copies, where a hard link is impossible (another file system)
+  int64_t segment_bytes = 0;  // sizes of those segment files
+};
+
 struct JobRecord {
   std::string id;
   std::string record;  // opaque, encoded by the service
@@ -146,6 +155,14 @@ class CheckpointStore {
   virtual absl::StatusOr<int64_t> CollectGarbage() = 0;
   // Flushes everything to stable storage.
   virtual absl::Status Flush() = 0;
+  // Writes a consistent copy of the store to the new directory `target_dir` (which must not
+  // exist; its parent must), while every other method keeps working: the copy holds exactly the
+  // checkpoints committed at one moment during the call (all those committed before it began),
+  // each complete, and opens as a store of its own. Segment store: a RocksDB checkpoint of the
+  // index plus hard links (copies across file systems) of the committed segment files, whose
+  // removal is deferred until the call returns. On failure `target_dir` may be left partial:
+  // the caller writes to a temporary name and renames. UNIMPLEMENTED for stores without it.
+  virtual absl::StatusOr<BackupStats> Backup(const std::string& target_dir);
   virtual StoreStats stats() const = 0;
 };
 
@@ -161,12 +178,25 @@ struct StoreOptions {
   // most this many bytes of their pages are mapped (what the mappings may add to the process's
   // RSS; pages are mapped 2 MiB at a time), as copies beyond it. Default 192 MiB.
   int64_t mapped_bytes_budget = int64_t{192} << 20;
+  // Segment store: open without writing anything (no garbage collection, every write refused
+  // with RESOURCE_EXHAUSTED): for `ckptd --verify`. NOT_FOUND when no store exists in the
+  // directory.
+  bool read_only = false;
 };
 
 // Opens (creating if needed) the segment store in `dir`; collects garbage of uploads that never
 // committed before returning.
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenSegmentStore(const std::string& dir,
                                                                   const StoreOptions& options = {});
+// Offline salvage of a segment store whose index RocksDB cannot open or read (`ckptd --salvage`):
+// runs RocksDB's RepairDB on the index in `dir` (tables it cannot read are moved to `dir/lost`,
+// with every record they held), then restores what the store's invariants need from what is
+// left: the committed marker of every checkpoint record (so garbage collection keeps its chunks),
+// a data-id counter above every data id in use, the format version; a checkpoint record too short
+// to name its data id is deleted. Returns one line per change. The store must not be open (the
+// lock is taken). It does not verify chunks: the caller verifies every checkpoint afterwards and
+// deletes the damaged ones. NOT_FOUND when `dir` holds no store.
+absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& dir);
 // A store in memory (tests).
 std::unique_ptr<CheckpointStore> NewMemoryStore(const StoreOptions& options = {});
 

@@ -2,6 +2,9 @@
 // format check), the RocksDB helpers the other parts use, the free-disk reserve and the stats.
 #include "storage/segment_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
@@ -45,6 +48,23 @@ constexpr int64_t kDiskRecheckBytes = int64_t{64} << 20;
 absl::Status Doing(std::string_view doing, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(Sv(doing), ": ", status.message()));
 }
+
+// The process holding RocksDB's lock on `lock_path` (a POSIX record lock on the whole file), or
+// 0 when none does (or the file cannot be checked).
+pid_t LockHolder(const std::string& lock_path) {
+  const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct flock lock = {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  const int got = ::fcntl(fd, F_GETLK, &lock);
+  ::close(fd);
+  return got == 0 && lock.l_type != F_UNLCK ? lock.l_pid : 0;
+}
+
+}  // namespace
+
+namespace segment_store_internal {
 
 rocksdb::DBOptions DbOptions() {
   rocksdb::DBOptions db_options;
@@ -90,6 +110,13 @@ std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(
   };
 }
 
+}  // namespace segment_store_internal
+
+namespace {
+
+using segment_store_internal::ColumnFamilies;
+using segment_store_internal::DbOptions;
+
 // An existing database must have exactly this layout's column families. A "chunks" family means
 // chunk bytes kept in RocksDB, a layout this version does not read: refused by name rather than
 // opened (RocksDB would only say that a family was not opened).
@@ -113,8 +140,22 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
                                                                  const StoreOptions& options) {
   const std::string doing = absl::StrCat("cannot open RocksDB store in ", dir);
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Doing(doing, ErrnoToStatus(ec.value(), "create directory", dir));
+  if (options.read_only) {
+    // Nothing is created: a store that is not there is an error.
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec)) {
+      return absl::NotFoundError(absl::StrCat(doing, ": no store exists there"));
+    }
+    // A read-only open takes no lock; a store a running ckptd writes to would be read while it
+    // changes.
+    if (const pid_t holder = LockHolder(absl::StrCat(dir, "/LOCK")); holder != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          doing, ": it is in use by a running ckptd (process ", holder,
+          "); stop it first, or verify a backup of it (ckptctl backup)"));
+    }
+  } else {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Doing(doing, ErrnoToStatus(ec.value(), "create directory", dir));
+  }
 
   const rocksdb::DBOptions db_options = DbOptions();
   auto block_cache = rocksdb::NewLRUCache(kBlockCacheBytes);
@@ -139,7 +180,10 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
   absl::StatusOr<int64_t> free_bytes =
       options.free_disk_bytes ? options.free_disk_bytes() : FreeDiskBytes(dir);
   std::string read_only_reason;
-  if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {
+  if (options.read_only) {
+    read_only_reason = absl::StrCat("the store in ", dir,
+                                    " was opened read-only (for verification)");
+  } else if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {
     read_only_reason = absl::StrFormat(
         "the store in %s was opened read-only because its disk had %d bytes free, below the "
         "free-space reserve of %d bytes (ckptd --min-free-disk-mib); free space and restart "
@@ -167,6 +211,11 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
                                                        read_only_reason));
   if (absl::Status format = store->CheckFormat(); !format.ok()) return Doing(doing, format);
   CKPT_RETURN_IF_ERROR(store->LoadCounter());
+  if (options.read_only) {
+    StoreLog()->info("event=store_open dir={} format={} mode=read-only", dir,
+                     segment_store_internal::kStoreFormatVersion);
+    return store;
+  }
   if (!read_only_reason.empty()) {
     StoreLog()->warn("event=store_open dir={} format={} mode=read-only free_bytes={} "
                      "reserve_bytes={} (below the free-space reserve: writes are refused)",

@@ -18,7 +18,7 @@
 // The implementation is split by concept: segment_store.cc (open, format check, RocksDB helpers,
 // free-disk reserve, stats), segment_store_records.cc (strategies, checkpoints, jobs),
 // segment_store_chunks.cc (data ids, chunk writes and reads), segment_store_gc.cc (deleting
-// chunks, garbage collection). No RocksDB header is included here: RocksDB types appear only as
+// chunks, garbage collection), segment_store_backup.cc (online backup, offline repair). No RocksDB header is included here: RocksDB types appear only as
 // pointers to forward-declared classes.
 #ifndef CKPT_STORAGE_SEGMENT_STORE_H_
 #define CKPT_STORAGE_SEGMENT_STORE_H_
@@ -101,6 +101,7 @@ class SegmentStore final : public CheckpointStore {
 
   absl::StatusOr<int64_t> CollectGarbage() override;
   absl::Status Flush() override;
+  absl::StatusOr<BackupStats> Backup(const std::string& target_dir) override;
   StoreStats stats() const override;
 
  private:
@@ -161,6 +162,9 @@ class SegmentStore final : public CheckpointStore {
                                  std::string_view doing);
   // Removes the segment file of a data id whose records are gone (and the reader's windows of it).
   absl::Status RemoveSegmentFile(uint64_t data_id);
+  // Ends a backup's pin on segment files (Backup, segment_store_backup.cc): the last backup to
+  // end removes the files whose removal was deferred meanwhile.
+  void EndBackupPin();
   // RemoveSegmentFile, a failure only logged (the file is garbage and CollectGarbage retries).
   void RemoveSegment(uint64_t data_id);
   // Garbage unless begun in this process (live or being claimed) or committed. Checks memory
@@ -204,6 +208,13 @@ class SegmentStore final : public CheckpointStore {
   std::mutex data_mu_;
   std::condition_variable data_cv_;               // signalled when writers drops
   std::unordered_map<uint64_t, DataEntry> data_;  // guarded by data_mu_
+
+  // Backups in progress pin every segment file: RemoveSegmentFile defers removals while
+  // backups_ > 0 and holds backup_mu_ while it removes, so a backup that has taken its pin
+  // (before it copies the index) finds every file its copy of the index names.
+  std::mutex backup_mu_;
+  int backups_ = 0;                         // guarded by backup_mu_
+  std::vector<uint64_t> deferred_removals_;  // guarded by backup_mu_
 
   std::mutex disk_mu_;
   bool disk_measured_ = false;                         // guarded by disk_mu_

@@ -37,6 +37,13 @@ absl::Status SegmentStore::BatchDeleteChunks(rocksdb::WriteBatch* batch, uint64_
 }
 
 absl::Status SegmentStore::RemoveSegmentFile(uint64_t data_id) {
+  std::lock_guard<std::mutex> lock(backup_mu_);
+  if (backups_ > 0) {
+    // A backup may still link this file (its records were deleted after the backup copied the
+    // index): removed when the last backup ends.
+    deferred_removals_.push_back(data_id);
+    return absl::OkStatus();
+  }
   reader_->Forget(data_id);
   return segments_->Remove(data_id);
 }

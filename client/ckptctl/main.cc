@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "client/ckptctl/backup_command.h"
 #include "client/ckptctl/exit_codes.h"
 #include "client/ckptctl/job_commands.h"
 #include "client/ckptctl/offline_commands.h"
@@ -115,6 +116,9 @@ struct CommandLine {
   // sample
   CLI::App* sample = nullptr;
   std::string sample_dir;
+
+  // backup
+  BackupCommand backup;
 };
 
 void AddGlobalOptions(CLI::App& app, CommandLine& c) {
@@ -442,6 +446,7 @@ absl::Status RunWithServer(const CommandLine& c, CkptClient& client, std::ostrea
     command.json = c.json;
     return RunExport(client, command, out, std::cerr);
   }
+  if (*c.backup.sub) return RunBackup(client, c.backup, out);
   return absl::OkStatus();
 }
 
@@ -511,6 +516,7 @@ int Main(int argc, char** argv) {
   AddHealthCommand(app, c);
   AddSampleCommand(app, c);
   AddStatsCommand(app, c);
+  AddBackupCommand(app, c.backup);
   if (std::optional<int> exit_code = Parse(app, argc, argv)) return *exit_code;
 
   std::optional<absl::Status> status = RunOffline(c);

@@ -140,6 +140,10 @@ class JobRunner {
   // Later calls get UNAVAILABLE. Idempotent.
   void Shutdown();
 
+  // The export root opened by Start(), or null when --export-root is not set. Immutable after
+  // Start(); also confines the Backup RPC's target.
+  const ConfinedRoot* export_root() const { return export_root_.get(); }
+
   // Validates and records a job (QUEUED). Same id + same request: the existing job with
   // created = false; same id + another request: ALREADY_EXISTS. Errors: INVALID_ARGUMENT (bad
   // request), NOT_FOUND (checkpoint or strategy), OUT_OF_RANGE (rank >= destination world),

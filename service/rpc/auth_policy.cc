@@ -60,6 +60,7 @@ const std::vector<MethodPolicy>& MethodPolicies() {
       {"/ckpt.v1.CheckpointService/ListJobs", Role::kReader, false},
       {"/ckpt.v1.CheckpointService/GetStats", Role::kAdmin, false},
       {"/ckpt.v1.CheckpointService/DeleteJob", Role::kWriter, true},
+      {"/ckpt.v1.CheckpointService/Backup", Role::kAdmin, true},
   };
   return table;
 }

@@ -12,6 +12,7 @@
 #include "core/absl_compat.h"
 #include "core/names.h"
 #include "core/status_macros.h"
+#include "service/engine/store_maintenance.h"
 #include "service/rpc/grpc_status.h"
 #include "storage/file_stream.h"
 #include "spdlog/spdlog.h"
@@ -363,6 +364,20 @@ v1::ServerStats CheckpointServiceImpl::Stats() {
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   out.set_version(CKPT_VERSION);
   return out;
+}
+
+grpc::ServerUnaryReactor* CheckpointServiceImpl::Backup(grpc::CallbackServerContext* ctx,
+                                                        const v1::BackupRequest* req,
+                                                        v1::BackupResponse* resp) {
+  return Unary(
+      ctx, "Backup",
+      [this, req, resp]() -> absl::Status {
+        auto r = BackupStore(*manager_->store(), jobs_->export_root(), req->target_dir());
+        if (!r.ok()) return r.status();
+        *resp = std::move(*r);
+        return absl::OkStatus();
+      },
+      [req] { return absl::StrCat("target_dir=", req->target_dir()); });
 }
 
 }  // namespace ckpt

@@ -105,6 +105,9 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
                                      const v1::GetStatsRequest* req,
                                      v1::ServerStats* resp) override;
 
+  grpc::ServerUnaryReactor* Backup(grpc::CallbackServerContext* ctx, const v1::BackupRequest* req,
+                                   v1::BackupResponse* resp) override;
+
   // Tensor bytes of Fetch data messages written to clients (GetStats).
   void CountFetchBytesSent(int64_t n) { fetch_bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
   // Tensor bytes of Upload data messages received (GetStats).

@@ -6,9 +6,13 @@
 
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/db.h"
 #include "rocksdb/env.h"
+#include "rocksdb/options.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/status.h"
 #include "spdlog/logger.h"
@@ -30,6 +34,13 @@ std::shared_ptr<spdlog::logger> StoreLog();
 // all the time (statistics dumps, compactions), and once a write of it fails on a full disk,
 // Debian's RocksDB aborts the process when it closes the file.
 std::shared_ptr<rocksdb::Logger> NewRocksDbLogger();
+
+// The RocksDB options every opening of a store's index uses (segment_store.cc): the open itself,
+// a backup's read-only look at its copy, and repair.
+rocksdb::DBOptions DbOptions();
+// The column families of index_records.h in handle order: default, meta, jobs, chunk_locations.
+std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(
+    const std::shared_ptr<rocksdb::Cache>& block_cache);
 
 }  // namespace ckpt::segment_store_internal
 

@@ -230,6 +230,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"ListJobs", Role::kReader},
       {"GetStats", Role::kAdmin},
       {"DeleteJob", Role::kWriter},
+      {"Backup", Role::kAdmin},
   };
   return roles;
 }

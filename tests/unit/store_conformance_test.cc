@@ -773,6 +773,71 @@ TEST_F(SegmentStoreTest, DeletedCheckpointsGiveTheirSegmentFilesBack) {
   for (const auto& [address, bytes] : dropped) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(address));
 }
 
+// A backup holds exactly the committed checkpoints, opens as a store of its own, and a segment
+// file whose checkpoint is deleted while the backup runs stays until the backup ends. The delete
+// runs inside the backup, from the free-space measurement it makes once it has pinned the files.
+TEST_F(SegmentStoreTest, BackupCopiesCommittedDataAndDefersRemovalsUntilItEnds) {
+  bool armed = false;
+  bool victim_file_stayed = false;
+  uint64_t victim_id = 0;
+  options_.free_disk_bytes = [&]() -> absl::StatusOr<int64_t> {
+    if (armed) {
+      armed = false;
+      EXPECT_OK(store_->DeleteCheckpoint("victim"));
+      victim_file_stayed = std::filesystem::exists(SegmentPath(db_dir_, victim_id));
+    }
+    return int64_t{1} << 40;
+  };
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  std::vector<std::pair<ChunkAddress, std::string>> kept, victim, pending;
+  for (int c = 0; c < 3; ++c) {
+    kept.push_back({Addr(0, 0, 0, c), RandomBytes(100000, 300 + c)});
+    victim.push_back({Addr(0, 1, 0, c), RandomBytes(100000, 400 + c)});
+    pending.push_back({Addr(0, 0, 1, c), RandomBytes(100000, 500 + c)});
+  }
+  const uint64_t kept_id = Upload(&kept);
+  ASSERT_OK(store_->CommitCheckpoint("kept", "manifest of kept", kept_id));
+  victim_id = Upload(&victim);
+  ASSERT_OK(store_->CommitCheckpoint("victim", "manifest of victim", victim_id));
+  Upload(&pending);  // never committed
+
+  armed = true;
+  const std::string target = root_ + "/backup";
+  ASSERT_OK_AND_ASSIGN(const BackupStats stats, store_->Backup(target));
+  EXPECT_TRUE(victim_file_stayed) << "a segment file was removed while a backup ran";
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(db_dir_, victim_id)))
+      << "the deferred removal did not happen when the backup ended";
+  EXPECT_EQ(stats.checkpoints, 1);
+  EXPECT_EQ(stats.segment_files, 1);
+  EXPECT_EQ(stats.linked_files, 1);
+  EXPECT_EQ(stats.copied_files, 0);
+  EXPECT_GE(stats.segment_bytes, 300000);
+  EXPECT_EQ(store_->Backup(target).status().code(), absl::StatusCode::kAlreadyExists);
+
+  // The copy, opened on its own while the original stays open.
+  StoreOptions copy_options;
+  copy_options.min_free_disk_bytes = 0;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointStore> copy,
+                       OpenSegmentStore(target, copy_options));
+  ASSERT_OK_AND_ASSIGN(const std::vector<std::string> ids, copy->ListCheckpoints());
+  EXPECT_EQ(ids, std::vector<std::string>{"kept"});
+  ASSERT_OK_AND_ASSIGN(const std::string manifest, copy->GetManifest("kept"));
+  EXPECT_EQ(manifest, "manifest of kept");
+  for (const auto& [address, bytes] : kept) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
+                         copy->ReadChunk(address, Checksum(bytes)));
+    EXPECT_TRUE(data->bytes() == bytes) << address.ToString();
+  }
+  for (const auto& [address, bytes] : pending) {
+    EXPECT_EQ(copy->ReadChunkUnverified(address).status().code(), absl::StatusCode::kNotFound);
+  }
+  // New data ids in the copy do not collide with its files.
+  ASSERT_OK_AND_ASSIGN(const uint64_t fresh, copy->BeginData());
+  EXPECT_GT(fresh, victim_id);
+  EXPECT_EQ(NewMemoryStore()->Backup(root_ + "/memory").status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 TEST_F(SegmentStoreTest, DataIdsNeverRepeatAcrossRestarts) {
   std::set<uint64_t> seen;
   for (int round = 0; round < 3; ++round) {
