@@ -35,6 +35,10 @@ struct ServiceOptions {
   int64_t server_bytes_in_flight = int64_t{256} << 20;
   // Largest accepted upload data message. The API promises ≤ 1 MiB.
   int64_t max_upload_message_bytes = int64_t{1} << 20;
+  // A Fetch stream whose client accepts no message for this long (a write stays pending: the
+  // client stopped reading, or its network is gone) is cancelled, logged DEADLINE_EXCEEDED, and
+  // its queued bytes return to the server budget. Zero: never. Default 60 s.
+  absl::Duration fetch_stall_timeout = absl::Seconds(60);
 };
 
 // Fetch and Upload are registered raw (grpc::ByteBuffer) so that data messages can reference
@@ -53,6 +57,9 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
 
   // New calls get UNAVAILABLE from now on.
   void StartShutdown() { shutting_down_ = true; }
+  // Late in a shutdown's drain: every open Fetch stream stops producing and finishes, once its
+  // pending write is out, with UNAVAILABLE "ckptd is shutting down; retry".
+  void EndStreamsForShutdown() { stream_watch_.EndAll(); }
 
   grpc::ServerUnaryReactor* PutStrategy(grpc::CallbackServerContext* ctx,
                                         const v1::PutStrategyRequest* req,
@@ -107,6 +114,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   JobRunner* jobs() const { return jobs_; }
   Executor* executor() const { return executor_; }
   ByteBudget* budget() { return &budget_; }
+  StreamWatch* stream_watch() { return &stream_watch_; }
   const ServiceOptions& options() const { return options_; }
   const Authenticator& auth() const { return *auth_; }
   bool shutting_down() const { return shutting_down_; }
@@ -137,6 +145,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> fetch_bytes_sent_{0};
   std::atomic<int64_t> active_fetches_{0};
+  StreamWatch stream_watch_{StreamWatch::PeriodFor(options_.fetch_stall_timeout)};
 };
 
 // Resident set size of this process now and at its peak (VmRSS / VmHWM of /proc/self/status),
