@@ -121,6 +121,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   // Fetch streams open now (FetchStarted .. FetchEnded), and each one's queue limit.
   void FetchStarted() { active_fetches_.fetch_add(1, std::memory_order_relaxed); }
   void FetchEnded() { active_fetches_.fetch_sub(1, std::memory_order_relaxed); }
+  int64_t open_fetches() const { return active_fetches_.load(std::memory_order_relaxed); }
   int64_t FetchQueueLimit() const {
     return FetchQueueShare(options_.stream_bytes_in_flight,
                            active_fetches_.load(std::memory_order_relaxed));

@@ -79,9 +79,8 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       if (timeout > absl::ZeroDuration() && !stalled_ && now - pending_since_ >= timeout) {
         stalled_ = true;
         cancel = true;
-        stall_status_ = absl::DeadlineExceededError(
-            absl::StrCat("no progress for ", absl::FormatDuration(timeout),
-                         ": the client stopped reading"));
+        stall_status_ = absl::DeadlineExceededError(absl::StrCat(
+            "no progress for ", absl::FormatDuration(timeout), ": the client stopped reading"));
         if (!finished_) {
           if (stop_.ok()) stop_ = stall_status_;
           released = DropQueuedLocked();
@@ -329,8 +328,8 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
 
   LimitLease lease_;  // guarded by mu_
   CheckpointServiceImpl* const service_;
-  std::mutex ctx_mu_;                      // never held together with mu_
-  grpc::CallbackServerContext* ctx_;       // guarded by ctx_mu_; null after OnDone
+  std::mutex ctx_mu_;                 // never held together with mu_
+  grpc::CallbackServerContext* ctx_;  // guarded by ctx_mu_; null after OnDone
   const std::string peer_;
   v1::FetchRequest request_;
   const bool request_ok_;
@@ -354,10 +353,10 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   bool cancelled_ = false;
   bool finished_ = false;
   absl::Status final_;
-  absl::Status stop_;                // non-OK: stop producing and finish with it
-  absl::Status status_;              // the status given to Finish
-  bool stalled_ = false;             // cancelled by Watch for want of progress
-  absl::Status stall_status_;        // why, when stalled_
+  absl::Status stop_;                                  // non-OK: stop producing and finish with it
+  absl::Status status_;                                // the status given to Finish
+  bool stalled_ = false;                               // cancelled by Watch for want of progress
+  absl::Status stall_status_;                          // why, when stalled_
   absl::Time pending_since_ = absl::InfiniteFuture();  // a write or the status is pending since
   const absl::Time start_;
 };

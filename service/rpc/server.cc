@@ -233,6 +233,8 @@ void CkptServer::Shutdown() {
   // Members may be missing when Start() failed half way (e.g. the port was taken).
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   if (service_) service_->StartShutdown();
+  // Fetches open now may leave their last bytes in socket buffers (below).
+  const int64_t open_fetches = service_ ? service_->open_fetches() : 0;
   if (acceptor_) acceptor_->Stop();  // no new connections; open ones drain below
   // Before draining: jobs stop promptly (running ones stay RUNNING and resume at the next
   // start), and WatchJob streams end instead of holding the drain until its timeout.
@@ -263,10 +265,13 @@ void CkptServer::Shutdown() {
     ender.join();
     // Every call has ended, but the last bytes of a fetch may still sit in socket buffers, not
     // yet read by a slow client; exiting now would close its connection and the client's next
-    // window update would reset it, losing them. Clients close their connections after the
-    // GOAWAY once their calls end: wait for that.
+    // window update would reset it, losing them. When fetches were open at the start of the
+    // shutdown, wait for clients to close their connections (they do after the GOAWAY once
+    // their calls end; idle clients may keep theirs, hence the bound).
     const absl::Time linger_until =
-        std::max(deadline, absl::Now() + std::min(options_.drain_timeout, absl::Seconds(5)));
+        open_fetches == 0
+            ? absl::Now()
+            : std::max(deadline, absl::Now() + std::min(options_.drain_timeout, absl::Seconds(5)));
     const absl::Time linger_start = absl::Now();
     int64_t open = ConnectionsOnPort(port_);
     while (open > 0 && absl::Now() < linger_until) {

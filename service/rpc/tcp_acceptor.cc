@@ -65,8 +65,7 @@ void SetPort(sockaddr* addr, int port) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
-    const TcpListenAddress& address) {
+absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(const TcpListenAddress& address) {
   const std::string where = absl::StrCat(address.host, ":", address.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -77,8 +76,7 @@ absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
   const int rc = getaddrinfo(address.host.empty() ? nullptr : address.host.c_str(), port.c_str(),
                              &hints, &found);
   if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", where, ": ", gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", where, ": ", gai_strerror(rc)));
   }
   bool has_v4 = false;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) has_v4 |= a->ai_family == AF_INET;

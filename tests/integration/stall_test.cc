@@ -56,8 +56,7 @@ class StallTest : public ::testing::Test {
     auto c = CkptClient::Connect(server_->address());
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
-    const std::vector<SampleTensor> tensors = {
-        {"weight", DType::kFloat32, Shape{mib * 256, 1024}}};
+    const std::vector<SampleTensor> tensors = {{"weight", DType::kFloat32, Shape{mib * 256, 1024}}};
     ASSERT_TRUE(WriteWholeSample(tensors, dir_ / "big.ckpt", {}).ok());
     auto up = client_->UploadWholeFile("big", dir_ / "big.ckpt");
     ASSERT_TRUE(up.ok()) << up.status();
@@ -143,8 +142,8 @@ TEST_F(StallTest, AStreamWhoseClientStopsReadingIsCancelledAndItsBudgetReturned)
 
 // Reads `request` at about `mib_per_second`, returning the status and the tensor bytes read.
 std::pair<grpc::Status, int64_t> ReadSlowly(v1::CheckpointService::Stub* stub,
-                                            const v1::FetchRequest& request,
-                                            double mib_per_second, int64_t* total) {
+                                            const v1::FetchRequest& request, double mib_per_second,
+                                            int64_t* total) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto reader = stub->Fetch(&context, request);
@@ -195,8 +194,8 @@ TEST_F(StallTest, AClientTooSlowForTheGraceIsToldTheServerIsShuttingDown) {
   ASSERT_FALSE(HasFailure());
   auto stub = NarrowStub();
   int64_t total = -1;
-  auto fetch = std::async(std::launch::async,
-                          [&] { return ReadSlowly(stub.get(), Merged(), 4.0, &total); });
+  auto fetch =
+      std::async(std::launch::async, [&] { return ReadSlowly(stub.get(), Merged(), 4.0, &total); });
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   client_.reset();
   const int code = server_->Stop();
