@@ -34,6 +34,9 @@ struct Flags {
   int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
   int64_t max_upload_gib = options.manager.upload.max_upload_bytes >> 30;
   std::string job_retention = ckpt::FormatDurationText(options.jobs.retention);
+  double stall_seconds = absl::ToDoubleSeconds(options.service.fetch_stall_timeout);
+  double grace_seconds = absl::ToDoubleSeconds(options.drain_timeout);
+  int64_t connection_idle_seconds = absl::ToInt64Seconds(options.max_connection_idle);
 
   // Copies the MiB and minute values into `options`.
   void Apply() {
@@ -48,6 +51,9 @@ struct Flags {
     const absl::Duration retention = *ckpt::ParseDurationText(job_retention);
     options.jobs.retention =
         retention == absl::ZeroDuration() ? absl::InfiniteDuration() : retention;
+    options.service.fetch_stall_timeout = absl::Seconds(stall_seconds);
+    options.drain_timeout = absl::Seconds(grace_seconds);
+    options.max_connection_idle = absl::Seconds(connection_idle_seconds);
   }
 };
 
@@ -102,6 +108,28 @@ void AddServerFlags(CLI::App& app, Flags& f) {
                  "uploads are refused with RESOURCE_EXHAUSTED")
       ->envname("CKPTD_MAX_UPLOAD_GIB")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--stall-timeout", f.stall_seconds,
+                 "Cancel a fetch stream whose client accepts nothing for this long (seconds; "
+                 "0: never)")
+      ->envname("CKPTD_STALL_TIMEOUT")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--shutdown-grace", f.grace_seconds,
+                 "At SIGTERM, time given to open calls and to clients reading their last bytes "
+                 "(seconds)")
+      ->envname("CKPTD_SHUTDOWN_GRACE")
+      ->check(CLI::Range(0.0, 1e5))
+      ->capture_default_str();
+  app.add_option("--max-connection-idle", f.connection_idle_seconds,
+                 "Close a client connection without calls for this long (seconds; 0: never)")
+      ->envname("CKPTD_MAX_CONNECTION_IDLE")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31))
+      ->capture_default_str();
+  app.add_option("--max-streams-per-connection", f.options.max_streams_per_connection,
+                 "Calls one client connection may run at once")
+      ->envname("CKPTD_MAX_STREAMS_PER_CONNECTION")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
 }
 

@@ -37,6 +37,10 @@ struct ServiceOptions {
   int64_t max_upload_message_bytes = int64_t{1} << 20;
   // The store's directory, whose file system's free space GetStats reports (empty: not measured).
   std::string data_dir;
+  // A Fetch stream whose client accepts no message for this long (a write stays pending: the
+  // client stopped reading, or its network is gone) is cancelled, logged DEADLINE_EXCEEDED, and
+  // its queued bytes return to the server budget. Zero: never. Default 60 s.
+  absl::Duration fetch_stall_timeout = absl::Seconds(60);
 };
 
 // Fetch and Upload are registered raw (grpc::ByteBuffer) so that data messages can reference
@@ -55,6 +59,9 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
 
   // New calls get UNAVAILABLE from now on.
   void StartShutdown() { shutting_down_ = true; }
+  // Late in a shutdown's drain: every open Fetch stream stops producing and finishes, once its
+  // pending write is out, with UNAVAILABLE "ckptd is shutting down; retry".
+  void EndStreamsForShutdown() { stream_watch_.EndAll(); }
 
   grpc::ServerUnaryReactor* PutStrategy(grpc::CallbackServerContext* ctx,
                                         const v1::PutStrategyRequest* req,
@@ -131,12 +138,14 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   JobRunner* jobs() const { return jobs_; }
   Executor* executor() const { return executor_; }
   ByteBudget* budget() { return &budget_; }
+  StreamWatch* stream_watch() { return &stream_watch_; }
   const ServiceOptions& options() const { return options_; }
   const Authenticator& auth() const { return *auth_; }
   bool shutting_down() const { return shutting_down_; }
   // Fetch streams open now (FetchStarted .. FetchEnded), and each one's queue limit.
   void FetchStarted() { active_fetches_.fetch_add(1, std::memory_order_relaxed); }
   void FetchEnded() { active_fetches_.fetch_sub(1, std::memory_order_relaxed); }
+  int64_t open_fetches() const { return active_fetches_.load(std::memory_order_relaxed); }
   int64_t FetchQueueLimit() const {
     return FetchQueueShare(options_.stream_bytes_in_flight,
                            active_fetches_.load(std::memory_order_relaxed));
@@ -170,6 +179,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   std::atomic<int64_t> active_uploads_{0};
   std::atomic<int64_t> data_loss_rpcs_{0};
   const absl::Time started_ = absl::Now();
+  StreamWatch stream_watch_{StreamWatch::PeriodFor(options_.fetch_stall_timeout)};
 };
 
 // Resident set size of this process now and at its peak (VmRSS / VmHWM of /proc/self/status),

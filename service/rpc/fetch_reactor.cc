@@ -1,5 +1,7 @@
 // The Fetch RPC: a producer on the executor fills a bounded queue of encoded messages from a
-// FetchStream; gRPC writes drain it.
+// FetchStream; gRPC writes drain it. A stream whose client accepts nothing for
+// ServiceOptions::fetch_stall_timeout is cancelled (StreamWatch), and a stream is logged with the
+// status its client received: OK only once the final status went out.
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -19,8 +21,11 @@ bool ParseRequest(const grpc::ByteBuffer& buffer, v1::FetchRequest* request) {
   return grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, request).ok();
 }
 
-// The state of one Fetch, shared by the reactor (gRPC events) and the producer task (executor).
-// The producer fills a bounded queue; writes drain it. At most one producer task runs at a time.
+// The state of one Fetch, shared by the reactor (gRPC events), the producer task (executor) and
+// the service's StreamWatch. The producer fills a bounded queue; writes drain it. At most one
+// producer task runs at a time. A stop status (a stall, the end of a shutdown's drain) stops the
+// producer, drops the queued messages and finishes the call with that status once the message
+// being written is out.
 class FetchCall : public std::enable_shared_from_this<FetchCall> {
  public:
   // `lease` holds the principal's fetch-stream slot; it is given back as the call finishes (before
@@ -31,6 +36,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
             LimitLease lease)
       : lease_(std::move(lease)),
         service_(service),
+        ctx_(ctx),
         peer_(ctx->peer()),
         request_ok_(ParseRequest(request, &request_)),
         reactor_(reactor),
@@ -51,8 +57,48 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = true;
     }
+    std::weak_ptr<FetchCall> weak = shared_from_this();
+    service_->stream_watch()->Add([weak](absl::Time now, bool ending) {
+      std::shared_ptr<FetchCall> self = weak.lock();
+      return self != nullptr && self->Watch(now, ending);
+    });
     auto self = shared_from_this();
     service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  // StreamWatch: cancels the call when an operation (a write, or the final status) has been
+  // pending for the stall timeout, and stops it when the server is ending its streams. Returns
+  // false once the call is done.
+  bool Watch(absl::Time now, bool ending) {
+    int64_t released = 0;
+    bool cancel = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reactor_ == nullptr) return false;
+      const absl::Duration timeout = service_->options().fetch_stall_timeout;
+      if (timeout > absl::ZeroDuration() && !stalled_ && now - pending_since_ >= timeout) {
+        stalled_ = true;
+        cancel = true;
+        stall_status_ = absl::DeadlineExceededError(absl::StrCat(
+            "no progress for ", absl::FormatDuration(timeout), ": the client stopped reading"));
+        if (!finished_) {
+          if (stop_.ok()) stop_ = stall_status_;
+          released = DropQueuedLocked();
+        }
+      } else if (ending && !finished_ && stop_.ok()) {
+        stop_ = absl::UnavailableError("ckptd is shutting down; retry");
+        released = DropQueuedLocked();
+        MaybeFinishLocked();
+      }
+    }
+    service_->budget()->Release(released);
+    if (cancel) {
+      // The pending write (or status) cannot leave while the client does not read: reset the
+      // stream, so that gRPC completes the write (not ok) and frees what it holds.
+      std::lock_guard<std::mutex> lock(ctx_mu_);
+      if (ctx_ != nullptr) ctx_->TryCancel();
+    }
+    return true;
   }
 
   void OnWriteDone(bool ok) {
@@ -60,6 +106,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     bool resume = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      pending_since_ = absl::InfiniteFuture();
       if (ok) service_->CountFetchBytesSent(data_sizes_.front());
       data_sizes_.pop_front();
       released += sizes_.front();
@@ -74,15 +121,16 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         sizes_.clear();
         data_sizes_.clear();
         queued_bytes_ = 0;
-      } else if (!queue_.empty()) {
+      } else if (!queue_.empty() && stop_.ok()) {
         writing_ = true;
+        pending_since_ = absl::Now();
         reactor_->StartWrite(&queue_.front());
       }
       // The paused producer resumes once the queue is down to half its limit, and then fills it
       // again: each producer task produces many messages, rather than one task per message as
       // resuming at every write below the limit would, which costs CPU when many streams are
       // open.
-      if (!running_ && !producer_done_ && !cancelled_ &&
+      if (!running_ && !producer_done_ && !cancelled_ && stop_.ok() &&
           queued_bytes_ <= service_->FetchQueueLimit() / 2) {
         running_ = true;
         resume = true;
@@ -102,11 +150,30 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     MaybeFinishLocked();
   }
 
+  // Logs the call with the status its client received: OK only when gRPC delivered the final
+  // status (the context is not cancelled); a call that ended before is logged with why.
   void OnDone() {
     service_->FetchEnded();
+    const bool undelivered = ctx_->IsCancelled();
+    {
+      std::lock_guard<std::mutex> lock(ctx_mu_);
+      ctx_ = nullptr;
+    }
     int64_t released = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      absl::Status logged = status_;
+      if (undelivered && logged.ok()) {
+        logged = stalled_ ? stall_status_
+                          : absl::CancelledError(
+                                "the client did not receive the whole stream (it cancelled, its "
+                                "deadline passed, or the connection closed)");
+      }
+      LogRpc("Fetch", peer_, logged, bytes_, absl::Now() - start_,
+             absl::StrCat("checkpoint=", request_.checkpoint_id(), " target=",
+                          request_.merged() ? std::string("merged")
+                                            : absl::StrCat(request_.destination_strategy(), "/",
+                                                           request_.rank())));
       reactor_ = nullptr;
       for (int64_t s : sizes_) released += s;
       queue_.clear();
@@ -131,7 +198,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (cancelled_ || reactor_ == nullptr) {
+        if (cancelled_ || !stop_.ok() || reactor_ == nullptr) {
           running_ = false;
           MaybeFinishLocked();
           return;
@@ -169,7 +236,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         return;
       }
       std::lock_guard<std::mutex> lock(mu_);
-      if (reactor_ == nullptr || cancelled_) {
+      if (reactor_ == nullptr || cancelled_ || !stop_.ok()) {
         service_->budget()->Release(next_size_);
         has_next_ = false;
         continue;
@@ -196,18 +263,19 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   // Runs on the executor: writes the front of the queue (Produce set writing_ for this).
   void StartWriting() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reactor_ == nullptr || cancelled_ || queue_.empty()) {
+    if (reactor_ == nullptr || cancelled_ || !stop_.ok() || queue_.empty()) {
       writing_ = false;
       MaybeFinishLocked();
       return;
     }
+    pending_since_ = absl::Now();
     reactor_->StartWrite(&queue_.front());
   }
 
   void Resume() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (running_ || producer_done_ || reactor_ == nullptr) return;
+      if (running_ || producer_done_ || !stop_.ok() || reactor_ == nullptr) return;
       running_ = true;
     }
     auto self = shared_from_this();
@@ -222,12 +290,29 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     MaybeFinishLocked();
   }
 
-  // Finishes exactly once, when nothing is being written and either everything was produced or
-  // the call was cancelled.
+  // Drops the queued messages but the one being written; returns their budget bytes for the
+  // caller to release (outside mu_).
+  int64_t DropQueuedLocked() {
+    int64_t released = 0;
+    const size_t keep = writing_ ? 1 : 0;
+    while (queue_.size() > keep) {
+      released += sizes_.back();
+      queued_bytes_ -= sizes_.back();
+      queue_.pop_back();
+      sizes_.pop_back();
+      data_sizes_.pop_back();
+    }
+    return released;
+  }
+
+  // Finishes exactly once, when nothing is being written and either everything was produced,
+  // the call was stopped (stop_) or it was cancelled. OnDone logs the outcome.
   void MaybeFinishLocked() {
     if (finished_ || reactor_ == nullptr || writing_ || running_) return;
     absl::Status status;
-    if (cancelled_) {
+    if (!stop_.ok()) {
+      status = stop_;
+    } else if (cancelled_) {
       status = absl::CancelledError("fetch cancelled (client gone or deadline exceeded)");
     } else if (producer_done_ && queue_.empty()) {
       status = final_;
@@ -235,18 +320,17 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       return;
     }
     finished_ = true;
-    LogRpc("Fetch", peer_, status, bytes_, absl::Now() - start_,
-           absl::StrCat("checkpoint=", request_.checkpoint_id(), " target=",
-                        request_.merged()
-                            ? std::string("merged")
-                            : absl::StrCat(request_.destination_strategy(), "/", request_.rank())));
+    status_ = status;
     lease_ = LimitLease();
     service_->RpcFinished(status);
+    pending_since_ = absl::Now();  // the status waits for the client like a write
     reactor_->Finish(ToGrpcStatus(status));
   }
 
   LimitLease lease_;  // guarded by mu_
   CheckpointServiceImpl* const service_;
+  std::mutex ctx_mu_;                 // never held together with mu_
+  grpc::CallbackServerContext* ctx_;  // guarded by ctx_mu_; null after OnDone
   const std::string peer_;
   v1::FetchRequest request_;
   const bool request_ok_;
@@ -270,6 +354,11 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   bool cancelled_ = false;
   bool finished_ = false;
   absl::Status final_;
+  absl::Status stop_;                                  // non-OK: stop producing and finish with it
+  absl::Status status_;                                // the status given to Finish
+  bool stalled_ = false;                               // cancelled by Watch for want of progress
+  absl::Status stall_status_;                          // why, when stalled_
+  absl::Time pending_since_ = absl::InfiniteFuture();  // a write or the status is pending since
   const absl::Time start_;
 };
 

@@ -4,11 +4,18 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <fstream>
 #include <iostream>
+#include <limits>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -68,6 +75,44 @@ absl::Status CheckExposure(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+// Raises this process's soft limit on open files to its hard limit: every connection holds a
+// descriptor, and the store needs its own. Returns the limit in force.
+int64_t RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_cur);
+}
+
+// Established TCP connections whose local port is `port` (clients connected to this server),
+// from /proc/self/net/tcp and tcp6; -1 when neither can be read.
+int64_t ConnectionsOnPort(int port) {
+  int64_t count = -1;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    if (!in) continue;
+    if (count < 0) count = 0;
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      // "  sl  local_address rem_address   st ...": local_address is HEXADDR:HEXPORT.
+      std::vector<absl::string_view> fields =
+          absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      if (fields.size() < 4) continue;
+      const size_t colon = fields[1].rfind(':');
+      if (colon == absl::string_view::npos) continue;
+      int local_port = 0;
+      if (!absl::SimpleHexAtoi(fields[1].substr(colon + 1), &local_port)) continue;
+      if (local_port == port && fields[3] == "01") ++count;  // 01: ESTABLISHED
+    }
+  }
+  return count;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions options) {
@@ -103,10 +148,34 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, credentials, &s->port_);
+  if (std::optional<TcpListenAddress> tcp = ParseTcpListenAddress(options.listen)) {
+    CKPT_ASSIGN_OR_RETURN(s->acceptor_, TcpAcceptor::Listen(*tcp));
+    s->port_ = s->acceptor_->port();
+    s->connections_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
+  } else {
+    builder.AddListeningPort(options.listen, credentials, &s->port_);
+  }
   // gRPC sets SO_REUSEPORT by default, so a second ckptd on a taken port would start and share
   // the connections silently; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bounded connections (ServerOptions): dead peers found by keepalive pings, idle connections
+  // closed, calls per connection capped. No maximum connection age: a long fetch must not be
+  // cut. The open-file limit is raised to its hard limit (logged at start).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  if (options.max_connection_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(std::min<int64_t>(
+                                   absl::ToInt64Milliseconds(options.max_connection_idle),
+                                   std::numeric_limits<int>::max())));
+  }
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_streams_per_connection);
+  const int64_t open_files = RaiseOpenFileLimit();
   builder.RegisterService(s->service_.get());
   // Interceptors, in order, for every call of every service.
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
@@ -134,9 +203,12 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
     s->metrics_->SetStatsSource([service = s->service_.get()] { return service->Stats(); });
     spdlog::info("event=metrics listen={} port={}", options.metrics_listen, s->metrics_->port());
   }
+  if (s->acceptor_) s->acceptor_->Start(s->connections_.get());
   s->maintenance_ = std::thread([raw = s.get()] { raw->MaintenanceLoop(); });
-  spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={} tls={} auth={}",
+  spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={} open_files={} "
+               "tls={} auth={}",
                options.listen, s->port_, options.data_dir, options.io_threads, options.jobs.workers,
+               open_files,
                !options.tls.enabled()               ? "off"
                : options.tls.client_ca_file.empty() ? "on"
                                                     : "mutual",
@@ -175,17 +247,59 @@ void CkptServer::Shutdown() {
     stopping_ = true;
   }
   cv_.notify_all();
-  spdlog::info("event=shutdown phase=drain");
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  spdlog::info("event=shutdown phase=drain grace_ms={}",
+               absl::ToInt64Milliseconds(options_.drain_timeout));
   // Members may be missing when Start() failed half way (e.g. the port was taken).
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   if (service_) service_->StartShutdown();
+  // Fetches open now may leave their last bytes in socket buffers (below).
+  const int64_t open_fetches = service_ ? service_->open_fetches() : 0;
+  if (acceptor_) acceptor_->Stop();  // no new connections; open ones drain below
   // Before draining: jobs stop promptly (running ones stay RUNNING and resume at the next
   // start), and WatchJob streams end instead of holding the drain until its timeout.
   if (jobs_) jobs_->Shutdown();
   if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      absl::ToChronoMilliseconds(options_.drain_timeout));
+    // Fetch streams still open when a quarter of the grace (at most 5 s) remains are ended with
+    // UNAVAILABLE, a status their clients see; gRPC cancels what is left at the deadline.
+    std::mutex drain_mu;
+    std::condition_variable drain_cv;
+    bool drained = false;
+    std::thread ender([&] {
+      const absl::Time end_at = deadline - std::min(options_.drain_timeout / 4, absl::Seconds(5));
+      std::unique_lock<std::mutex> lock(drain_mu);
+      if (!drain_cv.wait_until(lock, absl::ToChronoTime(end_at), [&] { return drained; })) {
+        lock.unlock();
+        spdlog::warn("event=shutdown phase=end_streams fetch_streams={} status=UNAVAILABLE",
+                     service_->stream_watch()->size());
+        service_->EndStreamsForShutdown();
+      }
+    });
+    server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
+    {
+      std::lock_guard<std::mutex> lock(drain_mu);
+      drained = true;
+    }
+    drain_cv.notify_all();
+    ender.join();
+    // Every call has ended, but the last bytes of a fetch may still sit in socket buffers, not
+    // yet read by a slow client; exiting now would close its connection and the client's next
+    // window update would reset it, losing them. When fetches were open at the start of the
+    // shutdown, wait for clients to close their connections (they do after the GOAWAY once
+    // their calls end; idle clients may keep theirs, hence the bound).
+    const absl::Time linger_until =
+        open_fetches == 0
+            ? absl::Now()
+            : std::max(deadline, absl::Now() + std::min(options_.drain_timeout, absl::Seconds(5)));
+    const absl::Time linger_start = absl::Now();
+    int64_t open = ConnectionsOnPort(port_);
+    while (open > 0 && absl::Now() < linger_until) {
+      absl::SleepFor(absl::Milliseconds(20));
+      open = ConnectionsOnPort(port_);
+    }
+    spdlog::info("event=shutdown phase=linger ms={} connections_left={}",
+                 absl::ToInt64Milliseconds(absl::Now() - linger_start), std::max<int64_t>(open, 0));
   }
   executor_.reset();  // finishes queued work
   if (absl::Status s = store_ ? store_->Flush() : absl::OkStatus(); !s.ok()) {

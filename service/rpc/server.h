@@ -21,6 +21,7 @@
 #include "service/rpc/auth_tls.h"
 #include "service/metrics/metrics.h"
 #include "service/rpc/checkpoint_service.h"
+#include "service/rpc/tcp_acceptor.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -38,8 +39,21 @@ struct ServerOptions {
   int io_threads = 4;
   // How often idle uploads are expired and orphaned chunks collected. Default 60 s.
   absl::Duration maintenance_interval = absl::Seconds(60);
-  // Time given to in-flight RPCs at shutdown before they are cancelled. Default 30 s.
+  // Time given to in-flight RPCs at shutdown. Fetch streams still open when a quarter of it
+  // (at most 5 s) remains are ended with UNAVAILABLE "ckptd is shutting down; retry"; gRPC
+  // cancels whatever is left at its end. Then, when fetches were open as the shutdown began, ckptd
+  // waits, up to the same deadline but at least min(drain_timeout, 5 s), for clients to close
+  // their TCP connections, so that bytes already sent are read rather than reset away by the
+  // exit. Default 30 s.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Connections: the server pings a connection silent for keepalive_time and closes it when no
+  // answer comes within keepalive_timeout (a peer that vanished); a connection without calls
+  // for max_connection_idle is closed (clients reconnect on their next call; zero: never); at
+  // most max_streams_per_connection calls run at once on one connection.
+  absl::Duration keepalive_time = absl::Seconds(60);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  int max_streams_per_connection = 1024;
   StoreOptions store;
   ManagerOptions manager;
   ServiceOptions service;
@@ -91,6 +105,10 @@ class CkptServer {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<CheckpointServiceImpl> service_;
+  // TCP listen addresses are accepted by acceptor_ (tcp_acceptor.h) and handed to gRPC through
+  // connections_; other addresses (unix:) are gRPC's own listening ports.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> connections_;
+  std::unique_ptr<TcpAcceptor> acceptor_;  // declared after connections_: stops before it goes
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 

@@ -1,7 +1,9 @@
-// The Fetch queue limits of byte_budget.h: the server-wide ByteBudget and each stream's
-// share of --stream-inflight-mib.
+// The Fetch queue limits of byte_budget.h: the server-wide ByteBudget, each stream's share of
+// --stream-inflight-mib, and the StreamWatch that checks open streams.
+#include <atomic>
 #include <cstdint>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "service/rpc/byte_budget.h"
 
@@ -53,6 +55,34 @@ TEST(ByteBudgetTest, WaitersAreWokenOnceByTheNextReleaseOrAtOnceWhenEmpty) {
   budget.Release(1);  // each waiter is called once
   EXPECT_EQ(woken, 3);
   EXPECT_EQ(budget.in_use(), 2);
+}
+
+TEST(StreamWatchTest, ChecksRunPeriodicallyUntilTheyReturnFalseAndEndAllTellsEveryOne) {
+  StreamWatch watch(absl::Milliseconds(10));
+  std::atomic<int> runs{0};
+  std::atomic<int> ended{0};
+  std::atomic<bool> done{false};
+  watch.Add([&](absl::Time, bool ending) {
+    ++runs;
+    if (ending) ++ended;
+    return !done.load();
+  });
+  EXPECT_EQ(watch.size(), 1);
+  for (int i = 0; i < 500 && runs < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_GE(runs.load(), 3);
+  EXPECT_EQ(ended.load(), 0);
+  watch.EndAll();  // runs the check at once, with ending set
+  EXPECT_GE(ended.load(), 1);
+  done = true;
+  for (int i = 0; i < 500 && watch.size() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(watch.size(), 0);
+}
+
+TEST(StreamWatchTest, PeriodIsAQuarterOfTheStallTimeoutWithinBounds) {
+  EXPECT_EQ(StreamWatch::PeriodFor(absl::Seconds(2)), absl::Milliseconds(500));
+  EXPECT_EQ(StreamWatch::PeriodFor(absl::Seconds(60)), absl::Seconds(1));
+  EXPECT_EQ(StreamWatch::PeriodFor(absl::Milliseconds(1)), absl::Milliseconds(10));
+  EXPECT_EQ(StreamWatch::PeriodFor(absl::ZeroDuration()), absl::Seconds(1));
 }
 
 }  // namespace
