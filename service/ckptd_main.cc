@@ -28,6 +28,7 @@ struct Flags {
   int64_t idle_minutes = absl::ToInt64Minutes(options.manager.upload_idle_timeout);
   int64_t job_bandwidth_mib = options.jobs.max_bytes_per_second >> 20;
   int64_t max_upload_gib = options.manager.upload.max_upload_bytes >> 30;
+  int64_t shared_chunk_cache_mib = options.manager.shared_chunk_cache_bytes >> 20;
 
   // Copies the MiB and minute values into `options`.
   void Apply() {
@@ -38,6 +39,7 @@ struct Flags {
     options.manager.upload_idle_timeout = absl::Minutes(idle_minutes);
     options.jobs.max_bytes_per_second = job_bandwidth_mib << 20;
     options.manager.upload.max_upload_bytes = max_upload_gib << 30;
+    options.manager.shared_chunk_cache_bytes = shared_chunk_cache_mib << 20;
   }
 };
 
@@ -74,6 +76,11 @@ void AddServerFlags(CLI::App& app, Flags& f) {
   app.add_option("--server-inflight-mib", f.server_mib, "Fetch bytes queued per server (MiB)")
       ->envname("CKPTD_SERVER_INFLIGHT_MIB")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--shared-chunk-cache-mib", f.shared_chunk_cache_mib,
+                 "Recently read chunks kept for other fetch streams that need them (MiB)")
+      ->envname("CKPTD_SHARED_CHUNK_CACHE_MIB")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--upload-idle-minutes", f.idle_minutes,
                  "Discard uploads idle for this long (minutes)")

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,7 +39,9 @@ absl::Status ValidateName(const std::string& what, const std::string& name) {
 }
 
 CheckpointManager::CheckpointManager(CheckpointStore* store, ManagerOptions options)
-    : store_(store), options_(std::move(options)) {}
+    : store_(store),
+      options_(std::move(options)),
+      shared_chunks_(store, options_.shared_chunk_cache_bytes) {}
 
 v1::StrategyInfo CheckpointManager::InfoOf(const std::string& name, const Strategy& s) {
   v1::StrategyInfo info;
@@ -291,10 +294,17 @@ absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
     if (pending) return store_->DiscardData(pending->data_id());
   }
   CKPT_RETURN_IF_ERROR(deleted);
+  std::optional<uint64_t> data_id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    checkpoints_.erase(id);
+    if (auto it = checkpoints_.find(id); it != checkpoints_.end()) {
+      data_id = it->second->manifest.data_id();
+      checkpoints_.erase(it);
+    }
   }
+  // Chunks of a checkpoint that was read were read after it was loaded: without it loaded, none
+  // are cached. Dropping them lets the store give their space (and mappings) back now.
+  if (data_id) shared_chunks_.ForgetData(*data_id);
   InvalidatePlans();
   return absl::OkStatus();
 }
@@ -369,7 +379,7 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
   CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
   CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
-  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_,
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_,
                                        options_.fetch);
 }
 
