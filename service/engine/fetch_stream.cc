@@ -135,8 +135,13 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
 }
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
-                         SharedChunks* chunks, FetchOptions options)
-    : checkpoint_(std::move(checkpoint)), plan_(std::move(plan)), chunks_(chunks), options_(options) {
+                         SharedChunks* chunks, FetchOptions options,
+                         std::shared_ptr<const FetchCohort> cohort)
+    : checkpoint_(std::move(checkpoint)),
+      plan_(std::move(plan)),
+      chunks_(chunks),
+      options_(options),
+      cohort_(std::move(cohort)) {
   for (const TensorPlan& t : plan_.tensors) total_bytes_ += TensorBytes(t);
 }
 
@@ -180,7 +185,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
     if (cache_.front().chunk->corrupt()) return cache_.front().chunk->Verify();
     return cache_.front().chunk;
   }
-  auto shared = chunks_->Get(address, checksum);
+  auto shared = chunks_->Get(address, checksum, cohort_.get(), this);
   if (!shared.ok()) return shared.status();
   std::shared_ptr<StreamChunk> chunk = *std::move(shared);
   cache_.push_front({key, chunk, row_end});

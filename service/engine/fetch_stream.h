@@ -98,9 +98,10 @@ struct FetchPiece {
 class FetchStream {
  public:
   // Reads stored chunks through `chunks` (shared with the other streams; not owned, must outlive
-  // the stream).
+  // the stream), as a member of `cohort` (the streams of identical plans; may be null).
   FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
-              SharedChunks* chunks, FetchOptions options);
+              SharedChunks* chunks, FetchOptions options,
+              std::shared_ptr<const FetchCohort> cohort = nullptr);
 
   // Fills `out` with the next message for `reader`, without copying data: `out->segments`
   // reference chunk or band memory. False when the stream is complete. Errors name the checkpoint
@@ -195,6 +196,7 @@ class FetchStream {
   RankPlan plan_;
   SharedChunks* chunks_;
   FetchOptions options_;
+  std::shared_ptr<const FetchCohort> cohort_;
   int64_t total_bytes_ = 0;
   int64_t bytes_produced_ = 0;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt_records.pb.h"
@@ -379,8 +380,17 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
   CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
   CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
+  // Streams of this checkpoint whose plans deliver the same boxes of the same tensors (the
+  // data-parallel replicas of a rank) read the same chunks: they form one cohort, for which the
+  // shared layer keeps a chunk until each has taken it.
+  size_t fingerprint = absl::HashOf(plan.tensors.size());
+  for (const TensorPlan& t : plan.tensors) {
+    fingerprint = absl::HashOf(fingerprint, t.name, t.dst_box.lo, t.dst_box.hi);
+  }
+  std::shared_ptr<const FetchCohort> cohort = shared_chunks_.JoinCohort(
+      absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint));
   return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_,
-                                       options_.fetch);
+                                       options_.fetch, std::move(cohort));
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(

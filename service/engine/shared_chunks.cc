@@ -26,7 +26,9 @@ SharedChunks::SharedChunks(CheckpointStore* store, int64_t cache_bytes)
     : store_(store), cache_bytes_(cache_bytes < 0 ? 0 : cache_bytes) {}
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddress& address,
-                                                               uint64_t checksum) {
+                                                               uint64_t checksum,
+                                                               const FetchCohort* cohort,
+                                                               const void* taker) {
   const Key key{address.data_id, address.tensor, address.blob, address.chunk, checksum};
   std::shared_ptr<Read> read;
   {
@@ -35,8 +37,8 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
     Entry& entry = entries_[key];
     if (std::shared_ptr<StreamChunk> live = entry.live.lock(); live && !live->corrupt()) {
       if (entry.cached) {
-        lru_.splice(lru_.begin(), lru_, entry.lru_it);
         ++stats_.cache_hits;
+        TakenLocked(entry, taker);
       } else {
         ++stats_.live_hits;
       }
@@ -52,6 +54,11 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
       read_done_.wait(lock, [&] { return joined->done; });
       if (!joined->status.ok()) return joined->status;
       std::shared_ptr<StreamChunk> chunk = joined->chunk;
+      // The table may have changed while waiting: find the entry again.
+      if (auto it = entries_.find(key); it != entries_.end() && it->second.cached &&
+                                        it->second.live.lock() == chunk) {
+        TakenLocked(it->second, taker);
+      }
       lock.unlock();
       if (absl::Status s = VerifyShared(key, chunk); !s.ok()) return s;
       return chunk;
@@ -82,12 +89,38 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
       ++stats_.store_reads;
       stats_.store_bytes_read += static_cast<int64_t>(chunk->data->bytes().size());
       entry.live = chunk;
-      CacheLocked(key, entry, chunk);
+      // Kept for the cohort's other open members.
+      const int takers = cohort ? cohort->members() - 1 : 0;
+      CacheLocked(key, entry, chunk, takers, taker);
     }
   }
   read_done_.notify_all();
   if (!data.ok()) return data.status();
   return chunk;
+}
+
+std::shared_ptr<const FetchCohort> SharedChunks::JoinCohort(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<FetchCohort> cohort = cohorts_[key].lock();
+  if (!cohort) {
+    cohort = std::make_shared<FetchCohort>();
+    cohorts_[key] = cohort;
+  }
+  if (cohorts_.size() >= cohort_sweep_at_) {
+    for (auto it = cohorts_.begin(); it != cohorts_.end();) {
+      if (it->second.expired()) {
+        cohorts_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    cohort_sweep_at_ = std::max<size_t>(64, 2 * cohorts_.size());
+  }
+  cohort->members_.fetch_add(1, std::memory_order_relaxed);
+  // The handle leaves the cohort when released; it keeps the cohort alive meanwhile.
+  return std::shared_ptr<const FetchCohort>(cohort.get(), [cohort](const FetchCohort*) {
+    cohort->members_.fetch_sub(1, std::memory_order_relaxed);
+  });
 }
 
 absl::Status SharedChunks::VerifyShared(const Key& key, const std::shared_ptr<StreamChunk>& chunk) {
@@ -114,29 +147,72 @@ void SharedChunks::ForgetLocked(const Key& key, const StreamChunk* chunk) {
   Entry& entry = it->second;
   std::shared_ptr<StreamChunk> live = entry.live.lock();
   if (live.get() != chunk) return;  // a fresh read replaced it already
-  if (entry.cached) {
-    stats_.cached_bytes -= static_cast<int64_t>(chunk->data->bytes().size());
-    lru_.erase(entry.lru_it);
-    entry.cached = false;
-  }
+  if (entry.cached) UncacheLocked(entry);
   entry.live.reset();
   if (!entry.in_flight) entries_.erase(it);
 }
 
-void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk) {
+void SharedChunks::UncacheLocked(Entry& entry) {
+  stats_.cached_bytes -= static_cast<int64_t>(entry.lru_it->second->data->bytes().size());
+  (entry.spare ? spare_ : wanted_).erase(entry.lru_it);
+  entry.taken_by.clear();
+  entry.taken_by.shrink_to_fit();
+  entry.cached = false;
+  entry.spare = false;
+}
+
+void SharedChunks::TakenLocked(Entry& entry, const void* taker) {
+  List& list = entry.spare ? spare_ : wanted_;
+  list.splice(list.begin(), list, entry.lru_it);
+  if (entry.spare) return;
+  if (taker != nullptr) {
+    if (std::find(entry.taken_by.begin(), entry.taken_by.end(), taker) != entry.taken_by.end()) {
+      return;  // it had the chunk already
+    }
+    entry.taken_by.push_back(taker);
+  }
+  if (--entry.takers_left > 0) return;
+  // Every member expected to take it has it (those that still use it hold it themselves): it
+  // becomes spare, kept only in room no cohort needs, for members that joined since.
+  ++stats_.released_taken;
+  spare_.splice(spare_.begin(), wanted_, entry.lru_it);
+  entry.spare = true;
+  entry.taken_by.clear();
+  entry.taken_by.shrink_to_fit();
+}
+
+void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk,
+                               int takers, const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
   if (size > cache_bytes_) return;
-  lru_.emplace_front(key, std::move(chunk));
+  entry.spare = takers <= 0;
+  entry.takers_left = takers;
+  entry.taken_by.clear();
+  if (reader != nullptr && !entry.spare) entry.taken_by.push_back(reader);
+  List& list = entry.spare ? spare_ : wanted_;
+  list.emplace_front(key, std::move(chunk));
   entry.cached = true;
-  entry.lru_it = lru_.begin();
+  entry.lru_it = list.begin();
   stats_.cached_bytes += size;
   while (stats_.cached_bytes > cache_bytes_) {
-    auto& [old_key, old] = lru_.back();
+    // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
+    // at the front of its list and fits the budget alone, so the victim is another one.
+    List* from = &wanted_;
+    if (!spare_.empty() && spare_.back().second.get() != entry.lru_it->second.get()) {
+      from = &spare_;
+    } else if (entry.spare) {
+      UncacheLocked(entry);
+      break;
+    }
+    auto& [old_key, old] = from->back();
     stats_.cached_bytes -= static_cast<int64_t>(old->data->bytes().size());
     // The entry stays while a stream holds the chunk (live) or reads it again.
     auto it = entries_.find(old_key);
-    if (it != entries_.end()) it->second.cached = false;
-    lru_.pop_back();
+    if (it != entries_.end()) {
+      it->second.cached = false;
+      it->second.spare = false;
+    }
+    from->pop_back();
   }
 }
 
@@ -155,28 +231,36 @@ void SharedChunks::MaybeSweepLocked() {
 
 void SharedChunks::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [key, chunk] : lru_) {
-    auto it = entries_.find(key);
-    if (it != entries_.end()) it->second.cached = false;
+  for (List* list : {&wanted_, &spare_}) {
+    for (auto& [key, chunk] : *list) {
+      auto it = entries_.find(key);
+      if (it != entries_.end()) {
+        it->second.cached = false;
+        it->second.spare = false;
+      }
+    }
+    list->clear();
   }
-  lru_.clear();
   stats_.cached_bytes = 0;
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = lru_.begin(); it != lru_.end();) {
-    if (it->first.data_id != data_id) {
-      ++it;
-      continue;
-    }
-    stats_.cached_bytes -= static_cast<int64_t>(it->second->data->bytes().size());
-    auto entry = entries_.find(it->first);
-    it = lru_.erase(it);
-    if (entry != entries_.end()) {
-      entry->second.cached = false;
-      entry->second.live.reset();
-      if (!entry->second.in_flight) entries_.erase(entry);
+  for (List* list : {&wanted_, &spare_}) {
+    for (auto it = list->begin(); it != list->end();) {
+      if (it->first.data_id != data_id) {
+        ++it;
+        continue;
+      }
+      stats_.cached_bytes -= static_cast<int64_t>(it->second->data->bytes().size());
+      auto entry = entries_.find(it->first);
+      it = list->erase(it);
+      if (entry != entries_.end()) {
+        entry->second.cached = false;
+        entry->second.spare = false;
+        entry->second.live.reset();
+        if (!entry->second.in_flight) entries_.erase(entry);
+      }
     }
   }
 }

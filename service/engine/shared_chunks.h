@@ -8,8 +8,16 @@
 //   it, so that stream going away (a cancelled call) changes nothing for the others;
 // - live: a chunk some stream still holds (in its band, its message queue or its own chunk LRU)
 //   is handed out again at no memory cost;
-// - recent: a small LRU of recently read chunks, at most `cache_bytes` (`--shared-chunk-cache-mib`),
-//   keeps chunks for replicas that lag a little behind the first reader.
+// - recent: chunks kept, at most `cache_bytes` of them (`--shared-chunk-cache-mib`), for
+//   replicas that lag behind the first reader.
+//
+// What is kept is decided by demand, not recency alone. Streams whose plans are identical (the
+// data-parallel replicas of one rank) form a *cohort* (JoinCohort); a chunk read by a member is
+// *wanted* until every member open at the time has taken it, and then becomes *spare*: spare
+// chunks (those and a lone stream's) are kept only in room no wanted chunk needs and are evicted
+// first, so the budget goes to chunks the laggards still need. (A least-recently-used order alone
+// would keep the chunks the last replica has just used, touched most recently, and evict the ones
+// it needs next.) Within each kind the least recent go first.
 //
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
 // every stream that shares it (StreamChunk::Verify). Every chunk handed to a second stream is
@@ -34,6 +42,8 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -66,6 +76,17 @@ struct StreamChunk {
   absl::Status failure_;  // when kCorrupt; written before state_ is published
 };
 
+// The streams of one fetch cohort (SharedChunks::JoinCohort). Thread-safe.
+class FetchCohort {
+ public:
+  // Streams of the cohort open now.
+  int members() const { return members_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class SharedChunks;
+  std::atomic<int> members_{0};
+};
+
 // Counters since the layer was made (monotonic, except cached_bytes).
 struct SharedChunkStats {
   int64_t requests = 0;          // Get calls
@@ -76,7 +97,8 @@ struct SharedChunkStats {
   int64_t cache_hits = 0;        // requests served from the LRU of recent chunks
   int64_t verified_bytes = 0;    // bytes hashed by StreamChunk::Verify for shared chunks
   int64_t corrupt_chunks = 0;    // chunks that failed verification here
-  int64_t cached_bytes = 0;      // bytes in the LRU now
+  int64_t cached_bytes = 0;      // bytes kept now
+  int64_t released_taken = 0;    // wanted chunks that became spare, every expected taker served
 };
 
 class SharedChunks {
@@ -91,8 +113,17 @@ class SharedChunks {
   // also has is verified before it is returned (DATA_LOSS when damaged); a chunk read for this
   // caller alone is returned unverified. Errors of the store read are returned as the store gave
   // them, to every caller that waited for that read.
+  // `cohort`: the caller's cohort (null: none), whose open members are the takers the chunk is
+  // kept for; `taker` identifies the calling stream, so that a stream asking again for a chunk
+  // it had is not counted as another taker.
   absl::StatusOr<std::shared_ptr<StreamChunk>> Get(const ChunkAddress& address,
-                                                   uint64_t checksum);
+                                                   uint64_t checksum,
+                                                   const FetchCohort* cohort = nullptr,
+                                                   const void* taker = nullptr);
+
+  // Joins the cohort named `key` (streams with identical plans of one checkpoint), creating it
+  // if needed; the stream leaves when the returned handle is released.
+  std::shared_ptr<const FetchCohort> JoinCohort(const std::string& key);
 
   // Drops every cached chunk.
   void Clear();
@@ -120,11 +151,15 @@ class SharedChunks {
     absl::Status status;
     std::shared_ptr<StreamChunk> chunk;
   };
+  using List = std::list<std::pair<Key, std::shared_ptr<StreamChunk>>>;
   struct Entry {
     std::weak_ptr<StreamChunk> live;  // the chunk while anyone holds it
     std::shared_ptr<Read> in_flight;  // while it is being read
-    bool cached = false;              // in lru_ (then lru_it is valid)
-    std::list<std::pair<Key, std::shared_ptr<StreamChunk>>>::iterator lru_it;
+    bool cached = false;              // kept in wanted_ or spare_ (then lru_it is valid)
+    bool spare = false;               // in spare_
+    int takers_left = 0;              // expected takers that have not had it yet
+    std::vector<const void*> taken_by;  // the takers that have had it (while kept)
+    List::iterator lru_it;
   };
 
   // Verifies `chunk` as the second or later sharer: counts the bytes hashed, and on DATA_LOSS
@@ -132,8 +167,14 @@ class SharedChunks {
   absl::Status VerifyShared(const Key& key, const std::shared_ptr<StreamChunk>& chunk);
   // Removes `key`'s entry if it still refers to `chunk` (mu_ held).
   void ForgetLocked(const Key& key, const StreamChunk* chunk);
-  // Adds `chunk` to the LRU and evicts the least recent beyond the budget (mu_ held).
-  void CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk);
+  // Keeps `chunk` for `takers` more streams (spare when none) and evicts beyond the budget, spare
+  // chunks first, least recent first (mu_ held).
+  void CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk, int takers,
+                   const void* reader);
+  // Stops keeping `entry`'s chunk (mu_ held; entry.cached).
+  void UncacheLocked(Entry& entry);
+  // `taker` had the chunk: drops it once every expected taker has (mu_ held).
+  void TakenLocked(Entry& entry, const void* taker);
   // Erases entries whose chunk is gone and that are neither cached nor being read, once the
   // table has doubled since the last sweep (mu_ held): the table stays proportional to the chunks
   // alive.
@@ -146,7 +187,10 @@ class SharedChunks {
   std::condition_variable read_done_;
   absl::flat_hash_map<Key, Entry> entries_;
   size_t sweep_at_ = 1024;
-  std::list<std::pair<Key, std::shared_ptr<StreamChunk>>> lru_;  // most recent first
+  List wanted_;  // chunks expected takers still need, most recent first
+  List spare_;   // chunks no one else is expected to take, most recent first
+  absl::flat_hash_map<std::string, std::weak_ptr<FetchCohort>> cohorts_;
+  size_t cohort_sweep_at_ = 64;
   SharedChunkStats stats_;  // guarded by mu_, except verified_bytes and corrupt_chunks
   std::atomic<int64_t> verified_bytes_{0};
   std::atomic<int64_t> corrupt_chunks_{0};

@@ -415,5 +415,38 @@ TEST_F(SharedReadsTest, CacheStaysWithinBudgetAndForgetsDeletedCheckpoints) {
   EXPECT_EQ(manager_->shared_chunks()->stats().cached_bytes, 0);
 }
 
+// A chunk is wanted until every open member of its cohort (the streams of identical plans) has
+// taken it; chunks nobody else is expected to take never displace the ones a cohort still needs.
+TEST_F(SharedReadsTest, ChunksAreKeptForTheCohortBeforeSpareOnes) {
+  // One rank's slices are 20 KiB (22 KiB of chunks): a budget for one rank's chunks.
+  Restart(24 << 10);
+  // Replicas 0 and 8 of rank 0 are open together (a cohort of 2); replica 0 runs first.
+  auto lagging = manager_->OpenFetch(Request(kTp));
+  ASSERT_TRUE(lagging.ok()) << lagging.status();
+  int64_t before = store_->stats().chunk_bytes_read;
+  StreamOutput first = Run(0);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const int64_t rank_bytes = store_->stats().chunk_bytes_read - before;
+  EXPECT_GE(rank_bytes, unique_bytes_ / kTp);
+  EXPECT_LE(rank_bytes, 24 << 10);
+  // A stream of another rank, alone in its cohort, reads as much again: its chunks are spare
+  // and do not displace those replica 8 still needs.
+  StreamOutput other = Run(1);
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  // Replica 8 now finds every chunk kept for it.
+  before = store_->stats().chunk_bytes_read;
+  FetchPiece piece;
+  while (true) {
+    auto more = (*lagging)->NextPiece(&piece, FetchReader::kClient);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+  }
+  EXPECT_EQ(store_->stats().chunk_bytes_read - before, 0) << "replica 8 read chunks again";
+  // Both members have taken every chunk: rank 0's chunks became spare (kept within the budget).
+  const SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_GT(stats.released_taken, 0);
+  EXPECT_LE(stats.cached_bytes, 24 << 10);
+}
+
 }  // namespace
 }  // namespace ckpt
