@@ -37,6 +37,7 @@ struct Flags {
   double stall_seconds = absl::ToDoubleSeconds(options.service.fetch_stall_timeout);
   double grace_seconds = absl::ToDoubleSeconds(options.drain_timeout);
   int64_t connection_idle_seconds = absl::ToInt64Seconds(options.max_connection_idle);
+  int64_t shared_chunk_cache_mib = options.manager.shared_chunk_cache_bytes >> 20;
 
   // Copies the MiB and minute values into `options`.
   void Apply() {
@@ -54,6 +55,7 @@ struct Flags {
     options.service.fetch_stall_timeout = absl::Seconds(stall_seconds);
     options.drain_timeout = absl::Seconds(grace_seconds);
     options.max_connection_idle = absl::Seconds(connection_idle_seconds);
+    options.manager.shared_chunk_cache_bytes = shared_chunk_cache_mib << 20;
   }
 };
 
@@ -97,6 +99,11 @@ void AddServerFlags(CLI::App& app, Flags& f) {
   app.add_option("--server-inflight-mib", f.server_mib, "Fetch bytes queued per server (MiB)")
       ->envname("CKPTD_SERVER_INFLIGHT_MIB")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--shared-chunk-cache-mib", f.shared_chunk_cache_mib,
+                 "Recently read chunks kept for other fetch streams that need them (MiB)")
+      ->envname("CKPTD_SHARED_CHUNK_CACHE_MIB")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--upload-idle-minutes", f.idle_minutes,
                  "Discard uploads idle for this long (minutes)")

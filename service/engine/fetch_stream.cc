@@ -94,11 +94,8 @@ absl::Status FetchStream::Annotate(const absl::Status& s) const {
 }
 
 absl::Status FetchStream::Verify(StreamChunk& chunk) {
-  if (chunk.verified) return absl::OkStatus();
-  if (absl::Status s = VerifyChunk(chunk.address, chunk.data->bytes(), chunk.checksum); !s.ok()) {
-    return Annotate(s);
-  }
-  chunk.verified = true;
+  if (chunk.verified()) return absl::OkStatus();
+  if (absl::Status s = chunk.Verify(); !s.ok()) return Annotate(s);
   return absl::OkStatus();
 }
 
@@ -138,8 +135,13 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
 }
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
-                         CheckpointStore* store, FetchOptions options)
-    : checkpoint_(std::move(checkpoint)), plan_(std::move(plan)), store_(store), options_(options) {
+                         SharedChunks* chunks, FetchOptions options,
+                         std::shared_ptr<const FetchCohort> cohort)
+    : checkpoint_(std::move(checkpoint)),
+      plan_(std::move(plan)),
+      chunks_(chunks),
+      options_(options),
+      cohort_(std::move(cohort)) {
   for (const TensorPlan& t : plan_.tensors) total_bytes_ += TensorBytes(t);
 }
 
@@ -178,14 +180,14 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
   if (auto hit = cache_index_.find(key); hit != cache_index_.end()) {
     cache_.splice(cache_.begin(), cache_, hit->second);
     cache_.front().row_end = row_end;
+    // Another stream sharing the chunk may have found it damaged since this one read it: its
+    // bytes must not leave now, not even for the client to check.
+    if (cache_.front().chunk->corrupt()) return cache_.front().chunk->Verify();
     return cache_.front().chunk;
   }
-  auto read = store_->ReadChunkUnverified(address);
-  if (!read.ok()) return read.status();
-  auto chunk = std::make_shared<StreamChunk>();
-  chunk->address = address;
-  chunk->data = std::move(*read);
-  chunk->checksum = checksum;
+  auto shared = chunks_->Get(address, checksum, cohort_.get(), this);
+  if (!shared.ok()) return shared.status();
+  std::shared_ptr<StreamChunk> chunk = *std::move(shared);
   cache_.push_front({key, chunk, row_end});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());

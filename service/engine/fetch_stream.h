@@ -23,6 +23,7 @@
 #include "core/chunk_grid.h"
 #include "core/reshard.h"
 #include "service/engine/loaded_checkpoint.h"
+#include "service/engine/shared_chunks.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -37,7 +38,9 @@ struct FetchOptions {
   // A whole stored chunk at least this large is sent as a message of its own, carrying the
   // chunk's stored checksum; smaller ones are combined into messages of up to max_message_bytes.
   int64_t whole_chunk_message_bytes = int64_t{256} << 10;
-  // Recently read chunks kept for the next band (a chunk's rows can span several bands).
+  // Recently read chunks kept for the next band (a chunk's rows can span several bands). They
+  // are shared with other streams (SharedChunks), so this bounds what one stream holds on to,
+  // not memory of its own.
   int64_t chunk_cache_bytes = int64_t{16} << 20;
   // FetchReader::kClient: a whole stored chunk at least this large in a combined message is a
   // part of its own with its stored checksum; smaller ones are hashed with their neighbours.
@@ -56,17 +59,6 @@ enum class FetchReader {
   // that several stored chunks supply without stacking into rows comes as tiles (the chunks'
   // regions, whole chunks as stored) for the client to assemble.
   kClient,
-};
-
-// A stored chunk as a stream read it (CheckpointStore::ReadChunkUnverified). It is verified
-// against its manifest checksum, once, before any of its bytes are used or leave the stream
-// without that checksum; bytes that leave with it (a whole chunk as a message or part of its own,
-// to a client) are verified by the client instead.
-struct StreamChunk {
-  ChunkAddress address;
-  std::unique_ptr<ChunkData> data;
-  uint64_t checksum = 0;  // from the manifest
-  bool verified = false;
 };
 
 // A run of a data message's bytes, kept alive by `owner` (a stored chunk read from the store, or
@@ -105,8 +97,11 @@ struct FetchPiece {
 // Not thread-safe: one producer at a time.
 class FetchStream {
  public:
+  // Reads stored chunks through `chunks` (shared with the other streams; not owned, must outlive
+  // the stream), as a member of `cohort` (the streams of identical plans; may be null).
   FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
-              CheckpointStore* store, FetchOptions options);
+              SharedChunks* chunks, FetchOptions options,
+              std::shared_ptr<const FetchCohort> cohort = nullptr);
 
   // Fills `out` with the next message for `reader`, without copying data: `out->segments`
   // reference chunk or band memory. False when the stream is complete. Errors name the checkpoint
@@ -179,12 +174,14 @@ class FetchStream {
   absl::Status CollectPieces(const Box& band_box);
   // Drops the current pieces and their chunk references (pieces_ keeps its boxes' storage).
   void ReleasePieces();
-  // The chunk at `address` (from the LRU or the store, unverified) with its manifest checksum;
+  // The chunk at `address` with its manifest checksum, from the stream's LRU or the shared layer
+  // (verified there when another stream shares it, otherwise not yet);
   // `row_end` is its end along dim 0 in global coordinates (CachedChunk::row_end).
   absl::StatusOr<std::shared_ptr<StreamChunk>> Chunk(
       const ChunkAddress& address, uint64_t checksum,
       int64_t row_end = std::numeric_limits<int64_t>::max());
-  // Verifies `chunk` unless done before: DATA_LOSS naming the checkpoint, tensor and chunk.
+  // Verifies `chunk` unless done before (by any stream sharing it): DATA_LOSS naming the
+  // checkpoint, tensor and chunk.
   absl::Status Verify(StreamChunk& chunk);
   // Verifies the chunks of segments that leave without their own stored checksum, then (kClient)
   // sets out's parts.
@@ -197,8 +194,9 @@ class FetchStream {
 
   std::shared_ptr<const LoadedCheckpoint> checkpoint_;
   RankPlan plan_;
-  CheckpointStore* store_;
+  SharedChunks* chunks_;
   FetchOptions options_;
+  std::shared_ptr<const FetchCohort> cohort_;
   int64_t total_bytes_ = 0;
   int64_t bytes_produced_ = 0;
 

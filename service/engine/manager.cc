@@ -3,7 +3,9 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <optional>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt_records.pb.h"
@@ -38,7 +40,9 @@ absl::Status ValidateName(const std::string& what, const std::string& name) {
 }
 
 CheckpointManager::CheckpointManager(CheckpointStore* store, ManagerOptions options)
-    : store_(store), options_(std::move(options)) {}
+    : store_(store),
+      options_(std::move(options)),
+      shared_chunks_(store, options_.shared_chunk_cache_bytes) {}
 
 v1::StrategyInfo CheckpointManager::InfoOf(const std::string& name, const Strategy& s) {
   v1::StrategyInfo info;
@@ -320,10 +324,17 @@ absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
     if (pending) return store_->DiscardData(pending->data_id());
   }
   CKPT_RETURN_IF_ERROR(deleted);
+  std::optional<uint64_t> data_id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    checkpoints_.erase(id);
+    if (auto it = checkpoints_.find(id); it != checkpoints_.end()) {
+      data_id = it->second->manifest.data_id();
+      checkpoints_.erase(it);
+    }
   }
+  // Chunks of a checkpoint that was read were read after it was loaded: without it loaded, none
+  // are cached. Dropping them lets the store give their space (and mappings) back now.
+  if (data_id) shared_chunks_.ForgetData(*data_id);
   InvalidatePlans();
   return absl::OkStatus();
 }
@@ -398,8 +409,17 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
   CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
   CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
-  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), store_,
-                                       options_.fetch);
+  // Streams of this checkpoint whose plans deliver the same boxes of the same tensors (the
+  // data-parallel replicas of a rank) read the same chunks: they form one cohort, for which the
+  // shared layer keeps a chunk until each has taken it.
+  size_t fingerprint = absl::HashOf(plan.tensors.size());
+  for (const TensorPlan& t : plan.tensors) {
+    fingerprint = absl::HashOf(fingerprint, t.name, t.dst_box.lo, t.dst_box.hi);
+  }
+  std::shared_ptr<const FetchCohort> cohort = shared_chunks_.JoinCohort(
+      absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint));
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_,
+                                       options_.fetch, std::move(cohort));
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(

@@ -18,6 +18,7 @@
 #include "core/strategy.h"
 #include "service/engine/fetch_stream.h"
 #include "service/engine/loaded_checkpoint.h"
+#include "service/engine/shared_chunks.h"
 #include "service/engine/upload_session.h"
 #include "storage/checkpoint_store.h"
 
@@ -30,6 +31,10 @@ struct ManagerOptions {
   absl::Duration upload_idle_timeout = absl::Minutes(30);
   // Planned fetches (checkpoint × destination strategy × filters) kept for reuse.
   size_t plan_cache_entries = 64;
+  // Recently read chunks kept for other fetch streams that need them (SharedChunks): part of
+  // ckptd's memory bound. 0 keeps none (streams reading a chunk at the same time still share
+  // it).
+  int64_t shared_chunk_cache_bytes = int64_t{64} << 20;
 };
 
 // What the store holds, for statistics.
@@ -80,6 +85,8 @@ class CheckpointManager {
   absl::StatusOr<StoredSummary> Summarize();
 
   CheckpointStore* store() const { return store_; }
+  // The read-once layer every fetch stream reads stored chunks through.
+  SharedChunks* shared_chunks() { return &shared_chunks_; }
 
  private:
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(const std::string& id);
@@ -90,6 +97,7 @@ class CheckpointManager {
 
   CheckpointStore* const store_;
   const ManagerOptions options_;
+  SharedChunks shared_chunks_;
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<PendingCheckpoint>> pending_;

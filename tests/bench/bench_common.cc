@@ -19,6 +19,7 @@ absl::StatusOr<Strategy> StrategyByName(const BenchSpec& spec, const std::string
   if (name == kThreeName) return ThreeRankStrategy(spec);
   if (name == kColumnName) return ColumnStrategy(spec);
   if (name == kPlainName) return PlainStrategy(spec);
+  if (name == kStormName) return StormStrategy(spec);
   return absl::InvalidArgumentError(absl::StrCat("unknown bench strategy ", name));
 }
 

@@ -32,6 +32,11 @@ inline constexpr char kSourceName[] = "src8";
 inline constexpr char kThreeName[] = "d3";
 inline constexpr char kColumnName[] = "dcol";
 inline constexpr char kPlainName[] = "dplain";
+// The storm phase's destination: kStormTp tensor-parallel groups x kStormDp data-parallel
+// replicas, one worker process per rank.
+inline constexpr char kStormName[] = "dstorm";
+inline constexpr int kStormTp = 8;
+inline constexpr int kStormDp = 8;
 
 // The median of `v` (not empty).
 double Median(std::vector<double> v);

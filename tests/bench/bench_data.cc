@@ -176,6 +176,10 @@ Strategy ColumnStrategy(const BenchSpec& spec) {
   return MakeStrategy(spec, cols, cols);
 }
 
+Strategy StormStrategy(const BenchSpec& spec) {
+  return MakeStrategy(spec, MakeLayout({8, 8}, {-1, 0}), MakeLayout({8, 8}, {0, -1}));
+}
+
 Strategy PlainStrategy(const BenchSpec& spec) {
   return MakeStrategy(spec, MakeLayout({8}, {0, -1}), MakeLayout({4, 2}, {1, -1}));
 }

@@ -65,6 +65,10 @@ Strategy ThreeRankStrategy(const BenchSpec& spec);
 Strategy ColumnStrategy(const BenchSpec& spec);
 // The source layouts without the optimizer shard (what inference loads).
 Strategy PlainStrategy(const BenchSpec& spec);
+// 64 ranks: dev_matrix [8, 8], data-parallel replicas (outer axis, splitting nothing) of 8
+// tensor-parallel groups (inner axis): row.* split by columns (map [-1,0]), opt.* by rows
+// (map [0,-1]). Ranks r and r + 8k hold the same slices.
+Strategy StormStrategy(const BenchSpec& spec);
 
 // Bytes [byte_lo, byte_hi) of global row `row` of `t`, into `out`.
 void FillRow(const BenchTensor& t, int64_t row, int64_t byte_lo, int64_t byte_hi, char* out);

@@ -24,11 +24,15 @@ function(require)
   endif()
 endfunction()
 
-foreach(key transport_gibps storage_gibps fetch concurrent transform deps_all_ranks_ms upload tls)
+foreach(key transport_gibps storage_gibps fetch concurrent storm transform deps_all_ranks_ms upload
+            tls)
   require(${key})
 endforeach()
 foreach(key workers gibps server_peak_rss_mib warmup_gibps)
   require(concurrent ${key})
+endforeach()
+foreach(key workers gibps ratio read_amplification slowest_over_median server_peak_rss_mib)
+  require(storm ${key})
 endforeach()
 foreach(key seconds peak_rss_mib baseline_seconds baseline_peak_rss_mib)
   require(transform ${key})
@@ -62,6 +66,8 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
              "upload;gibps" "upload;disk_write_gibps" "upload;store_write_gibps"
              "upload;first_pass_gibps"
              "concurrent;gibps" "concurrent;warmup_gibps" "transform;baseline_seconds"
+             "storm;gibps" "storm;ratio" "storm;read_amplification" "storm;slowest_over_median"
+             "storm;server_peak_rss_mib"
              "python;gibps" "python;ratio_to_cpp" "python;peak_rss_bytes" "python;max_rank_bytes"
              "tls;ratio" "tls;aes_256_gcm_gibps")
   string(JSON type TYPE "${json}" ${path})
@@ -70,10 +76,12 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
   endif()
 endforeach()
 # The transport limit's passes run through the fetch phase (3 of its own, one before each of the
-# 4 cases' 3 passes and each of the concurrent phase's 3); the storage limit, the concurrent
-# phase, the transform job, the baseline and the direct disk write run 3 passes each (the fetch
-# cases and the concurrent phase after an unmeasured warm-up pass, which gets no transport pass).
-foreach(check "transport_passes_gibps;18" "storage_passes_gibps;3" "concurrent;runs_gibps;3"
+# 4 cases' 3 passes, each of the concurrent phase's 3 and each of the storm's 3); the storage
+# limit, the concurrent phase, the storm, the transform job, the baseline and the direct disk
+# write run 3 passes each (the fetch cases, the concurrent phase and the storm after an
+# unmeasured warm-up pass, which gets no transport pass).
+foreach(check "transport_passes_gibps;21" "storage_passes_gibps;3" "concurrent;runs_gibps;3"
+              "storm;passes_gibps;3"
               "transform;runs_seconds;3" "transform;baseline_runs_seconds;3"
               "upload;disk_write_runs_gibps;3" "python;passes_gibps;3")
   list(POP_BACK check want)

@@ -152,6 +152,7 @@ void Harness::MeasureUploaded() {
   }
   if (server_ && Selected("python")) MeasurePython();
   if (server_ && Selected("concurrent")) MeasureConcurrent();
+  if (server_ && Selected("storm")) MeasureStorm();
   StopTransportServer();
   if (server_ && Selected("tls")) MeasureTls();
   if (server_ && Selected("transform")) MeasureTransformPhase();

@@ -6,7 +6,8 @@
 // Its member functions live in one file per phase: harness.cc (set-up, the order of the phases),
 // harness_upload.cc (disk and store write limits, upload, first fetch), harness_limits.cc
 // (transport limit, verified-read ceiling, storage limit), harness_fetch.cc (the fetch cases),
-// harness_concurrent.cc (concurrent workers), harness_transform.cc (export job against the
+// harness_concurrent.cc (concurrent workers), harness_storm.cc (64 workers of data-parallel
+// replicas at once), harness_transform.cc (export job against the
 // baseline), harness_python.cc (the Python client against the C++ one) and harness_report.cc
 // (table and JSON).
 #ifndef CKPT_TESTS_BENCH_HARNESS_H_
@@ -144,12 +145,15 @@ class Harness {
 
   // harness_concurrent.cc.
   void MeasureConcurrent();
-  // kWorkers worker processes, each "ready"; false after Error().
-  bool SpawnWorkers(std::vector<std::unique_ptr<Child>>* workers);
-  // What one pass of the workers delivered, summed over them.
+  // `count` worker processes fetching ranks 0..count-1 of `strategy`, each "ready"; false after
+  // Error().
+  bool SpawnWorkers(std::vector<std::unique_ptr<Child>>* workers, const std::string& strategy,
+                    int count);
+  // What one pass of the workers delivered, summed over them, and each worker's fetch time.
   struct WorkersPass {
     int64_t bytes = 0;
     int64_t verified = 0;
+    std::vector<double> seconds;
   };
   // Every worker fetches its rank once; nullopt after Error(). `worker_cpu`, when not null, gets
   // each worker's CPU seconds added.
@@ -159,6 +163,13 @@ class Harness {
   bool StopWorkers(const std::vector<std::unique_ptr<Child>>& workers);
   // ckptd's peak RSS and the share of reads that went as copies, after the passes.
   void ConcurrentServerFigures(const absl::StatusOr<v1::ServerStats>& after_warmup);
+
+  // harness_storm.cc: kStormTp x kStormDp worker processes fetch every rank of the storm
+  // destination at once from a fresh ckptd; warm-up, then kRepeats passes, each after a
+  // transport pass.
+  void MeasureStorm();
+  nlohmann::json StormJson() const;
+  void StormRows(std::vector<Row>* rows) const;
 
   // harness_python.cc: the Python client (tests/bench/python_fetch_bench.py in a child process)
   // and this process's C++ client library fetch every rank of the 8to3 case in alternating
@@ -282,6 +293,25 @@ class Harness {
     std::optional<double> cpu_s_per_gib;  // the Python process's own
   };
   std::optional<PythonResult> python_;
+  // The storm phase (harness_storm.cc); nullopt: not measured.
+  struct StormResult {
+    int workers = 0;
+    int64_t bytes = 0;         // delivered by one pass, all workers
+    int64_t unique_bytes = 0;  // of them, distinct (bytes / kStormDp)
+    double gibps = 0;          // median of the measured passes, aggregate
+    std::vector<double> passes_gibps;
+    std::optional<double> warmup_gibps;
+    // Store bytes read in a pass / unique_bytes: each pass's (warm-up first), and the largest.
+    std::vector<double> passes_amplification;
+    std::optional<double> read_amplification;
+    // Slowest worker's time / the median worker's: each measured pass's, and their median.
+    std::vector<double> passes_slowest_over_median;
+    double slowest_over_median = 0;
+    std::optional<double> server_peak_rss_mib;
+    std::optional<CpuPerGib> cpu;  // server + all workers, over the measured passes
+    std::string load_average;      // when the phase ended
+  };
+  std::optional<StormResult> storm_;
   std::optional<DepsResult> deps_;
   std::optional<double> upload_gibps_;
   std::optional<CpuPerGib> upload_cpu_;       // of the median pass

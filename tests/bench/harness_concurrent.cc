@@ -13,10 +13,11 @@
 
 namespace ckpt::bench {
 
-bool Harness::SpawnWorkers(std::vector<std::unique_ptr<Child>>* workers) {
-  for (int r = 0; r < kWorkers; ++r) {
+bool Harness::SpawnWorkers(std::vector<std::unique_ptr<Child>>* workers,
+                           const std::string& strategy, int count) {
+  for (int r = 0; r < count; ++r) {
     auto child = Child::Spawn(
-        {SelfExe(), "--worker", "--server", server_->address(), "--fetch-strategy", kColumnName,
+        {SelfExe(), "--worker", "--server", server_->address(), "--fetch-strategy", strategy,
          "--rank", absl::StrCat(r), "--size-gib", absl::StrFormat("%.17g", size_gib_)},
         {.pipe_stdin = true, .pipe_stdout = true});
     if (!child.ok()) {
@@ -54,6 +55,7 @@ std::optional<Harness::WorkersPass> Harness::RunWorkersPass(
     }
     pass.bytes += b;
     pass.verified += v;
+    pass.seconds.push_back(secs);
     if (worker_cpu != nullptr) *worker_cpu += cpu;
   }
   return pass;
@@ -79,7 +81,7 @@ void Harness::MeasureConcurrent() {
   StopServer();
   if (auto s = StartServer(); !s.ok()) return Error("restart ckptd", s);
   std::vector<std::unique_ptr<Child>> workers;
-  if (!SpawnWorkers(&workers)) return;
+  if (!SpawnWorkers(&workers, kColumnName, kWorkers)) return;
   // An unmeasured warm-up pass (as for each fetch case), then kRepeats passes, each every worker
   // fetching its rank once (the workers stay up between them): the aggregate is the median
   // pass's.

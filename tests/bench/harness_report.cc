@@ -90,6 +90,7 @@ json Harness::Results() const {
   j["fetch"] = json::array();
   for (const FetchResult& f : fetch_) j["fetch"].push_back(FetchJson(f, limit));
   j["concurrent"] = ConcurrentJson();
+  j["storm"] = StormJson();
   j["transform"] = TransformJson();
   j["deps_all_ranks_ms"] = deps_ ? json(Median(deps_->runs_ms)) : json(nullptr);
   if (deps_) {
@@ -187,6 +188,7 @@ std::vector<Row> Harness::Table() const {
   if (Selected("python")) PythonRows(&rows);
   if (Selected("tls")) TlsRows(&rows);
   if (Selected("concurrent")) ConcurrentRows(&rows);
+  if (Selected("storm")) StormRows(&rows);
   if (Selected("transform")) TransformRows(&rows);
   if (Selected("deps")) {
     std::optional<double> ms;

@@ -148,6 +148,9 @@ class ManagerTest : public ::testing::Test {
     options.fetch.band_bytes = 300;
     options.fetch.max_message_bytes = 100;
     options.fetch.chunk_cache_bytes = 1024;
+    // No chunk is kept across fetches, so that tests counting or corrupting reads see every
+    // fetch read the store (sharing between streams: shared_reads_test.cc).
+    options.shared_chunk_cache_bytes = 0;
     return options;
   }
 
@@ -1021,7 +1024,10 @@ TEST_F(ManagerTest, SummarizeCountsCheckpointsPendingUploadsAndStoredBytes) {
 // column and optimizer-shard re-split, with the production chunk sizes.
 TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
   auto store = NewMemoryStore();
-  CheckpointManager manager(store.get(), ManagerOptions{});
+  // Each fetch's own reads: nothing kept for the next rank's fetch.
+  ManagerOptions options;
+  options.shared_chunk_cache_bytes = 0;
+  CheckpointManager manager(store.get(), options);
   auto layout = [](std::vector<int64_t> dm, std::vector<std::vector<int32_t>> map,
                    int64_t opt = 0) {
     Layout l;

@@ -1,0 +1,308 @@
+// The start-up storm against a real ckptd on 127.0.0.1:0: the 64 ranks of a destination of
+// 8 tensor-parallel groups x 8 data-parallel replicas fetch at once, each through its own client,
+// so that every stored chunk is wanted by 8 streams at the same moment. They must get exactly what
+// lone fetches get while the store reads each chunk about once; a damaged shared chunk must fail
+// every replica that needs it with DATA_LOSS; replicas that give up mid-stream must not harm the
+// others.
+#include <grpcpp/grpcpp.h>
+#include <rocksdb/db.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ckpt.grpc.pb.h"
+#include "client/client.h"
+#include "client/ckptctl/sample.h"
+#include "gtest/gtest.h"
+#include "storage/internal/index_records.h"
+#include "storage/internal/segment_directory.h"
+#include "tests/testing/server_process.h"
+
+namespace ckpt {
+namespace {
+
+using testing::ServerProcess;
+using testing::TempDir;
+
+constexpr int kTp = 8;
+constexpr int kDp = 8;
+constexpr int kRanks = kTp * kDp;
+constexpr uint64_t kSeed = 1;  // SampleOptions default
+
+std::vector<SampleTensor> Tensors() {
+  std::vector<SampleTensor> out;
+  for (int i = 0; i < 8; ++i) {
+    out.push_back({absl::StrCat(i % 2 ? "col." : "row.", i),
+                   i % 3 == 2 ? DType::kBFloat16 : DType::kFloat32, {192, 512}});
+  }
+  return out;
+}
+
+// Source: 8 ranks, every tensor split by rows. Destination: dev_matrix [dp, tp]; col.* split by
+// columns and row.* by rows over the tensor-parallel (inner) axis, the outer axis splitting
+// nothing, so ranks r and r + 8k are replicas.
+Strategy MakeStrategy(bool destination) {
+  std::map<std::string, StrategyParam> params;
+  for (const SampleTensor& t : Tensors()) {
+    Layout l;
+    l.dev_matrix = destination ? std::vector<int64_t>{kDp, kTp} : std::vector<int64_t>{8};
+    const bool columns = destination && t.name.starts_with("col.");
+    l.tensor_map = columns ? std::vector<std::vector<int32_t>>{{}, {0}}
+                           : std::vector<std::vector<int32_t>>{{0}, {}};
+    params[t.name].layout = l;
+  }
+  return *Strategy::Create(std::move(params), 1);
+}
+
+// A rank's tensors in delivery order, name and bytes; or the fetch's error.
+struct Outcome {
+  absl::Status status;
+  std::vector<std::pair<std::string, std::string>> tensors;
+};
+
+// Collects a fetch; with `give_up_after_bytes`, aborts it (the client cancels the stream) once
+// that many bytes have arrived.
+class Collector final : public TensorVisitor {
+ public:
+  explicit Collector(Outcome* out, int64_t give_up_after_bytes = -1)
+      : out_(out), give_up_(give_up_after_bytes) {}
+  absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+  absl::Status OnTensor(const v1::FetchTensorHeader& h) override {
+    out_->tensors.push_back({h.name(), ""});
+    return absl::OkStatus();
+  }
+  absl::Status OnData(std::string_view data) override {
+    out_->tensors.back().second += data;
+    received_ += static_cast<int64_t>(data.size());
+    if (give_up_ >= 0 && received_ >= give_up_) return absl::CancelledError("the worker gave up");
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override { return absl::OkStatus(); }
+
+ private:
+  Outcome* out_;
+  int64_t give_up_;
+  int64_t received_ = 0;
+};
+
+class StormTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StartServer();
+    ASSERT_TRUE(client_->PutStrategy("src", MakeStrategy(false), false).ok());
+    ASSERT_TRUE(client_->PutStrategy("dst", MakeStrategy(true), false).ok());
+    SampleOptions options;
+    options.verbatim_scalars = false;
+    ASSERT_TRUE(WriteShardedSample(MakeStrategy(false), Tensors(), dir_ / "src", options).ok());
+    auto up = client_->UploadDirectory("ck", "src", dir_ / "src");
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE(up->committed);
+    for (const SampleTensor& t : Tensors()) {
+      unique_bytes_ += *ByteSizeOf(t.dtype, *NumElements(t.global_shape));
+    }
+  }
+
+  void StartServer() {
+    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data");
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    auto c = CkptClient::Connect(server_->address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+    stats_ = v1::CheckpointService::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void RestartServer() {
+    client_.reset();
+    stats_.reset();
+    ASSERT_EQ(server_->Stop(), 0) << server_->Log();
+    StartServer();
+  }
+
+  int64_t StoreBytesRead() {
+    grpc::ClientContext context;
+    v1::ServerStats stats;
+    const grpc::Status s = stats_->GetStats(&context, v1::GetStatsRequest(), &stats);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return stats.store_bytes_read();
+  }
+
+  static v1::FetchRequest Request(int rank) {
+    v1::FetchRequest req;
+    req.set_checkpoint_id("ck");
+    req.set_destination_strategy("dst");
+    req.set_rank(rank);
+    return req;
+  }
+
+  // Rank `rank` alone, checked against independently generated slices.
+  Outcome Single(int rank) {
+    Outcome out;
+    Collector collector(&out);
+    out.status = client_->Fetch(Request(rank), collector);
+    EXPECT_TRUE(out.status.ok()) << rank << ": " << out.status;
+    const Strategy dst = MakeStrategy(true);
+    EXPECT_EQ(out.tensors.size(), Tensors().size());
+    for (const auto& [name, bytes] : out.tensors) {
+      for (const SampleTensor& t : Tensors()) {
+        if (t.name != name) continue;
+        const Box box = *dst.Find(name)->layout.SliceBox(t.global_shape, rank);
+        EXPECT_EQ(bytes, SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed))
+            << name << " rank " << rank;
+      }
+    }
+    return out;
+  }
+
+  // Every rank at once, each through a client of its own, released together. `give_up(r)`:
+  // bytes after which rank r aborts its fetch (-1: never).
+  std::vector<Outcome> Storm(const std::function<int64_t(int)>& give_up = {}) {
+    std::vector<std::unique_ptr<CkptClient>> clients;
+    for (int r = 0; r < kRanks; ++r) {
+      auto c = CkptClient::Connect(server_->address());
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (!c.ok()) return {};
+      clients.push_back(std::move(*c));
+    }
+    std::vector<Outcome> out(kRanks);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        ++ready;
+        while (ready.load() < kRanks) std::this_thread::yield();
+        Collector collector(&out[r], give_up ? give_up(r) : -1);
+        out[r].status = clients[r]->Fetch(Request(r), collector);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  // Flips one byte of the first stored chunk (in key order) behind a stopped server's back.
+  void CorruptFirstChunk() {
+    rocksdb::DBOptions options;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir_ / "data", &names).ok());
+    for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(options, dir_ / "data", families, &handles, &db).ok());
+    rocksdb::ColumnFamilyHandle* locations = nullptr;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == segment_store_internal::kLocationsFamily) locations = handles[i];
+    }
+    ASSERT_NE(locations, nullptr);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
+    it->SeekToFirst();
+    ASSERT_TRUE(it->Valid());
+    const std::string key = it->key().ToString();
+    const auto location = segment_store_internal::DecodeLocation(it->value().ToString());
+    it.reset();
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    delete db;
+    ASSERT_TRUE(location.has_value());
+    uint64_t data_id = 0;
+    for (int i = 0; i < 8; ++i) data_id = data_id << 8 | static_cast<unsigned char>(key[i]);
+    const std::filesystem::path segment = std::filesystem::path(dir_ / "data") /
+                                          segment_store_internal::kSegmentsDir /
+                                          segment_internal::SegmentFileName(data_id);
+    std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(location->offset + location->length / 2);
+    file.seekg(at);
+    const char byte = static_cast<char>(file.get());
+    file.seekp(at);
+    file.put(static_cast<char>(byte ^ 0x5a));
+    ASSERT_TRUE(file.good()) << segment;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<CkptClient> client_;
+  std::unique_ptr<v1::CheckpointService::Stub> stats_;
+  int64_t unique_bytes_ = 0;
+};
+
+TEST_F(StormTest, SixtyFourConcurrentFetchesMatchLoneFetchesAndReadEachChunkOnce) {
+  std::vector<Outcome> single;
+  for (int r = 0; r < kRanks; ++r) single.push_back(Single(r));
+  RestartServer();  // nothing cached from the lone fetches
+  const int64_t before = StoreBytesRead();
+  const std::vector<Outcome> together = Storm();
+  ASSERT_EQ(together.size(), static_cast<size_t>(kRanks));
+  const int64_t read = StoreBytesRead() - before;
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
+    EXPECT_TRUE(together[r].tensors == single[r].tensors) << "rank " << r << " differs";
+  }
+  EXPECT_LE(static_cast<double>(read), 1.1 * static_cast<double>(unique_bytes_))
+      << read << " bytes read from the store for " << unique_bytes_ << " unique bytes";
+  EXPECT_GE(read, unique_bytes_);
+}
+
+TEST_F(StormTest, ReplicasGivingUpMidStreamNeverHarmTheOthers) {
+  std::vector<Outcome> single;
+  for (int r = 0; r < kRanks; ++r) single.push_back(Single(r));
+  RestartServer();
+  // Every other data-parallel replica gives up after its first bytes, while its reads are being
+  // shared with the replicas that go on.
+  const std::vector<Outcome> together =
+      Storm([](int r) { return (r / kTp) % 2 == 1 ? int64_t{1} : int64_t{-1}; });
+  ASSERT_EQ(together.size(), static_cast<size_t>(kRanks));
+  for (int r = 0; r < kRanks; ++r) {
+    if ((r / kTp) % 2 == 1) {
+      EXPECT_EQ(together[r].status.code(), absl::StatusCode::kCancelled) << together[r].status;
+      continue;
+    }
+    ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
+    EXPECT_TRUE(together[r].tensors == single[r].tensors) << "rank " << r << " differs";
+  }
+  // And the server serves the whole storm again afterwards.
+  const std::vector<Outcome> again = Storm();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(again[r].status.ok()) << r << ": " << again[r].status;
+    EXPECT_TRUE(again[r].tensors == single[r].tensors) << "rank " << r << " differs";
+  }
+}
+
+TEST_F(StormTest, DamagedSharedChunkFailsEveryReplicaThatNeedsItWithDataLoss) {
+  std::vector<Outcome> single;
+  for (int r = 0; r < kRanks; ++r) single.push_back(Single(r));
+  client_.reset();
+  stats_.reset();
+  ASSERT_EQ(server_->Stop(), 0);
+  CorruptFirstChunk();
+  StartServer();
+  const std::vector<Outcome> together = Storm();
+  ASSERT_EQ(together.size(), static_cast<size_t>(kRanks));
+  int failed_groups = 0;
+  for (int tp = 0; tp < kTp; ++tp) {
+    // The replicas of a group need the same chunks: all fail with DATA_LOSS, or none does.
+    const bool fails = !together[tp].status.ok();
+    failed_groups += fails;
+    for (int d = 0; d < kDp; ++d) {
+      const Outcome& o = together[d * kTp + tp];
+      if (fails) {
+        EXPECT_EQ(o.status.code(), absl::StatusCode::kDataLoss)
+            << "rank " << d * kTp + tp << ": " << o.status;
+      } else {
+        ASSERT_TRUE(o.status.ok()) << "rank " << d * kTp + tp << ": " << o.status;
+        EXPECT_TRUE(o.tensors == single[d * kTp + tp].tensors) << "rank " << d * kTp + tp;
+      }
+    }
+  }
+  EXPECT_GE(failed_groups, 1) << "the damaged chunk went unnoticed";
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -1,0 +1,452 @@
+// Read-once fan-out (service/engine/shared_chunks.h) in process: many fetch streams of a
+// destination whose ranks share slices (data-parallel replicas) read each stored chunk once,
+// deliver exactly what a lone fetch delivers, all fail with DATA_LOSS when a shared chunk is
+// damaged, and a stream that goes away mid-read never harms the others sharing its read.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/ckptctl/sample.h"
+#include "core/checksum.h"
+#include "gtest/gtest.h"
+#include "service/engine/manager.h"
+#include "service/engine/shared_chunks.h"
+#include "storage/checkpoint_store.h"
+#include "tests/testing/forwarding_store.h"
+
+namespace ckpt {
+namespace {
+
+constexpr uint64_t kSeed = 11;
+constexpr int kTp = 8;  // tensor-parallel groups
+constexpr int kDp = 8;  // data-parallel replicas of each
+
+class OwnedChunk final : public ChunkData {
+ public:
+  explicit OwnedChunk(std::string bytes) : bytes_(std::move(bytes)) {}
+  std::string_view bytes() const override { return bytes_; }
+
+ private:
+  const std::string bytes_;
+};
+
+// Around a memory store: reads of one chosen chunk come back with a byte flipped, and reads of
+// one chosen chunk can be held at a gate until released. Counts reads per chunk.
+class FaultyStore final : public testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
+      const ChunkAddress& address) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++reads_[address.ToString()];
+      order_.push_back(address);
+      if (gate_ && *gate_ == address) {
+        ++at_gate_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !gate_closed_; });
+      }
+    }
+    auto data = base().ReadChunkUnverified(address);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!data.ok() || !corrupt_ || !(*corrupt_ == address)) return data;
+    std::string bytes((*data)->bytes());
+    bytes[bytes.size() / 2] ^= 0x40;
+    return std::unique_ptr<ChunkData>(new OwnedChunk(std::move(bytes)));
+  }
+
+  void Corrupt(std::optional<ChunkAddress> address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    corrupt_ = address;
+  }
+  // Holds reads of `address` until OpenGate.
+  void CloseGate(const ChunkAddress& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_ = address;
+    gate_closed_ = true;
+    at_gate_ = 0;
+  }
+  void OpenGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_closed_ = false;
+    cv_.notify_all();
+  }
+  // Waits until `n` reads are held at the gate.
+  void AwaitAtGate(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return at_gate_ >= n; });
+  }
+  std::map<std::string, int> TakeReads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    order_.clear();
+    return std::exchange(reads_, {});
+  }
+  // The chunks read since TakeReads, in order.
+  std::vector<ChunkAddress> ReadOrder() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return order_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<ChunkAddress> corrupt_;
+  std::optional<ChunkAddress> gate_;
+  bool gate_closed_ = false;
+  int at_gate_ = 0;
+  std::map<std::string, int> reads_;
+  std::vector<ChunkAddress> order_;
+};
+
+// The tensors: row-split 8 ways at the source; at the destination half split by columns, half by
+// rows, across the 8 tensor-parallel groups, each group replicated 8 ways.
+std::vector<SampleTensor> Tensors() {
+  std::vector<SampleTensor> out;
+  for (int i = 0; i < 6; ++i) {
+    out.push_back({absl::StrCat(i % 2 ? "col." : "row.", i), i % 3 == 2 ? DType::kFloat16
+                                                                        : DType::kFloat32,
+                   {64, 128}});
+  }
+  return out;
+}
+
+Strategy MakeStrategy(std::vector<int64_t> dev_matrix, bool destination) {
+  std::map<std::string, StrategyParam> params;
+  for (const SampleTensor& t : Tensors()) {
+    Layout l;
+    l.dev_matrix = dev_matrix;
+    const bool columns = destination && t.name.starts_with("col.");
+    // Axis 0 is the rightmost device axis: the tensor-parallel one (dev_matrix [dp, tp]).
+    l.tensor_map = columns ? std::vector<std::vector<int32_t>>{{}, {0}}
+                           : std::vector<std::vector<int32_t>>{{0}, {}};
+    params[t.name] = StrategyParam{l, std::nullopt};
+  }
+  return *Strategy::Create(std::move(params), 1);
+}
+
+// What a stream delivered: every message's bytes, parts and tile boxes, in order (a stream's
+// exact output), or the status it ended with. `client_caught` is set when a part's checksum does
+// not match its bytes (the client's DATA_LOSS).
+struct StreamOutput {
+  absl::Status status;
+  bool client_caught = false;
+  std::string messages;  // a canonical dump of every message
+  int64_t data_bytes = 0;
+};
+
+class SharedReadsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Restart(int64_t{1} << 20); }
+
+  void Restart(int64_t shared_cache_bytes) {
+    manager_.reset();
+    auto store = std::make_unique<FaultyStore>(NewMemoryStore());
+    faulty_ = store.get();
+    store_ = std::move(store);
+    ManagerOptions options;
+    options.upload.chunk_grid.target_chunk_bytes = 2048;
+    options.upload.chunk_grid.min_column_bytes = 64;
+    options.fetch.band_bytes = 4096;
+    options.fetch.max_message_bytes = 4096;
+    options.fetch.whole_chunk_message_bytes = 1024;
+    options.fetch.min_part_bytes = 256;
+    options.fetch.chunk_cache_bytes = 8192;
+    options.shared_chunk_cache_bytes = shared_cache_bytes;
+    manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
+    src_ = MakeStrategy({8}, false);
+    dst_ = MakeStrategy({kDp, kTp}, true);
+    for (const auto& [name, s] : {std::pair{"src", &src_}, std::pair{"dst", &dst_}}) {
+      auto info = manager_->PutStrategy(name, SerializeStrategy(*s, StrategyFormat::kJson),
+                                        v1::STRATEGY_FORMAT_JSON, false);
+      ASSERT_TRUE(info.ok()) << info.status();
+    }
+    for (int64_t r = 0; r < src_.world_size(); ++r) {
+      v1::UploadHeader h;
+      h.set_checkpoint_id("ck");
+      h.set_source_strategy("src");
+      h.set_rank(r);
+      auto upload = manager_->BeginUpload(h);
+      ASSERT_TRUE(upload.ok()) << upload.status();
+      for (const SampleTensor& t : Tensors()) {
+        const Box box = *src_.Find(t.name)->layout.SliceBox(t.global_shape, r);
+        const std::string bytes = SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed);
+        v1::UploadTensorHeader th;
+        th.set_name(t.name);
+        th.set_dtype(std::string(DTypeName(t.dtype)));
+        for (int64_t d : box.shape()) th.add_dims(d);
+        th.set_total_bytes(static_cast<int64_t>(bytes.size()));
+        ASSERT_TRUE((*upload)->StartTensor(th).ok());
+        ASSERT_TRUE((*upload)->Append(bytes).ok());
+      }
+      ASSERT_TRUE((*upload)->Finish().ok());
+      manager_->OnUploadFinished("ck");
+    }
+    unique_bytes_ = 0;
+    for (const SampleTensor& t : Tensors()) {
+      unique_bytes_ += *ByteSizeOf(t.dtype, *NumElements(t.global_shape));
+    }
+    faulty_->TakeReads();
+  }
+
+  static v1::FetchRequest Request(int64_t rank) {
+    v1::FetchRequest req;
+    req.set_checkpoint_id("ck");
+    req.set_destination_strategy("dst");
+    req.set_rank(rank);
+    return req;
+  }
+
+  // Runs one stream as the service does (FetchReader::kClient), checking every part's checksum
+  // as a client would. `stop_after`: give up (drop the stream, as a cancelled call does) after
+  // that many messages. `on_message` runs after each message.
+  StreamOutput Run(int64_t rank, std::optional<int> stop_after = std::nullopt,
+                   const std::function<void(int)>& on_message = {}) {
+    StreamOutput out;
+    auto stream = manager_->OpenFetch(Request(rank));
+    if (!stream.ok()) {
+      out.status = stream.status();
+      return out;
+    }
+    FetchPiece piece;
+    for (int n = 0;; ++n) {
+      if (stop_after && n == *stop_after) {
+        out.status = absl::CancelledError("stopped");
+        return out;
+      }
+      auto more = (*stream)->NextPiece(&piece, FetchReader::kClient);
+      if (!more.ok()) {
+        out.status = more.status();
+        return out;
+      }
+      if (!*more) return out;
+      std::string data;
+      for (const DataSegment& s : piece.segments) data += s.bytes;
+      out.data_bytes += static_cast<int64_t>(data.size());
+      size_t offset = 0;
+      for (const ChecksumPart& p : piece.parts) {
+        if (Checksum(std::string_view(data).substr(offset, p.bytes)) != p.checksum) {
+          out.client_caught = true;
+        }
+        offset += static_cast<size_t>(p.bytes);
+      }
+      absl::StrAppend(&out.messages, piece.message.SerializeAsString(), "|", data, "|");
+      for (const ChecksumPart& p : piece.parts) absl::StrAppend(&out.messages, p.bytes, ",");
+      for (int64_t v : piece.tile_box) absl::StrAppend(&out.messages, v, ",");
+      absl::StrAppend(&out.messages, piece.band_rows, "\n");
+      if (on_message) on_message(n);
+    }
+  }
+
+  // Every rank of the destination at once, one thread each.
+  std::vector<StreamOutput> RunAllConcurrently() {
+    std::vector<StreamOutput> out(kTp * kDp);
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    for (int r = 0; r < kTp * kDp; ++r) {
+      threads.emplace_back([&, r] {
+        ++ready;
+        while (ready.load() < kTp * kDp) std::this_thread::yield();
+        out[r] = Run(r);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  // The first chunk a rank of tensor-parallel group `tp` reads (every replica of it reads it).
+  ChunkAddress FirstChunkOf(int tp) {
+    faulty_->TakeReads();
+    manager_->shared_chunks()->Clear();
+    EXPECT_TRUE(Run(tp).status.ok());
+    const std::vector<ChunkAddress> order = faulty_->ReadOrder();
+    faulty_->TakeReads();
+    manager_->shared_chunks()->Clear();
+    EXPECT_FALSE(order.empty());
+    return order.empty() ? ChunkAddress{} : order.front();
+  }
+
+  std::unique_ptr<CheckpointStore> store_;
+  FaultyStore* faulty_ = nullptr;
+  std::unique_ptr<CheckpointManager> manager_;
+  Strategy src_ = MakeStrategy({8}, false);
+  Strategy dst_ = MakeStrategy({kDp, kTp}, true);
+  int64_t unique_bytes_ = 0;
+};
+
+// 64 streams at once deliver exactly, message for message, what each rank's lone fetch delivers,
+// and read each stored chunk about once.
+TEST_F(SharedReadsTest, SixtyFourConcurrentFetchesMatchSingleFetchesAndReadOnce) {
+  // Lone fetches, with nothing shared (a fresh manager for each would do too: the cache is
+  // cleared between them).
+  std::vector<StreamOutput> single(kTp * kDp);
+  for (int r = 0; r < kTp * kDp; ++r) {
+    manager_->shared_chunks()->Clear();
+    single[r] = Run(r);
+    ASSERT_TRUE(single[r].status.ok()) << r << ": " << single[r].status;
+    ASSERT_FALSE(single[r].client_caught);
+    if (r >= kTp) {
+      EXPECT_EQ(single[r].messages, single[r % kTp].messages) << "replicas differ: rank " << r;
+    }
+  }
+  manager_->shared_chunks()->Clear();
+  const int64_t read_before = store_->stats().chunk_bytes_read;
+  const SharedChunkStats before = manager_->shared_chunks()->stats();
+  std::vector<StreamOutput> together = RunAllConcurrently();
+  const int64_t read = store_->stats().chunk_bytes_read - read_before;
+  const SharedChunkStats after = manager_->shared_chunks()->stats();
+  int64_t delivered = 0;
+  for (int r = 0; r < kTp * kDp; ++r) {
+    ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
+    EXPECT_FALSE(together[r].client_caught) << r;
+    EXPECT_EQ(together[r].messages, single[r].messages) << "rank " << r;
+    delivered += together[r].data_bytes;
+  }
+  EXPECT_EQ(delivered, kDp * unique_bytes_);
+  EXPECT_LE(static_cast<double>(read), 1.1 * static_cast<double>(unique_bytes_))
+      << read << " bytes read for " << unique_bytes_ << " unique bytes";
+  EXPECT_EQ(after.store_bytes_read - before.store_bytes_read, read);
+  // Most requests were served by another stream's read.
+  EXPECT_GT(after.live_hits + after.cache_hits + after.joined_reads -
+                (before.live_hits + before.cache_hits + before.joined_reads),
+            after.store_reads - before.store_reads);
+}
+
+// Streams that ask for a chunk while another stream reads it wait for that one read; the stream
+// that started it going away before the read completes changes nothing for the others.
+TEST_F(SharedReadsTest, WaitersShareOneReadAndOutliveTheStreamThatStartedIt) {
+  Restart(0);  // no LRU: only the read in flight and live chunks are shared
+  std::vector<StreamOutput> single(kDp);
+  for (int d = 0; d < kDp; ++d) single[d] = Run(d * kTp);
+  const ChunkAddress first = FirstChunkOf(0);
+  faulty_->CloseGate(first);
+  // The first replica starts the read and gives up (drops its stream, as a cancelled call does)
+  // as soon as its read returns: the summary, a header, and the data message that read it.
+  StreamOutput starter;
+  std::thread reader([&] { starter = Run(0, /*stop_after=*/3); });
+  faulty_->AwaitAtGate(1);
+  std::vector<StreamOutput> others(kDp);
+  std::vector<std::thread> threads;
+  for (int d = 1; d < kDp; ++d) threads.emplace_back([&, d] { others[d] = Run(d * kTp); });
+  // Every other replica waits on that read rather than reading again.
+  for (int i = 0; i < 2000 && manager_->shared_chunks()->stats().joined_reads < kDp - 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(manager_->shared_chunks()->stats().joined_reads, kDp - 1);
+  faulty_->OpenGate();
+  reader.join();
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(absl::IsCancelled(starter.status)) << starter.status;
+  for (int d = 1; d < kDp; ++d) {
+    ASSERT_TRUE(others[d].status.ok()) << d << ": " << others[d].status;
+    EXPECT_FALSE(others[d].client_caught);
+    EXPECT_EQ(others[d].messages, single[d].messages) << "replica " << d;
+  }
+  EXPECT_EQ(faulty_->TakeReads()[first.ToString()], 1) << "the gated chunk was read again";
+}
+
+// A damaged chunk that several streams share fails every one of them with DATA_LOSS (on the
+// server, or by the client's check of a whole chunk sent with its stored checksum), and is never
+// kept as good: with the damage gone, the next fetch reads it again and succeeds.
+TEST_F(SharedReadsTest, DamagedSharedChunkIsDataLossOnEveryStreamThatNeedsIt) {
+  const ChunkAddress bad = FirstChunkOf(3);
+  std::vector<StreamOutput> single(kTp * kDp);
+  for (int r = 0; r < kTp; ++r) single[r] = Run(r);
+  manager_->shared_chunks()->Clear();
+  faulty_->TakeReads();
+  faulty_->Corrupt(bad);
+  std::vector<StreamOutput> together = RunAllConcurrently();
+  std::map<std::string, int> reads = faulty_->TakeReads();
+  int failed = 0, on_server = 0;
+  for (int r = 0; r < kTp * kDp; ++r) {
+    const StreamOutput& o = together[r];
+    if (r % kTp == 3) {
+      // Rank 3's replicas need the chunk.
+      const bool data_loss = absl::IsDataLoss(o.status) || o.client_caught;
+      EXPECT_TRUE(data_loss) << "rank " << r << " " << o.status;
+      failed += data_loss;
+      if (absl::IsDataLoss(o.status)) {
+        ++on_server;
+        EXPECT_NE(o.status.message().find(bad.ToString()), std::string_view::npos) << o.status;
+      }
+    } else if (o.status.ok()) {
+      EXPECT_FALSE(o.client_caught) << "rank " << r;
+      EXPECT_EQ(o.messages, single[r % kTp].messages) << "rank " << r;
+    } else {
+      // A rank of another group that also reads the damaged chunk (rows and columns overlap).
+      EXPECT_TRUE(absl::IsDataLoss(o.status)) << "rank " << r << " " << o.status;
+    }
+  }
+  EXPECT_EQ(failed, kDp);
+  EXPECT_GT(on_server, 0) << "the shared chunk was never verified on the server";
+  EXPECT_GE(manager_->shared_chunks()->stats().corrupt_chunks, 1);
+  // Not cached as good, nor as bad: once the store gives good bytes again, fetches succeed.
+  faulty_->Corrupt(std::nullopt);
+  for (int d = 0; d < kDp; ++d) {
+    StreamOutput o = Run(d * kTp + 3);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_FALSE(o.client_caught);
+    EXPECT_EQ(o.messages, single[3].messages);
+  }
+  EXPECT_GE(faulty_->TakeReads()[bad.ToString()], 1) << "the damaged chunk was not read again";
+}
+
+// The LRU stays within its budget and a deleted checkpoint's chunks leave it.
+TEST_F(SharedReadsTest, CacheStaysWithinBudgetAndForgetsDeletedCheckpoints) {
+  Restart(16 << 10);
+  for (int r = 0; r < kTp; ++r) {
+    ASSERT_TRUE(Run(r).status.ok());
+    EXPECT_LE(manager_->shared_chunks()->stats().cached_bytes, 16 << 10);
+  }
+  EXPECT_GT(manager_->shared_chunks()->stats().cached_bytes, 0);
+  ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+  EXPECT_EQ(manager_->shared_chunks()->stats().cached_bytes, 0);
+}
+
+// A chunk is wanted until every open member of its cohort (the streams of identical plans) has
+// taken it; chunks nobody else is expected to take never displace the ones a cohort still needs.
+TEST_F(SharedReadsTest, ChunksAreKeptForTheCohortBeforeSpareOnes) {
+  // One rank's slices are 20 KiB (22 KiB of chunks): a budget for one rank's chunks.
+  Restart(24 << 10);
+  // Replicas 0 and 8 of rank 0 are open together (a cohort of 2); replica 0 runs first.
+  auto lagging = manager_->OpenFetch(Request(kTp));
+  ASSERT_TRUE(lagging.ok()) << lagging.status();
+  int64_t before = store_->stats().chunk_bytes_read;
+  StreamOutput first = Run(0);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  const int64_t rank_bytes = store_->stats().chunk_bytes_read - before;
+  EXPECT_GE(rank_bytes, unique_bytes_ / kTp);
+  EXPECT_LE(rank_bytes, 24 << 10);
+  // A stream of another rank, alone in its cohort, reads as much again: its chunks are spare
+  // and do not displace those replica 8 still needs.
+  StreamOutput other = Run(1);
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  // Replica 8 now finds every chunk kept for it.
+  before = store_->stats().chunk_bytes_read;
+  FetchPiece piece;
+  while (true) {
+    auto more = (*lagging)->NextPiece(&piece, FetchReader::kClient);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+  }
+  EXPECT_EQ(store_->stats().chunk_bytes_read - before, 0) << "replica 8 read chunks again";
+  // Both members have taken every chunk: rank 0's chunks became spare (kept within the budget).
+  const SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_GT(stats.released_taken, 0);
+  EXPECT_LE(stats.cached_bytes, 24 << 10);
+}
+
+}  // namespace
+}  // namespace ckpt
