@@ -398,8 +398,8 @@ absl::StatusOr<std::vector<v1::Job>> CkptClient::ListJobs() {
 absl::Status CkptClient::DeleteJob(const std::string& job_id) {
   v1::DeleteJobRequest request;
   request.set_job_id(job_id);
-  return Unary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
-             &v1::CheckpointService::Stub::DeleteJob, request)
+  return Unary<v1::DeleteJobRequest, v1::DeleteJobResponse>(&v1::CheckpointService::Stub::DeleteJob,
+                                                            request)
       .status();
 }
 

@@ -161,8 +161,8 @@ class CkptClient {
                                                bool overwrite);
   // Loads a binary or .json strategy file, or merges a directory of per-stage files
   // (LoadStrategyPath), then PutStrategy.
-  absl::StatusOr<v1::StrategyInfo> PutStrategyFile(const std::string& name,
-                                                   const std::string& path, bool overwrite);
+  absl::StatusOr<v1::StrategyInfo> PutStrategyFile(const std::string& name, const std::string& path,
+                                                   bool overwrite);
   absl::StatusOr<RemoteStrategy> GetStrategy(const std::string& name);
   absl::StatusOr<std::vector<v1::StrategyInfo>> ListStrategies();
   absl::Status DeleteStrategy(const std::string& name);
@@ -183,7 +183,8 @@ class CkptClient {
   // bytes of all ranks.
   absl::StatusOr<UploadSummary> UploadDirectory(const std::string& checkpoint_id,
                                                 const std::string& source_strategy,
-                                                const std::string& dir, UploadDirectoryOptions options = {},
+                                                const std::string& dir,
+                                                UploadDirectoryOptions options = {},
                                                 ProgressFn progress = nullptr);
   // A whole-tensor checkpoint (one file, no strategy): rank 0 with an empty strategy name.
   absl::StatusOr<v1::UploadResponse> UploadWholeFile(const std::string& checkpoint_id,

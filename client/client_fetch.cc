@@ -150,8 +150,8 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
     std::error_code ec;
     const fs::path target = fs::canonical(path, ec);
     if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, " is a symbolic link to a missing file; give the file's own path"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " is a symbolic link to a missing file; give the file's own path"));
     }
     return target.string();
   }
@@ -170,7 +170,8 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
 int OutputDescriptor(std::string_view path) {
   if (path == "-" || path == "/dev/stdout") return STDOUT_FILENO;
   if (path == "/dev/stderr") return STDERR_FILENO;
-  for (std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/")}) {
+  for (std::string_view prefix :
+       {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/")}) {
     if (!path.starts_with(prefix)) continue;
     std::string_view digits = path.substr(prefix.size());
     if (digits.empty() || digits.size() > 9) return -1;

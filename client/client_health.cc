@@ -67,15 +67,13 @@ absl::StatusOr<std::string> CkptClient::CheckHealth(const std::string& service) 
   }
   static const grpc::internal::RpcMethod kCheck("/grpc.health.v1.Health/Check",
                                                 grpc::internal::RpcMethod::NORMAL_RPC);
-  const grpc::Status status =
-      grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-          channel_.get(), kCheck, &context, request, &response);
+  const grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel_.get(), kCheck, &context, request, &response);
   if (!status.ok()) {
     absl::Status s = Annotate(FromGrpcStatus(status));
     if (s.code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(absl::StrCat("ckptd at ", address_,
-                                              " has no health status for service \"", service,
-                                              "\""));
+      return absl::NotFoundError(absl::StrCat(
+          "ckptd at ", address_, " has no health status for service \"", service, "\""));
     }
     return s;
   }

@@ -49,8 +49,7 @@ void BandChunker::Append(size_t k, const char* from, size_t n) {
 }
 
 size_t BandChunker::Add(std::string_view data) {
-  const size_t take =
-      std::min(data.size(), static_cast<size_t>(band_bytes_ - filled_));
+  const size_t take = std::min(data.size(), static_cast<size_t>(band_bytes_ - filled_));
   const char* from = data.data();
   size_t left = take;
   if (line_bytes_ == 0) {
@@ -73,8 +72,6 @@ size_t BandChunker::Add(std::string_view data) {
   return take;
 }
 
-std::string_view BandChunker::chunk(int64_t k) const {
-  return std::string_view(buffers_[k]);
-}
+std::string_view BandChunker::chunk(int64_t k) const { return std::string_view(buffers_[k]); }
 
 }  // namespace ckpt

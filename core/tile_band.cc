@@ -52,8 +52,8 @@ absl::Status TileBand::Add(const Box& tile, const std::vector<std::string_view>&
   size_t got = 0;
   for (std::string_view b : bytes) got += b.size();
   if (got != static_cast<size_t>(expected)) {
-    return absl::InvalidArgumentError(absl::StrCat("tile ", tile.ToString(), " has ", got,
-                                                   " bytes, expected ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tile ", tile.ToString(), " has ", got, " bytes, expected ", expected));
   }
   // The tile's rows (runs along the last dim) in order, each copied straight from the pieces to
   // its place in the band: no gathering copy when the bytes come in several pieces.

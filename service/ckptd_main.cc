@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "service/log_format.h"
 #include "core/duration_text.h"
 #include "service/engine/store_maintenance.h"
+#include "service/log_format.h"
 #include "service/rpc/server.h"
 #include "spdlog/spdlog.h"
 

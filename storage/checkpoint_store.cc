@@ -14,9 +14,9 @@ absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
                          uint64_t expected_checksum) {
   const uint64_t actual = Checksum(bytes);
   if (actual == expected_checksum) return absl::OkStatus();
-  return absl::DataLossError(absl::StrFormat(
-      "chunk %s failed its %s checksum (expected %016x, got %016x)", address.ToString(),
-      kChecksumName, expected_checksum, actual));
+  return absl::DataLossError(
+      absl::StrFormat("chunk %s failed its %s checksum (expected %016x, got %016x)",
+                      address.ToString(), kChecksumName, expected_checksum, actual));
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> CheckpointStore::ReadChunk(const ChunkAddress& address,

@@ -303,8 +303,8 @@ absl::StatusOr<ConfinedRoot::Location> ConfinedRoot::OpenParent(const std::strin
       return absl::PermissionDeniedError(absl::StrCat(
           quoted, " leads outside the server's export root (through a symlink); refused"));
     case ELOOP:
-      return absl::PermissionDeniedError(absl::StrCat(
-          quoted, " goes through a symlink loop or a /proc magic link; refused"));
+      return absl::PermissionDeniedError(
+          absl::StrCat(quoted, " goes through a symlink loop or a /proc magic link; refused"));
     case ENOENT:
       return absl::FailedPreconditionError(
           absl::StrCat("the parent directory of ", quoted, " does not exist in the export root"));

@@ -146,14 +146,14 @@ absl::StatusOr<std::unique_ptr<AtomicFileSink>> AtomicFileSink::Create(const std
   }
   absl::StatusOr<IoBuffer> buffer = IoBuffer::Allocate(kBufferBytes);
   if (!buffer.ok()) {
-    return absl::Status(buffer.status().code(),
-                        absl::StrCat("the write buffer for ", path, ": ", buffer.status().message()));
+    return absl::Status(buffer.status().code(), absl::StrCat("the write buffer for ", path, ": ",
+                                                             buffer.status().message()));
   }
   if (in_place) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoToStatus(errno, "open", path);
-    return std::unique_ptr<AtomicFileSink>(
-        new AtomicFileSink(path, path, fd, /*direct=*/false, /*in_place=*/true, *std::move(buffer)));
+    return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(
+        path, path, fd, /*direct=*/false, /*in_place=*/true, *std::move(buffer)));
   }
   // A few attempts: O_EXCL fails only if a temp file of the same random name exists.
   int last_errno = EEXIST;
@@ -224,8 +224,8 @@ bool AtomicFileSink::StopDirectIo() {
 
 absl::Status AtomicFileSink::WriteAt(const char* data, size_t n, int64_t offset) {
   while (n > 0) {
-    const ssize_t put = in_place_ ? ::write(fd_, data, n)
-                                  : ::pwrite(fd_, data, n, static_cast<off_t>(offset));
+    const ssize_t put =
+        in_place_ ? ::write(fd_, data, n) : ::pwrite(fd_, data, n, static_cast<off_t>(offset));
     if (put < 0) {
       if (errno == EINTR) continue;
       // Direct I/O can still be refused per write (a device with larger blocks, a file system

@@ -148,9 +148,9 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
     // A read-only open takes no lock; a store a running ckptd writes to would be read while it
     // changes.
     if (const pid_t holder = LockHolder(absl::StrCat(dir, "/LOCK")); holder != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          doing, ": it is in use by a running ckptd (process ", holder,
-          "); stop it first, or verify a backup of it (ckptctl backup)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(doing, ": it is in use by a running ckptd (process ", holder,
+                       "); stop it first, or verify a backup of it (ckptctl backup)"));
     }
   } else {
     std::filesystem::create_directories(dir, ec);
@@ -181,8 +181,8 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
       options.free_disk_bytes ? options.free_disk_bytes() : FreeDiskBytes(dir);
   std::string read_only_reason;
   if (options.read_only) {
-    read_only_reason = absl::StrCat("the store in ", dir,
-                                    " was opened read-only (for verification)");
+    read_only_reason =
+        absl::StrCat("the store in ", dir, " was opened read-only (for verification)");
   } else if (free_bytes.ok() && *free_bytes < options.min_free_disk_bytes) {
     read_only_reason = absl::StrFormat(
         "the store in %s was opened read-only because its disk had %d bytes free, below the "
@@ -202,8 +202,8 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
     CKPT_RETURN_IF_ERROR(
         FromRocks(rocksdb::DB::Open(db_options, dir, families, &handles, &db), doing));
   } else {
-    CKPT_RETURN_IF_ERROR(FromRocks(
-        rocksdb::DB::OpenForReadOnly(db_options, dir, families, &handles, &db), doing));
+    CKPT_RETURN_IF_ERROR(
+        FromRocks(rocksdb::DB::OpenForReadOnly(db_options, dir, families, &handles, &db), doing));
   }
 
   std::unique_ptr<SegmentStore> store(new SegmentStore(dir, options, std::move(block_cache), db,
@@ -217,10 +217,10 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
     return store;
   }
   if (!read_only_reason.empty()) {
-    StoreLog()->warn("event=store_open dir={} format={} mode=read-only free_bytes={} "
-                     "reserve_bytes={} (below the free-space reserve: writes are refused)",
-                     dir, segment_store_internal::kStoreFormatVersion, *free_bytes,
-                     options.min_free_disk_bytes);
+    StoreLog()->warn(
+        "event=store_open dir={} format={} mode=read-only free_bytes={} "
+        "reserve_bytes={} (below the free-space reserve: writes are refused)",
+        dir, segment_store_internal::kStoreFormatVersion, *free_bytes, options.min_free_disk_bytes);
     return store;
   }
   // Nothing is live yet, so this removes every upload that was in progress when the previous

@@ -18,8 +18,8 @@
 // The implementation is split by concept: segment_store.cc (open, format check, RocksDB helpers,
 // free-disk reserve, stats), segment_store_records.cc (strategies, checkpoints, jobs),
 // segment_store_chunks.cc (data ids, chunk writes and reads), segment_store_gc.cc (deleting
-// chunks, garbage collection), segment_store_backup.cc (online backup, offline repair). No RocksDB header is included here: RocksDB types appear only as
-// pointers to forward-declared classes.
+// chunks, garbage collection), segment_store_backup.cc (online backup, offline repair). No RocksDB
+// header is included here: RocksDB types appear only as pointers to forward-declared classes.
 #ifndef CKPT_STORAGE_SEGMENT_STORE_H_
 #define CKPT_STORAGE_SEGMENT_STORE_H_
 
@@ -213,7 +213,7 @@ class SegmentStore final : public CheckpointStore {
   // backups_ > 0 and holds backup_mu_ while it removes, so a backup that has taken its pin
   // (before it copies the index) finds every file its copy of the index names.
   std::mutex backup_mu_;
-  int backups_ = 0;                         // guarded by backup_mu_
+  int backups_ = 0;                          // guarded by backup_mu_
   std::vector<uint64_t> deferred_removals_;  // guarded by backup_mu_
 
   std::mutex disk_mu_;

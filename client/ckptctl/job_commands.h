@@ -67,8 +67,7 @@ absl::Status RunTransform(CkptClient& client, const TransformCommand& command, s
 // `ckptctl jobs ls [--json]`: one FormatJobLine per job, or a JSON array of jobs.
 absl::Status RunJobsList(CkptClient& client, bool json, std::ostream& out);
 // `ckptctl jobs get ID [--json]`: every field of the job, one per line, or one JSON object.
-absl::Status RunJobGet(CkptClient& client, const std::string& job_id, bool json,
-                       std::ostream& out);
+absl::Status RunJobGet(CkptClient& client, const std::string& job_id, bool json, std::ostream& out);
 // `ckptctl jobs watch ID`: as `transform --wait` for an existing job.
 absl::Status RunJobWatch(CkptClient& client, const std::string& job_id,
                          const JobWaitOptions& options, std::ostream& out);

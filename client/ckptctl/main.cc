@@ -222,9 +222,10 @@ void AddFetchCommand(CLI::App& app, CommandLine& c) {
   auto* rank = c.fetch->add_option("--rank", cmd.rank, "Destination global rank");
   auto* merged = c.fetch->add_flag("--merged", cmd.merged, "Every tensor whole (single device)");
   merged->excludes(strategy)->excludes(rank);
-  c.fetch->add_option("--out", cmd.out_path,
-                      "Output .ckpt file (missing directories are created), or - for standard "
-                      "output")
+  c.fetch
+      ->add_option("--out", cmd.out_path,
+                   "Output .ckpt file (missing directories are created), or - for standard "
+                   "output")
       ->required();
   c.fetch->add_option("--include", cmd.include, "Only tensors matching this glob")
       ->allow_extra_args(false);
@@ -307,8 +308,8 @@ void AddJobsCommands(CLI::App& app, CommandLine& c) {
 }
 
 void AddHealthCommand(CLI::App& app, CommandLine& c) {
-  c.health = app.add_subcommand(
-      "health", "gRPC health check of the server: exit 0 when it is SERVING");
+  c.health =
+      app.add_subcommand("health", "gRPC health check of the server: exit 0 when it is SERVING");
   c.health->add_option("--service", c.health_service,
                        "Service to check, e.g. ckpt.v1.CheckpointService (default: the server)");
 }
@@ -412,8 +413,8 @@ absl::Status RunWithServer(const CommandLine& c, CkptClient& client, std::ostrea
     return RunFetch(client, command, out, std::cerr);
   }
   if (*c.deps) {
-    return RunRemoteDeps(client, c.deps_ckpt, c.deps_dst_strategy, c.deps_rank, c.deps_all,
-                         c.json, out);
+    return RunRemoteDeps(client, c.deps_ckpt, c.deps_dst_strategy, c.deps_rank, c.deps_all, c.json,
+                         out);
   }
   if (*c.ls) return RunList(client, c.json, out);
   if (*c.describe) return RunDescribe(client, c.checkpoint_id, c.json, out);

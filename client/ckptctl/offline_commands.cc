@@ -5,12 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/ckptctl/progress.h"
 #include "client/ckptctl/sample.h"
 #include "client/strategy_files.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "core/status_macros.h"
-#include "client/ckptctl/progress.h"
 #include "nlohmann/json.hpp"
 #include "storage/file_stream.h"
 
@@ -30,7 +30,8 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out) {
   while (true) {
     auto value = reader.NextValue();
     if (!value.ok()) {
-      return absl::Status(value.status().code(), absl::StrCat(path, ": ", value.status().message()));
+      return absl::Status(value.status().code(),
+                          absl::StrCat(path, ": ", value.status().message()));
     }
     if (!value->has_value()) break;
     const CkptTensor& v = **value;
@@ -39,18 +40,23 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out) {
       ++rows.back().chunks;
       continue;
     }
-    rows.push_back({v.name, std::string(DTypeName(v.dtype)), v.dims,
-                    static_cast<int64_t>(v.data.size()), 1});
+    rows.push_back(
+        {v.name, std::string(DTypeName(v.dtype)), v.dims, static_cast<int64_t>(v.data.size()), 1});
   }
   int64_t total = 0;
   for (const Row& r : rows) total += r.bytes;
   if (json) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows) {
-      j.push_back({{"name", r.name}, {"dtype", r.dtype}, {"shape", r.dims},
-                   {"bytes", r.bytes}, {"chunks", r.chunks}});
+      j.push_back({{"name", r.name},
+                   {"dtype", r.dtype},
+                   {"shape", r.dims},
+                   {"bytes", r.bytes},
+                   {"chunks", r.chunks}});
     }
-    out << nlohmann::json{{"file", path}, {"tensors", j}, {"total_bytes", total},
+    out << nlohmann::json{{"file", path},
+                          {"tensors", j},
+                          {"total_bytes", total},
                           {"crc_trailer", reader.had_crc_trailer()}}
                .dump()
         << "\n";
@@ -58,7 +64,8 @@ absl::Status RunInspect(const std::string& path, bool json, std::ostream& out) {
   }
   size_t width = 4;
   for (const Row& r : rows) width = std::max(width, r.name.size());
-  out << std::string("NAME") << std::string(width - 4 + 2, ' ') << "DTYPE     SHAPE            SIZE\n";
+  out << std::string("NAME") << std::string(width - 4 + 2, ' ')
+      << "DTYPE     SHAPE            SIZE\n";
   for (const Row& r : rows) {
     std::string shape = ShapeToString(r.dims);
     out << r.name << std::string(width - r.name.size() + 2, ' ') << r.dtype
@@ -117,7 +124,8 @@ void PrintDeps(const std::vector<std::pair<int64_t, std::vector<int64_t>>>& deps
                bool json, std::ostream& out) {
   if (json) {
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& [rank, ranks] : deps) list.push_back({{"rank", rank}, {"source_ranks", ranks}});
+    for (const auto& [rank, ranks] : deps)
+      list.push_back({{"rank", rank}, {"source_ranks", ranks}});
     out << (as_list ? list : list.at(0)).dump() << "\n";
     return;
   }
@@ -130,10 +138,9 @@ absl::Status RunLocalDeps(const std::string& src_path, const std::string& dst_pa
                           std::optional<int64_t> rank, bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(Strategy src, LoadStrategyPath(src_path));
   CKPT_ASSIGN_OR_RETURN(Strategy dst, LoadStrategyPath(dst_path));
-  CKPT_ASSIGN_OR_RETURN(
-      Resharder planner,
-      Resharder::CreateFromLayouts(std::make_shared<const Strategy>(std::move(src)),
-                                   std::make_shared<const Strategy>(std::move(dst))));
+  CKPT_ASSIGN_OR_RETURN(Resharder planner, Resharder::CreateFromLayouts(
+                                               std::make_shared<const Strategy>(std::move(src)),
+                                               std::make_shared<const Strategy>(std::move(dst))));
   std::vector<std::pair<int64_t, std::vector<int64_t>>> deps;
   if (rank) {
     CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> ranks, planner.SourceRanks(*rank));
@@ -169,11 +176,11 @@ absl::Status RunSample(const std::string& dir, bool json, std::ostream& out) {
         << "\n";
     return absl::OkStatus();
   }
-  out << "wrote " << dir << "/src_strategy.ckpt (" << src.world_size() << " ranks: "
-      << src.devices_per_stage() << " devices x " << src.stage_count()
-      << (src.stage_count() == 1 ? " stage), " : " stages), ") << dir
-      << "/dst_strategy.json (" << dst.world_size() << " ranks), " << dir
-      << "/checkpoint/rank_<r>/" << options.file_name << " and " << dir << "/whole.ckpt\n";
+  out << "wrote " << dir << "/src_strategy.ckpt (" << src.world_size()
+      << " ranks: " << src.devices_per_stage() << " devices x " << src.stage_count()
+      << (src.stage_count() == 1 ? " stage), " : " stages), ") << dir << "/dst_strategy.json ("
+      << dst.world_size() << " ranks), " << dir << "/checkpoint/rank_<r>/" << options.file_name
+      << " and " << dir << "/whole.ckpt\n";
   return absl::OkStatus();
 }
 

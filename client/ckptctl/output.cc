@@ -40,9 +40,7 @@ nlohmann::json TargetJson(const v1::TransformTarget& target) {
 
 }  // namespace
 
-void PrintJsonLine(const nlohmann::json& value, std::ostream& out) {
-  out << value.dump() << "\n";
-}
+void PrintJsonLine(const nlohmann::json& value, std::ostream& out) { out << value.dump() << "\n"; }
 
 nlohmann::json StrategyInfoJson(const v1::StrategyInfo& info) {
   return {{"name", info.name()},

@@ -28,8 +28,8 @@ nlohmann::json DescribeJson(const v1::DescribeCheckpointResponse& response);
 nlohmann::json FetchPlanJson(const v1::FetchPlanSummary& summary);
 // Every field of the job: id, state, checkpoint_id, destination_strategy, target {kind,
 // new_checkpoint_id | export_dir (+ ranks, prefix) | merged_file}, progress {...}, reason,
-// attempts, owner (the submitting principal), submitted_unix, started_unix, finished_unix (0 when not yet), percent (null before
-// the job knows its size).
+// attempts, owner (the submitting principal), submitted_unix, started_unix, finished_unix (0 when
+// not yet), percent (null before the job knows its size).
 nlohmann::json JobJson(const v1::Job& job);
 nlohmann::json UploadSummaryJson(const UploadSummary& summary);
 nlohmann::json ExportSummaryJson(const std::string& checkpoint_id,

@@ -73,8 +73,7 @@ std::string FormatProgressLine(int64_t done_bytes, int64_t total_bytes, double b
     // Both amounts in the total's unit, so they read as a fraction ("12.3/27.0 MiB").
     const Unit& unit = UnitFor(static_cast<double>(total_bytes));
     absl::StrAppend(&line, "[", std::string(filled, '#'), std::string(bar_width - filled, '.'),
-                    "] ", percent, "%  ",
-                    InUnit(static_cast<double>(done_bytes), unit), "/",
+                    "] ", percent, "%  ", InUnit(static_cast<double>(done_bytes), unit), "/",
                     InUnit(static_cast<double>(total_bytes), unit), " ", unit.name);
   } else {
     absl::StrAppend(&line, FormatBytes(done_bytes));
@@ -100,9 +99,9 @@ absl::StatusOr<ProgressMode> ParseProgressMode(std::string_view text) {
   if (text == "bar") return ProgressMode::kBar;
   if (text == "plain") return ProgressMode::kPlain;
   if (text == "none") return ProgressMode::kNone;
-  return absl::InvalidArgumentError(absl::StrCat("--progress must be auto, bar, plain or none, got \"",
-                                                 absl::string_view(text.data(), text.size()),
-                                                 "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--progress must be auto, bar, plain or none, got \"",
+                   absl::string_view(text.data(), text.size()), "\""));
 }
 
 ProgressMode ResolveProgressMode(ProgressMode mode) {

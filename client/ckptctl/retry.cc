@@ -29,9 +29,9 @@ absl::Status RunWithRetries(const RetryOptions& options, bool idempotent, const 
     // a fresh channel then connects at once when the server appears, where an old one may be in
     // gRPC's reconnect backoff.
     const absl::Duration connect_timeout =
-        waiting ? absl::Trunc(std::clamp(deadline - absl::Now(), absl::Milliseconds(100),
-                                         absl::Seconds(1)),
-                              absl::Milliseconds(100))
+        waiting ? absl::Trunc(
+                      std::clamp(deadline - absl::Now(), absl::Milliseconds(100), absl::Seconds(1)),
+                      absl::Milliseconds(100))
                 : absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<CkptClient>> client = connect(connect_timeout);
     const bool connected = client.ok();
@@ -50,10 +50,10 @@ absl::Status RunWithRetries(const RetryOptions& options, bool idempotent, const 
       }
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) {
-        return absl::UnavailableError(absl::StrCat(
-            status.message(), " (gave up after waiting ",
-            FormatDurationText(options.wait_for_server), ", ", attempts,
-            attempts == 1 ? " attempt)" : " attempts)"));
+        return absl::UnavailableError(absl::StrCat(status.message(), " (gave up after waiting ",
+                                                   FormatDurationText(options.wait_for_server),
+                                                   ", ", attempts,
+                                                   attempts == 1 ? " attempt)" : " attempts)"));
       }
       backoff = std::min(backoff, left);  // one last attempt at the deadline
     } else if (!idempotent || attempts >= options.attempts_without_wait) {

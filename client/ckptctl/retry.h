@@ -42,9 +42,9 @@ using AttemptFn = std::function<absl::Status(CkptClient& client)>;
 // in reconnect backoff does not delay a retry). An attempt that fails with UNAVAILABLE is run
 // again, after RetryBackoff, when `idempotent` (up to attempts_without_wait attempts, or until
 // wait_for_server has passed, the last attempt at that deadline); a failure to connect (nothing
-// was sent) is retried within wait_for_server for any command. `before_retry` (may be null) runs before each new attempt, e.g. to discard
-// the failed attempt's output. When waiting, one line on `err` says so. Returns the last
-// status. Not thread-safe.
+// was sent) is retried within wait_for_server for any command. `before_retry` (may be null) runs
+// before each new attempt, e.g. to discard the failed attempt's output. When waiting, one line on
+// `err` says so. Returns the last status. Not thread-safe.
 absl::Status RunWithRetries(const RetryOptions& options, bool idempotent, const ConnectFn& connect,
                             const AttemptFn& attempt, const std::function<void()>& before_retry,
                             std::ostream& err);

@@ -154,9 +154,8 @@ absl::Status RunUpload(CkptClient& client, const UploadCommand& command, std::os
   std::vector<std::string> warnings;
   for (const RankUploadResult& r : summary.ranks) {
     if (!command.json) {
-      out << "uploaded rank " << r.rank << " from " << r.file << ": "
-          << FormatBytes(r.file_bytes) << ", " << FormatBytes(r.response.bytes_stored())
-          << " stored\n";
+      out << "uploaded rank " << r.rank << " from " << r.file << ": " << FormatBytes(r.file_bytes)
+          << ", " << FormatBytes(r.response.bytes_stored()) << " stored\n";
     }
     warnings.insert(warnings.end(), r.response.warnings().begin(), r.response.warnings().end());
   }
@@ -218,8 +217,9 @@ absl::Status RunFetch(CkptClient& client, const FetchCommand& command, std::ostr
     PrintJsonLine(j, report);
     return absl::OkStatus();
   }
-  report << "fetched " << summary.tensor_count() << " tensors (" << FormatBytes(summary.total_bytes())
-         << ") from source ranks " << Bracketed(summary.source_ranks()) << " into "
+  report << "fetched " << summary.tensor_count() << " tensors ("
+         << FormatBytes(summary.total_bytes()) << ") from source ranks "
+         << Bracketed(summary.source_ranks()) << " into "
          << (command.out_path == "-" ? std::string("standard output") : command.out_path) << "\n";
   return absl::OkStatus();
 }
@@ -269,8 +269,8 @@ absl::Status RunList(CkptClient& client, bool json, std::ostream& out) {
     out << c.id()
         << "  source_strategy=" << (c.source_strategy().empty() ? "-" : c.source_strategy())
         << "  ranks=" << c.ranks() << "  tensors=" << c.tensor_count()
-        << "  stored=" << FormatBytes(c.stored_bytes()) << "  created=" << FormatUtcTime(c.created_unix())
-        << "\n";
+        << "  stored=" << FormatBytes(c.stored_bytes())
+        << "  created=" << FormatUtcTime(c.created_unix()) << "\n";
   }
   return absl::OkStatus();
 }
@@ -288,8 +288,7 @@ absl::Status RunDescribe(CkptClient& client, const std::string& checkpoint_id, b
       << (info.source_strategy().empty() ? "(none, whole tensors)" : info.source_strategy()) << ", "
       << info.ranks() << " ranks, " << info.tensor_count() << " tensors, "
       << FormatBytes(info.logical_bytes()) << " logical, " << FormatBytes(info.stored_bytes())
-      << " stored, created "
-      << FormatUtcTime(info.created_unix()) << "\n";
+      << " stored, created " << FormatUtcTime(info.created_unix()) << "\n";
   size_t name_width = 4;
   size_t dtype_width = 5;
   size_t shape_width = 5;
@@ -338,9 +337,9 @@ absl::Status RunHealth(CkptClient& client, const std::string& service, bool json
   CKPT_ASSIGN_OR_RETURN(const std::string status, std::move(answer));
   if (status != "SERVING") {
     // The unavailable class: a caller waiting for the server retries it.
-    return absl::UnavailableError(absl::StrCat(
-        "ckptd at ", client.address(), " reports ", status,
-        service.empty() ? std::string() : absl::StrCat(" for service ", service)));
+    return absl::UnavailableError(
+        absl::StrCat("ckptd at ", client.address(), " reports ", status,
+                     service.empty() ? std::string() : absl::StrCat(" for service ", service)));
   }
   if (json) {
     PrintJsonLine({{"server", client.address()}, {"service", service}, {"status", status}}, out);
@@ -433,14 +432,14 @@ absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
         << "\n";
   };
   const int64_t up = static_cast<int64_t>(s.uptime_seconds());
-  const std::string uptime = up >= 86400 ? absl::StrCat(up / 86400, "d ", up % 86400 / 3600, "h")
+  const std::string uptime = up >= 86400  ? absl::StrCat(up / 86400, "d ", up % 86400 / 3600, "h")
                              : up >= 3600 ? absl::StrCat(up / 3600, "h ", up % 3600 / 60, "m")
                              : up >= 60   ? absl::StrCat(up / 60, "m ", up % 60, "s")
                                           : absl::StrCat(up, "s");
   out << "ckptd " << s.version() << ", up " << uptime << "\n";
   out << "store\n";
-  line("checkpoints", absl::StrCat(s.checkpoints(), " (", FormatBytes(s.checkpoint_stored_bytes()),
-                                   " stored)"));
+  line("checkpoints",
+       absl::StrCat(s.checkpoints(), " (", FormatBytes(s.checkpoint_stored_bytes()), " stored)"));
   line("disk free", s.disk_free_bytes() < 0 ? "unknown" : FormatBytes(s.disk_free_bytes()));
   line("read", absl::StrCat(FormatBytes(s.store_bytes_read()), " in ", s.store_chunks_read(),
                             " chunks (", FormatBytes(s.store_bytes_copied()), " as copies)"));
@@ -452,8 +451,8 @@ absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
   line("sent", FormatBytes(s.fetch_bytes_sent()));
   line("queued now", FormatBytes(s.fetch_bytes_in_flight()));
   out << "upload\n";
-  line("open streams", absl::StrCat(s.upload_streams(), " (", s.pending_uploads(),
-                                    " checkpoint(s) in progress)"));
+  line("open streams",
+       absl::StrCat(s.upload_streams(), " (", s.pending_uploads(), " checkpoint(s) in progress)"));
   line("received", FormatBytes(s.upload_bytes_received()));
   out << "jobs\n";
   line("by state", absl::StrCat("queued=", s.jobs_queued(), " running=", s.jobs_running(),

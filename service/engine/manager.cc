@@ -28,13 +28,14 @@ bool MatchesAny(const google::protobuf::RepeatedPtrField<std::string>& globs,
 
 absl::Status ValidateName(const std::string& what, const std::string& name) {
   const bool ok_chars = std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
   });
   if (name.empty() || name.size() > 200 || !ok_chars || name[0] == '.' || name[0] == '-') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " \"", EscapeForLog(name), "\" is invalid: use 1-200 characters of [A-Za-z0-9._-], not starting "
-        "with '.' or '-'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " \"", EscapeForLog(name),
+                     "\" is invalid: use 1-200 characters of [A-Za-z0-9._-], not starting "
+                     "with '.' or '-'"));
   }
   return absl::OkStatus();
 }
@@ -59,8 +60,9 @@ absl::StatusOr<v1::StrategyInfo> CheckpointManager::PutStrategy(const std::strin
                                                                 v1::StrategyFormat format,
                                                                 bool overwrite) {
   CKPT_RETURN_IF_ERROR(ValidateName("strategy name", name));
-  auto parsed = ParseStrategy(content, format == v1::STRATEGY_FORMAT_JSON ? StrategyFormat::kJson
-                                                                          : StrategyFormat::kBinary);
+  auto parsed =
+      ParseStrategy(content, format == v1::STRATEGY_FORMAT_JSON ? StrategyFormat::kJson
+                                                                : StrategyFormat::kBinary);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy ", name, ": ", parsed.status().message()));
@@ -294,7 +296,8 @@ absl::StatusOr<v1::DescribeCheckpointResponse> CheckpointManager::DescribeCheckp
     *d->mutable_global_shape() = t.global_shape();
     d->set_kind(t.sharded() ? v1::TENSOR_KIND_SHARDED : v1::TENSOR_KIND_VERBATIM);
     if (t.sharded() && c->strategy) {
-      if (const Layout* l = ResolveLayout(*c->strategy, t.name(), true)) d->set_layout(l->ToString());
+      if (const Layout* l = ResolveLayout(*c->strategy, t.name(), true))
+        d->set_layout(l->ToString());
     }
     d->set_stored_slices(t.blobs_size());
     int64_t stored = 0;
@@ -351,9 +354,9 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
   constexpr int kMaxPatterns = 256;
   constexpr size_t kMaxPatternBytes = 1024;
   if (request.include_size() + request.exclude_size() > kMaxPatterns) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fetch has ", request.include_size() + request.exclude_size(),
-        " include and exclude patterns; at most ", kMaxPatterns, " are accepted"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fetch has ", request.include_size() + request.exclude_size(),
+                     " include and exclude patterns; at most ", kMaxPatterns, " are accepted"));
   }
   for (const auto* patterns : {&request.include(), &request.exclude()}) {
     for (const std::string& p : *patterns) {
@@ -367,11 +370,11 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
     }
     CKPT_ASSIGN_OR_RETURN(dst, GetStrategy(request.destination_strategy()));
   }
-  const std::string key = absl::StrCat(
-      request.checkpoint_id(), "\x1f",
-      request.merged() ? "\x01merged" : request.destination_strategy(), "\x1f",
-      absl::StrJoin(request.include(), "\x1e"), "\x1f", absl::StrJoin(request.exclude(), "\x1e"),
-      "\x1f", request.strict());
+  const std::string key =
+      absl::StrCat(request.checkpoint_id(), "\x1f",
+                   request.merged() ? "\x01merged" : request.destination_strategy(), "\x1f",
+                   absl::StrJoin(request.include(), "\x1e"), "\x1f",
+                   absl::StrJoin(request.exclude(), "\x1e"), "\x1f", request.strict());
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = plans_.begin(); it != plans_.end(); ++it) {
@@ -393,9 +396,9 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
   }
   auto planner = Resharder::Create(ckpt->strategy, dst, ckpt->catalog, options);
   if (!planner.ok()) {
-    return absl::Status(planner.status().code(),
-                        absl::StrCat("checkpoint ", request.checkpoint_id(), ": ",
-                                     planner.status().message()));
+    return absl::Status(
+        planner.status().code(),
+        absl::StrCat("checkpoint ", request.checkpoint_id(), ": ", planner.status().message()));
   }
   auto shared = std::make_shared<const Resharder>(*std::move(planner));
   std::lock_guard<std::mutex> lock(mu_);
@@ -416,8 +419,8 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   for (const TensorPlan& t : plan.tensors) {
     fingerprint = absl::HashOf(fingerprint, t.name, t.dst_box.lo, t.dst_box.hi);
   }
-  std::shared_ptr<const FetchCohort> cohort = shared_chunks_.JoinCohort(
-      absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint));
+  std::shared_ptr<const FetchCohort> cohort =
+      shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint));
   return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_,
                                        options_.fetch, std::move(cohort));
 }

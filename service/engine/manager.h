@@ -90,8 +90,8 @@ class CheckpointManager {
 
  private:
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(const std::string& id);
-  absl::StatusOr<std::shared_ptr<const Resharder>> Planner(const v1::FetchRequest& request,
-                                                           std::shared_ptr<const LoadedCheckpoint> ckpt);
+  absl::StatusOr<std::shared_ptr<const Resharder>> Planner(
+      const v1::FetchRequest& request, std::shared_ptr<const LoadedCheckpoint> ckpt);
   v1::CheckpointInfo InfoOf(const LoadedCheckpoint& ckpt) const;
   void InvalidatePlans();
 
@@ -101,7 +101,7 @@ class CheckpointManager {
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<PendingCheckpoint>> pending_;
-  std::map<std::string, std::shared_ptr<const Strategy>> strategies_;  // decoded cache
+  std::map<std::string, std::shared_ptr<const Strategy>> strategies_;           // decoded cache
   std::map<std::string, std::shared_ptr<const LoadedCheckpoint>> checkpoints_;  // decoded cache
   // Plan cache: key -> planner; a plain list (small) with most recent at the back.
   std::vector<std::pair<std::string, std::shared_ptr<const Resharder>>> plans_;

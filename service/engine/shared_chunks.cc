@@ -55,8 +55,8 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
       if (!joined->status.ok()) return joined->status;
       std::shared_ptr<StreamChunk> chunk = joined->chunk;
       // The table may have changed while waiting: find the entry again.
-      if (auto it = entries_.find(key); it != entries_.end() && it->second.cached &&
-                                        it->second.live.lock() == chunk) {
+      if (auto it = entries_.find(key);
+          it != entries_.end() && it->second.cached && it->second.live.lock() == chunk) {
         TakenLocked(it->second, taker);
       }
       lock.unlock();

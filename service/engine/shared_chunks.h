@@ -116,8 +116,7 @@ class SharedChunks {
   // `cohort`: the caller's cohort (null: none), whose open members are the takers the chunk is
   // kept for; `taker` identifies the calling stream, so that a stream asking again for a chunk
   // it had is not counted as another taker.
-  absl::StatusOr<std::shared_ptr<StreamChunk>> Get(const ChunkAddress& address,
-                                                   uint64_t checksum,
+  absl::StatusOr<std::shared_ptr<StreamChunk>> Get(const ChunkAddress& address, uint64_t checksum,
                                                    const FetchCohort* cohort = nullptr,
                                                    const void* taker = nullptr);
 
@@ -153,11 +152,11 @@ class SharedChunks {
   };
   using List = std::list<std::pair<Key, std::shared_ptr<StreamChunk>>>;
   struct Entry {
-    std::weak_ptr<StreamChunk> live;  // the chunk while anyone holds it
-    std::shared_ptr<Read> in_flight;  // while it is being read
-    bool cached = false;              // kept in wanted_ or spare_ (then lru_it is valid)
-    bool spare = false;               // in spare_
-    int takers_left = 0;              // expected takers that have not had it yet
+    std::weak_ptr<StreamChunk> live;    // the chunk while anyone holds it
+    std::shared_ptr<Read> in_flight;    // while it is being read
+    bool cached = false;                // kept in wanted_ or spare_ (then lru_it is valid)
+    bool spare = false;                 // in spare_
+    int takers_left = 0;                // expected takers that have not had it yet
     std::vector<const void*> taken_by;  // the takers that have had it (while kept)
     List::iterator lru_it;
   };

@@ -364,8 +364,8 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
   if (cur.total > limit - bytes_announced_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         Where(), ": tensor ", cur.name, " announces ", cur.total, " bytes, which with the ",
-        bytes_announced_, " bytes of the tensors before it exceeds the per-upload limit of ",
-        limit, " bytes (ckptd --max-upload-gib)"));
+        bytes_announced_, " bytes of the tensors before it exceeds the per-upload limit of ", limit,
+        " bytes (ckptd --max-upload-gib)"));
   }
   const Layout* layout =
       pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur.name, true) : nullptr;
@@ -613,9 +613,10 @@ absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
                                                    " bytes of tensor ", current_->name));
   }
   if (sent_.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Where(), " sent no tensors: a checkpoint rank with zero tensors (such as an empty or "
-        "0-byte .ckpt file) is refused"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(),
+                     " sent no tensors: a checkpoint rank with zero tensors (such as an empty or "
+                     "0-byte .ckpt file) is refused"));
   }
   CKPT_RETURN_IF_ERROR(CheckStageSent());
   std::unique_lock<std::mutex> lock(pending_->mu_);

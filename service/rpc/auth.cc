@@ -176,16 +176,13 @@ absl::StatusOr<LimitLease> Authenticator::Acquire(const Principal& principal,
 void Audit(const Principal* principal, std::string_view full_method, std::string_view peer,
            std::string_view target, const absl::Status& outcome) {
   const auto level = outcome.ok() ? spdlog::level::info : spdlog::level::warn;
-  AuditLogger()->log(level,
-                     "event=audit principal={} role={} method={} peer={} target={} outcome={}{}",
-                     principal ? principal->name : "-", principal ? RoleName(principal->role) : "-",
-                     ShortMethod(full_method), peer,
-                     target.empty() ? std::string("-") : EscapeForLog(target),
-                     absl::StatusCodeToString(outcome.code()),
-                     outcome.ok() ? ""
-                                  : absl::StrCat(" error=\"",
-                                                 EscapeForLog(std::string(outcome.message())),
-                                                 "\""));
+  AuditLogger()->log(
+      level, "event=audit principal={} role={} method={} peer={} target={} outcome={}{}",
+      principal ? principal->name : "-", principal ? RoleName(principal->role) : "-",
+      ShortMethod(full_method), peer, target.empty() ? std::string("-") : EscapeForLog(target),
+      absl::StatusCodeToString(outcome.code()),
+      outcome.ok() ? ""
+                   : absl::StrCat(" error=\"", EscapeForLog(std::string(outcome.message())), "\""));
 }
 
 }  // namespace ckpt

@@ -14,8 +14,8 @@
 #include "core/status_macros.h"
 #include "service/engine/store_maintenance.h"
 #include "service/rpc/grpc_status.h"
-#include "storage/file_stream.h"
 #include "spdlog/spdlog.h"
+#include "storage/file_stream.h"
 
 namespace ckpt {
 namespace {
@@ -32,10 +32,12 @@ absl::Status ShuttingDownError() { return absl::UnavailableError("ckptd is shutt
 void LogRpc(const char* method, const std::string& peer, const absl::Status& status, int64_t bytes,
             absl::Duration latency, const std::string& detail) {
   const auto level = status.ok() ? spdlog::level::info : spdlog::level::warn;
-  Logger()->log(level, "event=rpc method={} peer={} status={} bytes={} ms={:.1f}{}{}{}", method,
-                peer, absl::StatusCodeToString(status.code()), bytes,
-                absl::ToDoubleMilliseconds(latency), detail.empty() ? "" : " ", EscapeForLog(detail),
-                status.ok() ? "" : absl::StrCat(" error=\"", EscapeForLog(std::string(status.message())), "\""));
+  Logger()->log(
+      level, "event=rpc method={} peer={} status={} bytes={} ms={:.1f}{}{}{}", method, peer,
+      absl::StatusCodeToString(status.code()), bytes, absl::ToDoubleMilliseconds(latency),
+      detail.empty() ? "" : " ", EscapeForLog(detail),
+      status.ok() ? ""
+                  : absl::StrCat(" error=\"", EscapeForLog(std::string(status.message())), "\""));
 }
 
 // ------------------------------------------------------------------------------- unary
@@ -275,10 +277,10 @@ absl::Status CheckpointServiceImpl::CheckJobOwner(const Principal& who, const st
   auto existing = jobs_->Get(job_id);
   if (!existing.ok()) return existing.status();
   if (existing->owner() == who.name) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "principal ", who.name, " (role ", Sv(RoleName(who.role)), ") may ", Sv(verb),
-      " only its own jobs; to ", Sv(verb), " another principal's job needs role ",
-      Sv(RoleName(kOthersJobsRole))));
+  return absl::PermissionDeniedError(
+      absl::StrCat("principal ", who.name, " (role ", Sv(RoleName(who.role)), ") may ", Sv(verb),
+                   " only its own jobs; to ", Sv(verb), " another principal's job needs role ",
+                   Sv(RoleName(kOthersJobsRole))));
 }
 
 ProcessMemory ReadProcessMemory() {

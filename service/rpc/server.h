@@ -3,6 +3,8 @@
 #ifndef CKPT_SERVICE_RPC_SERVER_H_
 #define CKPT_SERVICE_RPC_SERVER_H_
 
+#include <grpcpp/server.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -10,16 +12,14 @@
 #include <string>
 #include <thread>
 
-#include <grpcpp/server.h>
-
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/engine/executor.h"
 #include "service/engine/job_runner.h"
 #include "service/engine/manager.h"
+#include "service/metrics/metrics.h"
 #include "service/rpc/auth.h"
 #include "service/rpc/auth_tls.h"
-#include "service/metrics/metrics.h"
 #include "service/rpc/checkpoint_service.h"
 #include "service/rpc/tcp_acceptor.h"
 #include "storage/checkpoint_store.h"

@@ -24,7 +24,8 @@ class RocksDbLogger final : public rocksdb::Logger {
   }
   void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
     spdlog::level::level_enum to = spdlog::level::debug;
-    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL && level != rocksdb::InfoLogLevel::HEADER_LEVEL) {
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL &&
+        level != rocksdb::InfoLogLevel::HEADER_LEVEL) {
       to = spdlog::level::err;
     } else if (level == rocksdb::InfoLogLevel::WARN_LEVEL) {
       to = spdlog::level::warn;

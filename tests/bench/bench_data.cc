@@ -97,8 +97,8 @@ absl::Status WriteRank(const BenchSpec& spec, const Strategy& source, int64_t ra
   CKPT_RETURN_IF_ERROR(writer.WriteTensor(
       "global_step", DType::kInt32, {}, std::string_view(reinterpret_cast<const char*>(&step), 4)));
   const float lr = 0.0001f;
-  CKPT_RETURN_IF_ERROR(writer.WriteTensor(
-      "learning_rate", DType::kFloat32, {}, std::string_view(reinterpret_cast<const char*>(&lr), 4)));
+  CKPT_RETURN_IF_ERROR(writer.WriteTensor("learning_rate", DType::kFloat32, {},
+                                          std::string_view(reinterpret_cast<const char*>(&lr), 4)));
   CKPT_RETURN_IF_ERROR(writer.Finish());
   return sink->Commit();
 }
@@ -235,8 +235,8 @@ absl::StatusOr<int64_t> WriteSourceCheckpoint(const BenchSpec& spec, const Strat
   int64_t bytes = 0;
   for (int64_t r = 0; r < world; ++r) {
     CKPT_RETURN_IF_ERROR(errors[static_cast<size_t>(r)]);
-    bytes += static_cast<int64_t>(std::filesystem::file_size(
-        absl::StrCat(dir, "/rank_", r, "/", kRankFileName)));
+    bytes += static_cast<int64_t>(
+        std::filesystem::file_size(absl::StrCat(dir, "/rank_", r, "/", kRankFileName)));
   }
   return bytes;
 }

@@ -30,10 +30,10 @@ std::optional<std::set<std::string>> ParseCases(const std::string& cases) {
   for (absl::string_view c : absl::StrSplit(cases, ',', absl::SkipEmpty())) {
     selected.insert(std::string(c));
   }
-  static const std::set<std::string> kKnown = {
-      "all",          "transport", "storage",    "fetch",     "8to3", "row_to_col",
-      "opt_to_plain", "merged",    "concurrent", "transform", "deps", "upload", "python", "tls",
-      "storm"};
+  static const std::set<std::string> kKnown = {"all",        "transport",  "storage",      "fetch",
+                                               "8to3",       "row_to_col", "opt_to_plain", "merged",
+                                               "concurrent", "transform",  "deps",         "upload",
+                                               "python",     "tls",        "storm"};
   for (const std::string& c : selected) {
     if (!kKnown.contains(c)) {
       std::fprintf(stderr, "ckpt_bench: unknown case '%s'\n", c.c_str());

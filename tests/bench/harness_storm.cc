@@ -58,8 +58,7 @@ void Harness::MeasureStorm() {
     const absl::StatusOr<v1::ServerStats> before = Stats();
     const absl::StatusOr<double> server_cpu_start = ProcessCpuSeconds(server_->pid());
     const auto start = Clock::now();
-    const std::optional<WorkersPass> done =
-        RunWorkersPass(workers, warmup ? nullptr : &cpu.client);
+    const std::optional<WorkersPass> done = RunWorkersPass(workers, warmup ? nullptr : &cpu.client);
     if (!done) return;
     const double seconds = Seconds(start);
     const absl::StatusOr<double> server_cpu_end = ProcessCpuSeconds(server_->pid());
@@ -68,9 +67,9 @@ void Harness::MeasureStorm() {
       r.bytes = done->bytes;
       r.unique_bytes = done->bytes / kStormDp;
     } else if (done->bytes != r.bytes) {
-      return Error("storm", absl::InternalError(absl::StrCat("pass ", pass, " delivered ",
-                                                             done->bytes, " bytes, the warm-up ",
-                                                             r.bytes)));
+      return Error("storm",
+                   absl::InternalError(absl::StrCat("pass ", pass, " delivered ", done->bytes,
+                                                    " bytes, the warm-up ", r.bytes)));
     }
     const double gibps = done->bytes / kGiB / seconds;
     std::optional<double> amplification;
@@ -123,8 +122,11 @@ void Harness::MeasureStorm() {
 nlohmann::json Harness::StormJson() const {
   using nlohmann::json;
   if (!storm_) {
-    return {{"workers", kStormTp * kStormDp}, {"gibps", nullptr},     {"ratio", nullptr},
-            {"read_amplification", nullptr},  {"slowest_over_median", nullptr},
+    return {{"workers", kStormTp * kStormDp},
+            {"gibps", nullptr},
+            {"ratio", nullptr},
+            {"read_amplification", nullptr},
+            {"slowest_over_median", nullptr},
             {"server_peak_rss_mib", nullptr}};
   }
   const StormResult& r = *storm_;
@@ -132,7 +134,8 @@ nlohmann::json Harness::StormJson() const {
   if (transport_gibps_ && *transport_gibps_ > 0) ratio = r.gibps / *transport_gibps_;
   auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
   json cpu = nullptr;
-  if (r.cpu) cpu = {{"server_cpu_s_per_gib", r.cpu->server}, {"client_cpu_s_per_gib", r.cpu->client}};
+  if (r.cpu)
+    cpu = {{"server_cpu_s_per_gib", r.cpu->server}, {"client_cpu_s_per_gib", r.cpu->client}};
   return {{"workers", r.workers},
           {"tensor_parallel", kStormTp},
           {"data_parallel", kStormDp},
@@ -161,20 +164,19 @@ void Harness::StormRows(std::vector<Row>* rows) const {
     amplification = r->read_amplification;
     if (transport_gibps_ && *transport_gibps_ > 0) ratio = r->gibps / *transport_gibps_;
   }
-  rows->push_back(
-      {absl::StrFormat("storm (%d workers, %dx%d TP x DP, median)", kStormTp * kStormDp, kStormTp,
-                       kStormDp),
-       absl::StrCat(Fmt(gibps, " GiB/s"), "  ratio ", Fmt(ratio, "")), "ratio >= 0.8",
-       Verdict(ratio ? std::optional<bool>(*ratio >= 0.8) : std::nullopt)});
+  rows->push_back({absl::StrFormat("storm (%d workers, %dx%d TP x DP, median)", kStormTp * kStormDp,
+                                   kStormTp, kStormDp),
+                   absl::StrCat(Fmt(gibps, " GiB/s"), "  ratio ", Fmt(ratio, "")), "ratio >= 0.8",
+                   Verdict(ratio ? std::optional<bool>(*ratio >= 0.8) : std::nullopt)});
   if (r && !r->passes_gibps.empty()) {
-    rows->push_back({"  passes (median of; after a warm-up)",
-                     absl::StrCat(Range(r->passes_gibps, 2), " GiB/s; warm-up ",
-                                  Fmt(r->warmup_gibps, "")),
-                     "", ""});
+    rows->push_back(
+        {"  passes (median of; after a warm-up)",
+         absl::StrCat(Range(r->passes_gibps, 2), " GiB/s; warm-up ", Fmt(r->warmup_gibps, "")), "",
+         ""});
   }
-  rows->push_back({"  read amplification (store / unique)", Fmt(amplification, "", 3), "<= 1.10",
-                   Verdict(amplification ? std::optional<bool>(*amplification <= 1.1 + 1e-9)
-                                         : std::nullopt)});
+  rows->push_back(
+      {"  read amplification (store / unique)", Fmt(amplification, "", 3), "<= 1.10",
+       Verdict(amplification ? std::optional<bool>(*amplification <= 1.1 + 1e-9) : std::nullopt)});
   rows->push_back({"  slowest worker / median worker", Fmt(spread, "", 2), "<= 1.5",
                    Verdict(spread ? std::optional<bool>(*spread <= 1.5) : std::nullopt)});
   if (r) {

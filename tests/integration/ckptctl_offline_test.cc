@@ -16,11 +16,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/ckptctl/progress.h"
 #include "client/ckptctl/sample.h"
 #include "core/ckpt_format.h"
 #include "core/reshard.h"
 #include "core/strategy.h"
-#include "client/ckptctl/progress.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -110,8 +110,8 @@ class CkptctlTest : public ::testing::Test {
   // Runs a command that must succeed silently on stderr; returns its stdout.
   static std::string RunOk(const std::vector<std::string>& args) {
     SubprocessResult r = Run(args);
-    EXPECT_EQ(r.exit_code, 0) << "ckptctl " << absl::StrJoin(args, " ") << "\nstderr: "
-                              << r.stderr_text;
+    EXPECT_EQ(r.exit_code, 0) << "ckptctl " << absl::StrJoin(args, " ")
+                              << "\nstderr: " << r.stderr_text;
     EXPECT_EQ(r.stderr_text, "") << "ckptctl " << absl::StrJoin(args, " ");
     return r.stdout_text;
   }
@@ -283,9 +283,9 @@ TEST_F(CkptctlTest, InspectReportsChunkedTensorsAndCrcTrailer) {
   CkptWriterOptions options;
   options.slice_bytes = 400;
   options.crc_trailer = true;
-  auto bytes = EncodeCkpt({{"big", DType::kFloat32, {250}, data},
-                           {"small", DType::kInt8, {3}, std::string("abc")}},
-                          options);
+  auto bytes = EncodeCkpt(
+      {{"big", DType::kFloat32, {250}, data}, {"small", DType::kInt8, {3}, std::string("abc")}},
+      options);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   const std::string file = Path("chunked.ckpt");
   WriteFile(file, *bytes);
@@ -337,8 +337,7 @@ TEST_F(CkptctlTest, StrategyShowTextListsEveryParameter) {
   const std::vector<std::string> lines = SplitLines(out);
   const Strategy src = DemoSourceStrategy();
   ASSERT_EQ(lines.size(), src.params().size() + 1) << out;
-  EXPECT_THAT(lines[0],
-              HasSubstr("8 parameters, 4 devices per stage, 2 stage(s), 8 ranks"));
+  EXPECT_THAT(lines[0], HasSubstr("8 parameters, 4 devices per stage, 2 stage(s), 8 ranks"));
   size_t i = 1;
   for (const auto& [name, param] : src.params()) {
     EXPECT_THAT(lines[i], HasSubstr(name));
@@ -352,8 +351,8 @@ TEST_F(CkptctlTest, StrategyShowTextListsEveryParameter) {
 
 TEST_F(CkptctlTest, DepsForOneRankIsTheSpecifiedJsonObject) {
   WriteSample();
-  auto planner = Resharder::CreateFromLayouts(LoadStrategy(SrcStrategy()),
-                                              LoadStrategy(DstStrategy()));
+  auto planner =
+      Resharder::CreateFromLayouts(LoadStrategy(SrcStrategy()), LoadStrategy(DstStrategy()));
   ASSERT_TRUE(planner.ok()) << planner.status();
   for (int64_t r = 0; r < planner->dst_world(); ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
@@ -372,14 +371,14 @@ TEST_F(CkptctlTest, DepsForOneRankIsTheSpecifiedJsonObject) {
 
 TEST_F(CkptctlTest, DepsAllIsAListOfRankObjects) {
   WriteSample();
-  auto planner = Resharder::CreateFromLayouts(LoadStrategy(SrcStrategy()),
-                                              LoadStrategy(DstStrategy()));
+  auto planner =
+      Resharder::CreateFromLayouts(LoadStrategy(SrcStrategy()), LoadStrategy(DstStrategy()));
   ASSERT_TRUE(planner.ok()) << planner.status();
   auto expected = planner->AllSourceRanks();
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  const Json j = RunJson({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy",
-                          DstStrategy(), "--all", "--json"});
+  const Json j = RunJson({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", DstStrategy(),
+                          "--all", "--json"});
   ASSERT_TRUE(j.is_array()) << j.dump();
   ASSERT_EQ(j.size(), expected->size());
   for (size_t r = 0; r < j.size(); ++r) {
@@ -390,8 +389,8 @@ TEST_F(CkptctlTest, DepsAllIsAListOfRankObjects) {
   }
 
   // The text form says the same, one line per rank.
-  const std::string text = RunOk({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy",
-                                  DstStrategy(), "--all"});
+  const std::string text =
+      RunOk({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", DstStrategy(), "--all"});
   std::vector<std::string> want;
   for (size_t r = 0; r < expected->size(); ++r) {
     want.push_back(absl::StrCat("rank ", r, ": ", absl::StrJoin((*expected)[r], " ")));
@@ -401,8 +400,8 @@ TEST_F(CkptctlTest, DepsAllIsAListOfRankObjects) {
 
 TEST_F(CkptctlTest, DepsOfIdenticalStrategiesReadsOnlyTheOwnStage) {
   WriteSample();
-  const Json j = RunJson({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy",
-                          SrcStrategy(), "--all", "--json"});
+  const Json j = RunJson({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", SrcStrategy(),
+                          "--all", "--json"});
   ASSERT_TRUE(j.is_array());
   ASSERT_EQ(j.size(), 8u);
   for (size_t r = 0; r < j.size(); ++r) {
@@ -511,12 +510,12 @@ TEST_F(CkptctlTest, MissingFilesAreOneLineErrors) {
   EXPECT_THAT(RunFails({"strategy", "merge", missing, "--out", Path("m.json")}),
               HasSubstr(missing));
   WriteSample();
-  EXPECT_THAT(RunFails({"deps", "--src-strategy", missing, "--dst-strategy", DstStrategy(),
-                        "--rank", "0"}),
-              HasSubstr(missing));
-  EXPECT_THAT(RunFails({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", missing,
-                        "--all"}),
-              HasSubstr(missing));
+  EXPECT_THAT(
+      RunFails({"deps", "--src-strategy", missing, "--dst-strategy", DstStrategy(), "--rank", "0"}),
+      HasSubstr(missing));
+  EXPECT_THAT(
+      RunFails({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", missing, "--all"}),
+      HasSubstr(missing));
 }
 
 TEST_F(CkptctlTest, CorruptCheckpointIsAOneLineError) {
@@ -555,8 +554,8 @@ TEST_F(CkptctlTest, GarbageStrategyIsAOneLineError) {
     EXPECT_THAT(RunFails({"strategy", "show", f}), HasSubstr(f));
     EXPECT_THAT(RunFails({"deps", "--src-strategy", f, "--dst-strategy", DstStrategy(), "--all"}),
                 HasSubstr(f));
-    EXPECT_THAT(RunFails({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", f,
-                          "--rank", "0", "--json"}),
+    EXPECT_THAT(RunFails({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", f, "--rank",
+                          "0", "--json"}),
                 HasSubstr(f));
   }
 }
@@ -565,8 +564,8 @@ TEST_F(CkptctlTest, DepsRankOutOfRangeIsAOneLineError) {
   WriteSample();
   for (const char* rank : {"3", "-1", "1000000"}) {
     SCOPED_TRACE(rank);
-    const std::string line = RunFails({"deps", "--src-strategy", SrcStrategy(), "--dst-strategy",
-                                       DstStrategy(), "--rank", rank});
+    const std::string line = RunFails(
+        {"deps", "--src-strategy", SrcStrategy(), "--dst-strategy", DstStrategy(), "--rank", rank});
     EXPECT_THAT(line, HasSubstr(absl::StrCat("rank ", rank)));
     EXPECT_THAT(line, HasSubstr("3 ranks"));
   }
@@ -574,8 +573,8 @@ TEST_F(CkptctlTest, DepsRankOutOfRangeIsAOneLineError) {
 
 TEST_F(CkptctlTest, DepsNeedsExactlyOneOfRankAndAll) {
   WriteSample();
-  const std::vector<std::string> base = {"deps", "--src-strategy", SrcStrategy(),
-                                         "--dst-strategy", DstStrategy()};
+  const std::vector<std::string> base = {"deps", "--src-strategy", SrcStrategy(), "--dst-strategy",
+                                         DstStrategy()};
   std::string neither = RunFails(base);
   EXPECT_THAT(neither, HasSubstr("--rank"));
   EXPECT_THAT(neither, HasSubstr("--all"));

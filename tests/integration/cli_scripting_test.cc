@@ -3,9 +3,9 @@
 // is produced for real and checked against one table; --wait-for-server outlasts a ckptd that
 // starts after the client; fetch --out - streams the .ckpt alone on standard output; jobs rm and
 // ckptd's --job-retention remove finished job records.
+#include <netinet/in.h>
 #include <rocksdb/db.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -103,9 +103,9 @@ class CliScriptingTest : public ::testing::Test {
     ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
     ASSERT_EQ(Ctl({"strategy", "put", "src", dir_ / "demo/src_strategy.ckpt"}).exit_code, 0);
     ASSERT_EQ(Ctl({"strategy", "put", "dst", dir_ / "demo/dst_strategy.json"}).exit_code, 0);
-    ASSERT_EQ(Ctl({"upload", "demo", "--strategy", "src", "--dir", dir_ / "demo/checkpoint"})
-                  .exit_code,
-              0);
+    ASSERT_EQ(
+        Ctl({"upload", "demo", "--strategy", "src", "--dir", dir_ / "demo/checkpoint"}).exit_code,
+        0);
   }
 
   // Flips one byte in the middle of one stored chunk, with the server stopped, then restarts it.
@@ -212,17 +212,16 @@ TEST_F(CliScriptingTest, EveryCommandPrintsParseableJson) {
                              "--dst-strategy", demo + "/dst_strategy.json", "--rank", "1"});
   EXPECT_EQ(local_deps["rank"], 1);
 
-  Json fetched = CtlJson({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out",
-                          dir_ / "f/rank1.ckpt"});
+  Json fetched = CtlJson(
+      {"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", dir_ / "f/rank1.ckpt"});
   ExpectBytes(fetched, "total_bytes");
   EXPECT_EQ(fetched["out"], dir_ / "f/rank1.ckpt");
-  Json exported =
-      CtlJson({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "exported"});
+  Json exported = CtlJson({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "exported"});
   EXPECT_EQ(exported["ranks"].size(), 3u);
   ExpectBytes(exported, "total_bytes");
 
-  Json submitted = CtlJson({"transform", "demo", "--dst-strategy", "dst", "--as", "demo_dst",
-                            "--id", "j1"});
+  Json submitted =
+      CtlJson({"transform", "demo", "--dst-strategy", "dst", "--as", "demo_dst", "--id", "j1"});
   EXPECT_EQ(submitted["job_id"], "j1");
   EXPECT_EQ(submitted["created"], true);
   std::vector<Json> states;
@@ -238,9 +237,8 @@ TEST_F(CliScriptingTest, EveryCommandPrintsParseableJson) {
   EXPECT_EQ(CtlJson({"jobs", "cancel", "j1"})["state"], "SUCCEEDED");
   // transform --wait: the submission, then the job's states, one JSON line each.
   states.clear();
-  Json waited = CtlJson({"transform", "demo", "--merged-file", "merged.ckpt", "--id", "j2",
-                         "--wait"},
-                        &states);
+  Json waited = CtlJson(
+      {"transform", "demo", "--merged-file", "merged.ckpt", "--id", "j2", "--wait"}, &states);
   ASSERT_FALSE(states.empty());
   EXPECT_EQ(states.front()["job_id"], "j2");
   EXPECT_EQ(waited["state"], "SUCCEEDED");
@@ -295,7 +293,10 @@ TEST_F(CliScriptingTest, ExitCodeOfEveryFailureClass) {
        ExitCode::kInvalidArgument,
        "INVALID_ARGUMENT"},
       {"unavailable: no server", nobody, {"ls"}, ExitCode::kUnavailable, "UNAVAILABLE"},
-      {"unavailable: health of no server", nobody, {"health"}, ExitCode::kUnavailable,
+      {"unavailable: health of no server",
+       nobody,
+       {"health"},
+       ExitCode::kUnavailable,
        "UNAVAILABLE"},
       {"other: unsupported strategy",
        self,
@@ -307,8 +308,8 @@ TEST_F(CliScriptingTest, ExitCodeOfEveryFailureClass) {
     SCOPED_TRACE(row.what);
     auto r = CtlAt(row.server, row.args);
     EXPECT_EQ(r.exit_code, static_cast<int>(row.expected))
-        << row.what << ": expected class " << ExitCodeName(row.expected) << "\nstderr: "
-        << r.stderr_text;
+        << row.what << ": expected class " << ExitCodeName(row.expected)
+        << "\nstderr: " << r.stderr_text;
     EXPECT_EQ(testing::SplitLines(r.stderr_text).size(), 1u) << r.stderr_text;
     if (!row.code_in_message.empty()) {
       EXPECT_THAT(r.stderr_text, HasSubstr("ckptctl: " + row.code_in_message + ": "));
@@ -351,9 +352,9 @@ TEST_F(CliScriptingTest, WaitForServerOutlastsALateServer) {
   EXPECT_EQ(gone.exit_code, static_cast<int>(ExitCode::kUnavailable));
   EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(10));
   // A non-idempotent command is not retried once sent, but --wait-for-server still bounds it.
-  auto upload = CtlAt(absl::StrCat("127.0.0.1:", UnusedPort()),
-                      {"--wait-for-server", "1s", "upload", "x", "--file",
-                       dir_ / "demo/whole.ckpt"});
+  auto upload =
+      CtlAt(absl::StrCat("127.0.0.1:", UnusedPort()),
+            {"--wait-for-server", "1s", "upload", "x", "--file", dir_ / "demo/whole.ckpt"});
   EXPECT_EQ(upload.exit_code, static_cast<int>(ExitCode::kUnavailable)) << upload.stderr_text;
   if (late) late->Stop();
 }
@@ -361,8 +362,7 @@ TEST_F(CliScriptingTest, WaitForServerOutlastsALateServer) {
 TEST_F(CliScriptingTest, FetchToStandardOutputIsTheFileAlone) {
   UploadDemo();
   const std::string file = dir_ / "rank1.ckpt";
-  ASSERT_EQ(Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", file})
-                .exit_code,
+  ASSERT_EQ(Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", file}).exit_code,
             0);
   const std::string expected = ReadFile(file);
   ASSERT_FALSE(expected.empty());
@@ -370,12 +370,11 @@ TEST_F(CliScriptingTest, FetchToStandardOutputIsTheFileAlone) {
     SCOPED_TRACE(out);
     auto r = Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", out});
     EXPECT_EQ(r.exit_code, 0) << r.stderr_text;
-    EXPECT_TRUE(r.stdout_text == expected) << "stdout is not the fetched .ckpt: "
-                                           << r.stdout_text.size() << " bytes, expected "
-                                           << expected.size();
+    EXPECT_TRUE(r.stdout_text == expected)
+        << "stdout is not the fetched .ckpt: " << r.stdout_text.size() << " bytes, expected "
+        << expected.size();
     EXPECT_THAT(r.stderr_text, HasSubstr("fetched 11 tensors"));
-    auto j = Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", out,
-                  "--json"});
+    auto j = Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", out, "--json"});
     EXPECT_TRUE(j.stdout_text == expected);
     EXPECT_THAT(j.stderr_text, HasSubstr("\"total_bytes\":"));
   }
@@ -393,10 +392,10 @@ TEST_F(CliScriptingTest, FetchToStandardOutputIsTheFileAlone) {
   const std::string target = dir_ / "target.ckpt";
   std::ofstream(target) << "old";
   fs::create_symlink(target, dir_ / "link.ckpt");
-  ASSERT_EQ(Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out",
-                 dir_ / "link.ckpt"})
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      Ctl({"fetch", "demo", "--dst-strategy", "dst", "--rank", "1", "--out", dir_ / "link.ckpt"})
+          .exit_code,
+      0);
   EXPECT_TRUE(fs::is_symlink(dir_ / "link.ckpt"));
   EXPECT_TRUE(ReadFile(target) == expected);
   // Missing parent directories are created, as export does.

@@ -37,12 +37,12 @@ using Json = nlohmann::json;
 constexpr char kStrategy8[] = "strategy_8_npus.ckpt";
 
 // Skips the test when fixture `name` is absent; otherwise declares `std::string var` = its path.
-#define REQUIRE_FIXTURE_PATH(var, name)                                                   \
-  const std::optional<std::string> var##_opt = ::ckpt::testing::FixturePath(name);       \
-  if (!var##_opt) {                                                                       \
-    GTEST_SKIP() << "MindSpore fixture " << (name) << " not found under "                 \
-                 << CKPT_FIXTURES_DIR << " (../shared is absent on a user's clone)";     \
-  }                                                                                       \
+#define REQUIRE_FIXTURE_PATH(var, name)                                                        \
+  const std::optional<std::string> var##_opt = ::ckpt::testing::FixturePath(name);             \
+  if (!var##_opt) {                                                                            \
+    GTEST_SKIP() << "MindSpore fixture " << (name) << " not found under " << CKPT_FIXTURES_DIR \
+                 << " (../shared is absent on a user's clone)";                                \
+  }                                                                                            \
   const std::string var = *var##_opt
 
 SubprocessResult RunCkptctl(const std::vector<std::string>& args) {
@@ -145,8 +145,7 @@ bool Sufficient(const Strategy& src, const Strategy& dst, int64_t dst_rank,
 // Sufficient, and no listed rank can be dropped.
 void ExpectMinimalCover(const Strategy& src, const Strategy& dst, int64_t dst_rank,
                         const std::vector<int64_t>& ranks) {
-  SCOPED_TRACE(absl::StrCat("destination rank ", dst_rank, ": [", absl::StrJoin(ranks, ", "),
-                            "]"));
+  SCOPED_TRACE(absl::StrCat("destination rank ", dst_rank, ": [", absl::StrJoin(ranks, ", "), "]"));
   EXPECT_FALSE(ranks.empty());
   EXPECT_TRUE(std::is_sorted(ranks.begin(), ranks.end()));
   EXPECT_EQ(std::set<int64_t>(ranks.begin(), ranks.end()).size(), ranks.size()) << "duplicates";
@@ -252,8 +251,8 @@ TEST(FixtureCompatTest, StrategyShowJsonHas144ParametersIn2Stages) {
   }
   EXPECT_EQ(all_stages, (std::set<int>{0, 1}));
   const std::string emb = "backbone.embedding.word_embedding.embedding_table";
-  EXPECT_EQ(shared, (std::set<std::string>{emb, "adam_m." + emb, "adam_v." + emb,
-                                           "accu_grads." + emb}));
+  EXPECT_EQ(shared,
+            (std::set<std::string>{emb, "adam_m." + emb, "adam_v." + emb, "accu_grads." + emb}));
 
   // The core parses the printed JSON to the same strategy as the binary file.
   auto reparsed = ParseStrategy(j.dump(), StrategyFormat::kJson);
@@ -334,8 +333,8 @@ TEST(FixtureCompatTest, DepsFromTheFixtureToAThreeDeviceStrategyAreMinimalCovers
 
   const Json j =
       RunJson({"deps", "--src-strategy", path, "--dst-strategy", dst_path, "--all", "--json"});
-  SubprocessResult one =
-      RunCkptctl({"deps", "--src-strategy", path, "--dst-strategy", dst_path, "--rank", "1", "--json"});
+  SubprocessResult one = RunCkptctl(
+      {"deps", "--src-strategy", path, "--dst-strategy", dst_path, "--rank", "1", "--json"});
 
   const auto deps = ParseDepsList(j, 3);
   ASSERT_EQ(deps.size(), 3u);

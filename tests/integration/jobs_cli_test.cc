@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/client.h"
 #include "client/ckptctl/sample.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixtures.h"
@@ -129,8 +129,8 @@ class JobsCliTest : public ::testing::Test {
     if (rank < 0) {
       CtlOk({"fetch", ckpt, "--merged", "--out", out});
     } else {
-      CtlOk({"fetch", ckpt, "--dst-strategy", strategy, "--rank", absl::StrCat(rank), "--out",
-             out});
+      CtlOk(
+          {"fetch", ckpt, "--dst-strategy", strategy, "--rank", absl::StrCat(rank), "--out", out});
     }
     return fs::exists(out) ? testing::ReadFileOrDie(out) : std::string("(fetch failed)");
   }
@@ -140,8 +140,8 @@ class JobsCliTest : public ::testing::Test {
                     const std::vector<int>& ranks, const std::string& prefix = "checkpoint_") {
     ASSERT_EQ(FilesUnder(dir), ExportLayout(ranks, prefix)) << dir;
     for (int r : ranks) {
-      EXPECT_TRUE(testing::ReadFileOrDie(absl::StrCat(dir, "/rank_", r, "/", prefix, r,
-                                                      ".ckpt")) == Fetched(ckpt, strategy, r))
+      EXPECT_TRUE(testing::ReadFileOrDie(absl::StrCat(dir, "/rank_", r, "/", prefix, r, ".ckpt")) ==
+                  Fetched(ckpt, strategy, r))
           << dir << " rank " << r << " differs from ckptctl fetch";
     }
   }
@@ -243,16 +243,16 @@ TEST_F(JobsCliTest, ClientExportWritesEveryFetchedRankAtomically) {
                      "NOT_FOUND");
   ExpectOneLineError({"export", "demo", "--dst-strategy", "nope", "--dir", dir_ / "local/nope"},
                      "NOT_FOUND");
-  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/bad",
-                      "--ranks", "0,3"},
-                     "OUT_OF_RANGE");
+  ExpectOneLineError(
+      {"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/bad", "--ranks", "0,3"},
+      "OUT_OF_RANGE");
   ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", local}, "ALREADY_EXISTS");
-  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/x",
-                      "--ranks", "1,1"},
-                     "listed more than once");
-  ExpectOneLineError({"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/x",
-                      "--prefix", "a/b"},
-                     "prefix");
+  ExpectOneLineError(
+      {"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/x", "--ranks", "1,1"},
+      "listed more than once");
+  ExpectOneLineError(
+      {"export", "demo", "--dst-strategy", "dst", "--dir", dir_ / "local/x", "--prefix", "a/b"},
+      "prefix");
   EXPECT_EQ(EntriesOf(dir_ / "local"), (std::set<std::string>{"empty", "export", "src"}));
   ExpectExport(local, "demo", "dst", {0, 1, 2});
 }
@@ -287,9 +287,9 @@ TEST_F(JobsCliTest, IdempotentSubmissionAndJobCommands) {
   ASSERT_EQ(lines.size(), 2u) << ls.stdout_text;
   EXPECT_THAT(ls.stdout_text,
               HasSubstr("J1  SUCCEEDED  demo -> export idem (destination strategy dst)  100%"));
-  EXPECT_THAT(ls.stdout_text,
-              HasSubstr(id2 +
-                        "  SUCCEEDED  demo -> checkpoint demo3 (destination strategy dst)  100%"));
+  EXPECT_THAT(
+      ls.stdout_text,
+      HasSubstr(id2 + "  SUCCEEDED  demo -> checkpoint demo3 (destination strategy dst)  100%"));
 
   auto get = CtlOk({"jobs", "get", "J1"});
   EXPECT_THAT(get.stdout_text, HasSubstr("job J1: SUCCEEDED\n"));
@@ -381,7 +381,8 @@ TEST_F(JobsCliTest, CrashDuringExportResumesOrFailsCleanly) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString();
-  ASSERT_GT(job.progress().bytes_total(), int64_t{3} << 20) << "the sample is too small to throttle";
+  ASSERT_GT(job.progress().bytes_total(), int64_t{3} << 20)
+      << "the sample is too small to throttle";
   EXPECT_THAT(CtlOk({"jobs", "get", "crash"}).stdout_text, HasSubstr("job crash: RUNNING"));
 
   // A worker's fetch is not queued behind the job nor held to its bandwidth.

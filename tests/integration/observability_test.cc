@@ -434,7 +434,7 @@ TEST_F(ObservabilityTest, JsonLogsAreOneObjectPerLineWithZonedTime) {
   EXPECT_GT(lines, 10) << log;
   EXPECT_EQ(events["start"], 1) << log;
   EXPECT_GE(events["rpc"], 8 + 1 + 2) << log;  // 8 uploads, 1 fetch, 2 PutStrategy at least
-  EXPECT_GE(events["shutdown"], 2) << log;  // drain and done at least
+  EXPECT_GE(events["shutdown"], 2) << log;     // drain and done at least
 }
 
 TEST_F(ObservabilityTest, TextLogsCarryTheirZoneAndTheMainLoggerName) {

@@ -1,6 +1,7 @@
 // End to end against a real ckptd on 127.0.0.1:0, driven through the client library and ckptctl
 // the way users do. Every fetched byte is compared with slices generated
-// independently of the server (client/ckptctl/sample.h: bytes are a pure function of name and index).
+// independently of the server (client/ckptctl/sample.h: bytes are a pure function of name and
+// index).
 #include <grpcpp/grpcpp.h>
 #include <rocksdb/db.h>
 
@@ -13,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/client.h"
 #include "client/ckptctl/sample.h"
+#include "client/client.h"
 #include "client/strategy_files.h"
 #include "core/checksum.h"
 #include "core/ckpt_format.h"
@@ -83,9 +84,7 @@ struct SleepyVisitor : TensorVisitor {
 
 class ServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    StartServer();
-  }
+  void SetUp() override { StartServer(); }
 
   void StartServer() {
     auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", {"--export-root", dir_.path()});
@@ -136,7 +135,8 @@ class ServerTest : public ::testing::Test {
                              [&](const FetchedTensor& f) { return f.header.name() == t.name; });
       ASSERT_NE(it, got.end()) << t.name << " not delivered to rank " << rank;
       ASSERT_EQ(Shape(it->header.local_shape().begin(), it->header.local_shape().end()),
-                box.shape()) << t.name;
+                box.shape())
+          << t.name;
       ASSERT_EQ(it->data, SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed))
           << t.name << " rank " << rank;
       seen.insert(t.name);
@@ -410,8 +410,8 @@ TEST_F(ServerTest, KilledUploadLeavesNothingVisible) {
   ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
   // Seven ranks complete, the eighth's client dies mid-tensor.
   for (int r = 0; r < 7; ++r) {
-    auto u = client_->UploadRank("demo", "src", r,
-                                 dir_ / absl::StrCat("demo/checkpoint/rank_", r, "/sample-1_10.ckpt"));
+    auto u = client_->UploadRank(
+        "demo", "src", r, dir_ / absl::StrCat("demo/checkpoint/rank_", r, "/sample-1_10.ckpt"));
     ASSERT_TRUE(u.ok()) << u.status();
     EXPECT_FALSE(u->committed());
   }
@@ -441,7 +441,8 @@ TEST_F(ServerTest, KilledUploadLeavesNothingVisible) {
   ASSERT_TRUE(ls.ok());
   EXPECT_TRUE(ls->empty()) << "a half-uploaded checkpoint became visible";
   // The rank can be sent again, and then the checkpoint commits.
-  auto last = client_->UploadRank("demo", "src", 7, dir_ / "demo/checkpoint/rank_7/sample-1_10.ckpt");
+  auto last =
+      client_->UploadRank("demo", "src", 7, dir_ / "demo/checkpoint/rank_7/sample-1_10.ckpt");
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_TRUE(last->committed());
   ExpectServes("demo", "src", DemoSourceStrategy(), DemoTensors());
@@ -548,7 +549,8 @@ TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
   ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
   ASSERT_EQ(Ctl({"strategy", "put", "src", dir_ / "demo/src_strategy.ckpt"}).exit_code, 0);
   ASSERT_EQ(Ctl({"strategy", "put", "dst", dir_ / "demo/dst_strategy.json"}).exit_code, 0);
-  ASSERT_EQ(Ctl({"upload", "demo", "--strategy", "src", "--dir", dir_ / "demo/checkpoint"}).exit_code, 0);
+  ASSERT_EQ(
+      Ctl({"upload", "demo", "--strategy", "src", "--dir", dir_ / "demo/checkpoint"}).exit_code, 0);
   const std::string ls_before = Ctl({"ls"}).stdout_text;
   const std::string strategies_before = Ctl({"strategy", "ls"}).stdout_text;
 
@@ -581,7 +583,8 @@ TEST_F(ServerTest, BadInputsGetClearErrorsAndChangeNothing) {
   wrong[0].global_shape = {48, 24};  // embedding should be [96, 24]
   ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), DemoTensors(), dir_ / "bad", {}).ok());
   ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), wrong, dir_ / "wrong", {}).ok());
-  std::filesystem::copy_file(dir_ / "wrong/rank_3/sample-1_10.ckpt", dir_ / "bad/rank_3/sample-1_10.ckpt",
+  std::filesystem::copy_file(dir_ / "wrong/rank_3/sample-1_10.ckpt",
+                             dir_ / "bad/rank_3/sample-1_10.ckpt",
                              std::filesystem::copy_options::overwrite_existing);
   expect_error({"upload", "bad", "--strategy", "src", "--dir", dir_ / "bad"}, "embedding");
 
@@ -729,8 +732,8 @@ TEST_F(ServerTest, OpenFetchStreamsAreCountedUntilTheyEndOrAreCancelled) {
   unknown.set_checkpoint_id("no-such-checkpoint");
   unknown.set_merged(true);
   EXPECT_EQ(client_->FetchAll(unknown).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(eventually(none_open)) << "after a late and a refused fetch: "
-                                     << stats().DebugString();
+  EXPECT_TRUE(eventually(none_open))
+      << "after a late and a refused fetch: " << stats().DebugString();
 }
 
 TEST(ServerDiskTest, WritesBelowTheDiskReserveAreResourceExhausted) {
@@ -743,7 +746,8 @@ TEST(ServerDiskTest, WritesBelowTheDiskReserveAreResourceExhausted) {
     auto client = *CkptClient::Connect((*server)->address());
     ASSERT_TRUE(client->PutStrategy("src", DemoSourceStrategy(), false).ok());
   }
-  auto server = ServerProcess::Start(CKPTD_PATH, dir / "data", {"--min-free-disk-mib", "1000000000"});
+  auto server =
+      ServerProcess::Start(CKPTD_PATH, dir / "data", {"--min-free-disk-mib", "1000000000"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = *CkptClient::Connect((*server)->address());
   ASSERT_TRUE(WriteShardedSample(DemoSourceStrategy(), DemoTensors(), dir / "src", {}).ok());
@@ -756,7 +760,8 @@ TEST(ServerDiskTest, WritesBelowTheDiskReserveAreResourceExhausted) {
   EXPECT_TRUE(client->ListCheckpoints()->empty());
   ASSERT_TRUE(client->GetStrategy("src").ok());  // reads are served
   // No store can be created below the reserve: a clear start-up error.
-  auto fresh = ServerProcess::Start(CKPTD_PATH, dir / "fresh", {"--min-free-disk-mib", "1000000000"});
+  auto fresh =
+      ServerProcess::Start(CKPTD_PATH, dir / "fresh", {"--min-free-disk-mib", "1000000000"});
   ASSERT_FALSE(fresh.ok());
   EXPECT_THAT(std::string(fresh.status().message()), HasSubstr("--min-free-disk-mib"));
 }

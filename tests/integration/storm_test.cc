@@ -19,8 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckpt.grpc.pb.h"
-#include "client/client.h"
 #include "client/ckptctl/sample.h"
+#include "client/client.h"
 #include "gtest/gtest.h"
 #include "storage/internal/index_records.h"
 #include "storage/internal/segment_directory.h"
@@ -41,7 +41,8 @@ std::vector<SampleTensor> Tensors() {
   std::vector<SampleTensor> out;
   for (int i = 0; i < 8; ++i) {
     out.push_back({absl::StrCat(i % 2 ? "col." : "row.", i),
-                   i % 3 == 2 ? DType::kBFloat16 : DType::kFloat32, {192, 512}});
+                   i % 3 == 2 ? DType::kBFloat16 : DType::kFloat32,
+                   {192, 512}});
   }
   return out;
 }

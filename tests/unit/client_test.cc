@@ -2,9 +2,10 @@
 // progress formatting, errors raised before any RPC, and the checks of fetched data against an
 // in-process peer that sends crafted messages. Real-server behaviour is covered by the
 // integration tests.
-#include <stdlib.h>
+#include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -18,17 +19,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
-#include "client/rank_directory.h"
-#include "core/checksum.h"
 #include "client/ckptctl/exit_codes.h"
 #include "client/ckptctl/job_commands.h"
 #include "client/ckptctl/output.h"
-#include "client/ckptctl/retry.h"
-#include "core/duration_text.h"
 #include "client/ckptctl/progress.h"
 #include "client/ckptctl/rank_list.h"
+#include "client/ckptctl/retry.h"
 #include "client/ckptctl/server_commands.h"
+#include "client/rank_directory.h"
+#include "core/checksum.h"
+#include "core/duration_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -162,7 +162,7 @@ TEST(ResolveRankFilesTest, ReturnsOneFilePerRankInRankOrder) {
   for (int r = 0; r < 12; ++r) {
     Touch(dir.path() / ("rank_" + std::to_string(r)) / "net-1_8.ckpt");
   }
-  Touch(dir.path() / "rank_3" / "net-2_8.ckpt");  // newer epoch for rank 3
+  Touch(dir.path() / "rank_3" / "net-2_8.ckpt");       // newer epoch for rank 3
   fs::create_directories(dir.path() / "rank_backup");  // not rank_<digits>: ignored
   Touch(dir.path() / "strategy.ckpt");
   auto files = ResolveRankFiles(dir.path().string(), 12);
@@ -179,9 +179,8 @@ TEST(ResolveRankFilesTest, MissingRankIsNamed) {
   for (int r : {0, 1, 3}) Touch(dir.path() / ("rank_" + std::to_string(r)) / "a-1_1.ckpt");
   auto files = ResolveRankFiles(dir.path().string(), 4);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Msg(files.status()),
-              AllOf(HasSubstr("missing rank_2"), HasSubstr("4 ranks"),
-                    Not(HasSubstr("rank_1,")), Not(HasSubstr("unexpected"))));
+  EXPECT_THAT(Msg(files.status()), AllOf(HasSubstr("missing rank_2"), HasSubstr("4 ranks"),
+                                         Not(HasSubstr("rank_1,")), Not(HasSubstr("unexpected"))));
 }
 
 TEST(ResolveRankFilesTest, RankBeyondWorldIsNamed) {
@@ -245,7 +244,8 @@ TEST(FormatProgressLineTest, StartAndEnd) {
 }
 
 TEST(FormatProgressLineTest, UnitsFollowTheTotal) {
-  EXPECT_EQ(FormatProgressLine(512, 2048, 1024.0), "[###.......] 25%  0.5/2.0 KiB  1.0 KiB/s  ETA 2s");
+  EXPECT_EQ(FormatProgressLine(512, 2048, 1024.0),
+            "[###.......] 25%  0.5/2.0 KiB  1.0 KiB/s  ETA 2s");
   EXPECT_EQ(FormatProgressLine(int64_t{3} << 30, int64_t{6} << 30, 100.0 * kMiB),
             "[#####.....] 50%  3.0/6.0 GiB  100.0 MiB/s  ETA 31s");
   EXPECT_EQ(FormatProgressLine(10, 100, 0), "[#.........] 10%  10/100 B  ETA --");
@@ -369,7 +369,9 @@ TEST(RetryTest, RetriesUnavailableOnlyWhenIdempotentAndBounded) {
   auto flaky = [&](CkptClient&) {
     return ++attempts < 2 ? absl::UnavailableError("down") : absl::NotFoundError("gone");
   };
-  EXPECT_EQ(RunWithRetries(options, true, connect, flaky, [&] { ++resets; }, err).code(),
+  EXPECT_EQ(RunWithRetries(
+                options, true, connect, flaky, [&] { ++resets; }, err)
+                .code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(attempts, 2);
   EXPECT_EQ(resets, 1);
@@ -626,7 +628,6 @@ class ScriptedFetchService final : public v1::CheckpointService::Service {
     return grpc::Status::OK;
   }
 
-
  private:
   std::vector<v1::FetchData> data_;
   const Shape local_;
@@ -739,9 +740,8 @@ TEST(CkptClientTest, BadBandsOfTilesAreDataLoss) {
   cases.push_back({"a tile outside its band",
                    {Tiles(array, local, {Box{{0, 0}, {2, 6}}}, 2)},
                    "is not inside band [1:3, 0:6]"});
-  cases.push_back({"a band beyond the slice",
-                   {Tiles(array, local, {left}, 4)},
-                   "outside a slice of 4 rows"});
+  cases.push_back(
+      {"a band beyond the slice", {Tiles(array, local, {left}, 4)}, "outside a slice of 4 rows"});
   {
     v1::FetchData d = Tiles(array, local, {left, right}, 2);
     d.mutable_tile_box()->RemoveLast();

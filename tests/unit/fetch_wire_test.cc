@@ -5,11 +5,11 @@
 #include <random>
 #include <string>
 
+#include "client/fetch_checker.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "tests/testing/byte_buffers.h"
-#include "client/fetch_checker.h"
 
 namespace ckpt {
 namespace {
@@ -52,8 +52,8 @@ void ExpectReadInPlace(const std::string& wire, const std::vector<size_t>& cuts,
 
 TEST(FetchWireTest, DataMessagesAreReadInPlaceHoweverSliced) {
   FetchWire got;  // reused: every parse must reset what the previous one left
-  for (size_t n : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16384},
-                   (size_t{1} << 20) + 3}) {
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16384}, (size_t{1} << 20) + 3}) {
     for (int parts : {1, 3}) {
       v1::FetchResponse m;
       m.mutable_data()->set_data(Bytes(n, static_cast<char>(parts)));
@@ -74,9 +74,8 @@ TEST(FetchWireTest, DataMessagesAreReadInPlaceHoweverSliced) {
         cut_sets.push_back({1, 3, wire.size() / 2, wire.size() - 9, wire.size() - 1});
       }
       for (const std::vector<size_t>& cuts : cut_sets) {
-        SCOPED_TRACE(::testing::Message() << n << " bytes, " << parts << " parts, "
-                                          << cuts.size() << " cuts from "
-                                          << (cuts.empty() ? 0 : cuts[0]));
+        SCOPED_TRACE(::testing::Message() << n << " bytes, " << parts << " parts, " << cuts.size()
+                                          << " cuts from " << (cuts.empty() ? 0 : cuts[0]));
         ExpectReadInPlace(wire, cuts, &got);
       }
     }
@@ -129,7 +128,8 @@ TEST(FetchWireTest, OtherMessagesAreParsedByProtobuf) {
   tensor.mutable_tensor()->set_name("w");
   v1::FetchResponse unknown_field;  // data, but with a field this version does not know
   unknown_field.mutable_data()->set_data("xyz");
-  unknown_field.mutable_data()->GetReflection()
+  unknown_field.mutable_data()
+      ->GetReflection()
       ->MutableUnknownFields(unknown_field.mutable_data())
       ->AddVarint(99, 5);
   for (const v1::FetchResponse& m : {summary, tensor, unknown_field}) {
@@ -149,8 +149,8 @@ TEST(FetchWireTest, MalformedMessagesAreErrors) {
   m.mutable_data()->add_part_checksums(5);
   const std::string wire = m.SerializeAsString();
   FetchWire got;
-  for (const std::string& bad : {wire.substr(0, wire.size() - 3), wire.substr(0, 2),
-                                 std::string("\x1a\x05\x0a\x09zz", 6)}) {
+  for (const std::string& bad :
+       {wire.substr(0, wire.size() - 3), wire.substr(0, 2), std::string("\x1a\x05\x0a\x09zz", 6)}) {
     grpc::ByteBuffer buffer = SlicedByteBuffer(bad, {});
     EXPECT_FALSE(ParseFetchWire(&buffer, &got).ok()) << bad.size() << " bytes";
   }

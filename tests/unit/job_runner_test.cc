@@ -28,9 +28,9 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/forwarding_store.h"
 #include "storage/checkpoint_store.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/forwarding_store.h"
 #include "tests/testing/subprocess.h"
 
 namespace ckpt {
@@ -181,7 +181,9 @@ class JobRunnerTest : public ::testing::Test {
     return options;
   }
 
-  void MakeManager() { manager_ = std::make_unique<CheckpointManager>(store_.get(), SmallOptions()); }
+  void MakeManager() {
+    manager_ = std::make_unique<CheckpointManager>(store_.get(), SmallOptions());
+  }
 
   // Strategies "src" (8 ranks, 2 stages) and "dst" (3 ranks), checkpoint "ck" under "src".
   void PopulateStore() {
@@ -567,8 +569,7 @@ TEST_F(JobRunnerTest, PythonDecodesExportedFileLikeTheCodec) {
   const auto out = nlohmann::json::parse(run->stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(out.is_discarded()) << run->stdout_text << run->stderr_text;
   if (run->exit_code == 3 && out.contains("skip")) {
-    GTEST_SKIP() << out["skip"].get<std::string>()
-                 << " (install python3-numpy python3-protobuf)";
+    GTEST_SKIP() << out["skip"].get<std::string>() << " (install python3-numpy python3-protobuf)";
   }
   ASSERT_EQ(run->exit_code, 0) << run->stdout_text << run->stderr_text;
   auto decoded = DecodeCkpt(testing::ReadFileOrDie(file));
@@ -630,7 +631,9 @@ TEST_F(JobRunnerTest, ResubmissionIsIdempotent) {
 
 TEST_F(JobRunnerTest, SubmissionIsValidated) {
   StartRunner();
-  auto code = [&](const v1::SubmitTransformRequest& r) { return runner_->Submit(r).status().code(); };
+  auto code = [&](const v1::SubmitTransformRequest& r) {
+    return runner_->Submit(r).status().code();
+  };
   using C = absl::StatusCode;
   EXPECT_EQ(code(ExportRequest("a", "relative/out")), C::kFailedPrecondition);  // no "relative"
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/../out")), C::kPermissionDenied);
@@ -641,7 +644,8 @@ TEST_F(JobRunnerTest, SubmissionIsValidated) {
   EXPECT_EQ(code(ExportRequest("a", tmp_ + "/out", {}, "a/b")), C::kInvalidArgument);
   // The file name prefix follows the one rank-file rule (core/rank_files.h), as on the client:
   // 1-200 characters of [A-Za-z0-9._-]; empty means the default.
-  for (const std::string& prefix : {std::string("net "), std::string("net:"), std::string(201, 'p')}) {
+  for (const std::string& prefix :
+       {std::string("net "), std::string("net:"), std::string(201, 'p')}) {
     auto bad = runner_->Submit(ExportRequest("a", tmp_ + "/out", {}, prefix));
     EXPECT_EQ(bad.status().code(), C::kInvalidArgument) << prefix;
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("A-Z a-z 0-9 . _ -")) << prefix;

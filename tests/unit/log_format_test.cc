@@ -53,10 +53,10 @@ TEST(JsonLogFormatterTest, FixedFieldsComeFirstWithAZonedTime) {
 }
 
 TEST(JsonLogFormatterTest, ValuesAreTypedAndQuotedOnesKeptWhole) {
-  const nlohmann::json j = Parse(Format(
-      "service", spdlog::level::warn,
-      "event=rpc ms=12.5 bytes=-3 ok=true peer=ipv4:1.2.3.4:5 version=1.2.3 "
-      "error=\"strategy \"a b\" not found: x=1\" after=2"));
+  const nlohmann::json j =
+      Parse(Format("service", spdlog::level::warn,
+                   "event=rpc ms=12.5 bytes=-3 ok=true peer=ipv4:1.2.3.4:5 version=1.2.3 "
+                   "error=\"strategy \"a b\" not found: x=1\" after=2"));
   EXPECT_EQ(j["ms"], 12.5);
   EXPECT_EQ(j["bytes"], -3);
   EXPECT_EQ(j["ok"], true);

@@ -21,10 +21,10 @@
 #include "ckpt_records.pb.h"
 #include "client/ckptctl/sample.h"
 #include "core/checksum.h"
+#include "core/tile_band.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_store.h"
-#include "core/tile_band.h"
 #include "tests/testing/forwarding_store.h"
 
 namespace ckpt {
@@ -82,7 +82,8 @@ class CorruptingStore final : public testing::ForwardingStore {
     std::lock_guard<std::mutex> lock(mu_);
     reads_.push_back(address);
     if (!data.ok()) return data;
-    if (address != corrupt_) return std::unique_ptr<ChunkData>(new CountedChunk(*std::move(data), &live_));
+    if (address != corrupt_)
+      return std::unique_ptr<ChunkData>(new CountedChunk(*std::move(data), &live_));
     std::string bytes((*data)->bytes());
     if (!bytes.empty()) bytes[bytes.size() / 2] ^= 0x20;
     return std::unique_ptr<ChunkData>(new OwnedChunk(std::move(bytes)));
@@ -261,9 +262,9 @@ class ManagerTest : public ::testing::Test {
         size_t offset = 0;
         for (size_t i = 0; i < piece.parts.size(); ++i) {
           const auto at = piece.tile_box.begin() + static_cast<std::ptrdiff_t>(2 * rank * i);
-          const Box tile{{at, at + static_cast<std::ptrdiff_t>(rank)},
-                         {at + static_cast<std::ptrdiff_t>(rank),
-                          at + static_cast<std::ptrdiff_t>(2 * rank)}};
+          const Box tile{
+              {at, at + static_cast<std::ptrdiff_t>(rank)},
+              {at + static_cast<std::ptrdiff_t>(rank), at + static_cast<std::ptrdiff_t>(2 * rank)}};
           const auto n = static_cast<size_t>(piece.parts[i].bytes);
           if (auto s = band->Add(tile, {std::string_view(data).substr(offset, n)}); !s.ok()) {
             return s;
@@ -363,16 +364,15 @@ class ManagerTest : public ::testing::Test {
       auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
                              [&](const auto& p) { return p.first.name() == t.name; });
       ASSERT_NE(it, got->tensors.end()) << t.name;
-      EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape,
-                                        Box::Whole(t.global_shape), kSeed))
+      EXPECT_EQ(it->second,
+                SampleSlice(t.name, t.dtype, t.global_shape, Box::Whole(t.global_shape), kSeed))
           << t.name;
     }
   }
 
   // Stores checkpoint `from` again as `to`, through the store's API: its chunks copied to a new
   // data id, and its manifest recording chunk checksum algorithm `algorithm`.
-  void StoreCopy(const std::string& from, const std::string& to,
-                 records::ChunkChecksum algorithm) {
+  void StoreCopy(const std::string& from, const std::string& to, records::ChunkChecksum algorithm) {
     auto bytes = store_->GetManifest(from);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     records::CheckpointManifest m;
@@ -403,8 +403,8 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
   FetchReader reader_ = FetchReader::kClient;  // of Fetch's streams
-  int64_t part_messages_ = 0;  // data messages of rows checked that had several parts
-  int64_t tile_messages_ = 0;  // data messages of tiles
+  int64_t part_messages_ = 0;         // data messages of rows checked that had several parts
+  int64_t tile_messages_ = 0;         // data messages of tiles
   v1::UploadResponse last_response_;  // of UploadRank's last successful rank
 };
 
@@ -590,9 +590,9 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
             EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
             EXPECT_THAT(std::string(status.message()),
                         HasSubstr(absl::StrCat("checkpoint ck tensor ")));
-            EXPECT_THAT(std::string(status.message()),
-                        HasSubstr(absl::StrCat(read[k].ToString(),
-                                               " failed its XXH3-64 checksum")));
+            EXPECT_THAT(
+                std::string(status.message()),
+                HasSubstr(absl::StrCat(read[k].ToString(), " failed its XXH3-64 checksum")));
           }
         }
       }
@@ -624,8 +624,8 @@ TEST_F(ManagerTest, FetchReleasesChunksItHasNoFurtherUseFor) {
   UploadAll("ck", "src", src, DemoTensors());
   auto manifest = store_->GetManifest("ck");
   ASSERT_TRUE(manifest.ok()) << manifest.status();
-  for (const auto& [name, layout] : {std::pair<std::string, const Strategy*>{"dst", &dst},
-                                     {"src", &src}}) {
+  for (const auto& [name, layout] :
+       {std::pair<std::string, const Strategy*>{"dst", &dst}, {"src", &src}}) {
     for (int64_t r = 0; r < layout->world_size(); ++r) {
       corrupting_->TakeReads();
       corrupting_->TakePeakLiveBytes();
@@ -669,7 +669,8 @@ TEST_F(ManagerTest, MergedFetchDeliversWholeTensors) {
     auto it = std::find_if(got->tensors.begin(), got->tensors.end(),
                            [&](const auto& p) { return p.first.name() == t.name; });
     ASSERT_NE(it, got->tensors.end());
-    EXPECT_EQ(it->second, SampleSlice(t.name, t.dtype, t.global_shape, Box::Whole(t.global_shape), kSeed));
+    EXPECT_EQ(it->second,
+              SampleSlice(t.name, t.dtype, t.global_shape, Box::Whole(t.global_shape), kSeed));
   }
 }
 
@@ -915,8 +916,8 @@ TEST_F(ManagerTest, SmallVerbatimValuesAreStoredOncePerDistinctValue) {
   tensors.push_back({"table", DType::kFloat16, {24, 20}});  // 960 bytes, 4 chunks
   constexpr int64_t kDivergent = 5;
   for (int64_t r = 0; r < src.world_size(); ++r) {
-    ASSERT_TRUE(UploadRank("ck", "src", &src, r, tensors, 37, r == kDivergent ? kSeed + 1 : kSeed)
-                    .ok())
+    ASSERT_TRUE(
+        UploadRank("ck", "src", &src, r, tensors, 37, r == kDivergent ? kSeed + 1 : kSeed).ok())
         << r;
     const int64_t extra = r == 0 || r == kDivergent ? 40 + 960 : 0;
     EXPECT_EQ(last_response_.bytes_stored(), demo_bytes[r] + extra) << "rank " << r;
@@ -1061,10 +1062,12 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
   int id = 0;
   for (Case& c : cases) {
     const std::string ck = absl::StrCat("ck", id++);
-    for (const auto& [name, s] : {std::pair<std::string, const Strategy*>{ck + "src", c.src},
-                                  {ck + "dst", &c.dst}}) {
-      ASSERT_TRUE(manager.PutStrategy(name, SerializeStrategy(*s, StrategyFormat::kJson),
-                                      v1::STRATEGY_FORMAT_JSON, false).ok());
+    for (const auto& [name, s] :
+         {std::pair<std::string, const Strategy*>{ck + "src", c.src}, {ck + "dst", &c.dst}}) {
+      ASSERT_TRUE(manager
+                      .PutStrategy(name, SerializeStrategy(*s, StrategyFormat::kJson),
+                                   v1::STRATEGY_FORMAT_JSON, false)
+                      .ok());
     }
     for (int64_t r = 0; r < c.src->world_size(); ++r) {
       const v1::UploadHeader h = Header(ck, ck + "src", r);

@@ -63,8 +63,8 @@ void CoverStages(std::vector<RandomParam>& params, bool src_side, int32_t stages
   }
 }
 
-std::shared_ptr<const Strategy> BuildStrategy(const std::vector<RandomParam>& params,
-                                              bool src_side, int32_t stages) {
+std::shared_ptr<const Strategy> BuildStrategy(const std::vector<RandomParam>& params, bool src_side,
+                                              int32_t stages) {
   std::map<std::string, StrategyParam> map;
   for (const auto& p : params) {
     const auto& l = src_side ? p.src : p.dst;
@@ -111,8 +111,10 @@ RandomCase MakeCase(Rng& rng, int64_t max_elements) {
     p.data = testing::Iota(*NumElements(p.shape), static_cast<uint32_t>(i * 7919));
     c.params.push_back(std::move(p));
   }
-  const bool any_src = std::any_of(c.params.begin(), c.params.end(), [](auto& p) { return p.src.has_value(); });
-  const bool any_dst = std::any_of(c.params.begin(), c.params.end(), [](auto& p) { return p.dst.has_value(); });
+  const bool any_src =
+      std::any_of(c.params.begin(), c.params.end(), [](auto& p) { return p.src.has_value(); });
+  const bool any_dst =
+      std::any_of(c.params.begin(), c.params.end(), [](auto& p) { return p.dst.has_value(); });
   if (!any_src) {
     c.params[0].src = Layout{};
     c.params[0].src->dev_matrix = {c.src_devices};

@@ -116,8 +116,8 @@ class FaultyStore final : public testing::ForwardingStore {
 std::vector<SampleTensor> Tensors() {
   std::vector<SampleTensor> out;
   for (int i = 0; i < 6; ++i) {
-    out.push_back({absl::StrCat(i % 2 ? "col." : "row.", i), i % 3 == 2 ? DType::kFloat16
-                                                                        : DType::kFloat32,
+    out.push_back({absl::StrCat(i % 2 ? "col." : "row.", i),
+                   i % 3 == 2 ? DType::kFloat16 : DType::kFloat32,
                    {64, 128}});
   }
   return out;

@@ -131,8 +131,7 @@ class StoreFixture : public ::testing::Test {
 
   // Reads a chunk, verified and unverified, and checks its bytes.
   void ExpectChunk(const ChunkAddress& address, const std::string& bytes) {
-    absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, Checksum(bytes));
+    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, Checksum(bytes));
     ASSERT_TRUE(data.ok()) << address.ToString() << ": " << data.status();
     EXPECT_TRUE((*data)->bytes() == bytes) << address.ToString() << ": " << (*data)->bytes().size()
                                            << " bytes read, " << bytes.size() << " expected";
@@ -142,8 +141,7 @@ class StoreFixture : public ::testing::Test {
   }
 
   void ExpectNoChunk(const ChunkAddress& address) {
-    absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, 0);
+    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, 0);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound)
         << address.ToString() << ": " << data.status();
     data = store_->ReadChunkUnverified(address);
@@ -249,9 +247,8 @@ TEST_P(StoreConformanceTest, ChunkDataStaysValidAfterLaterWrites) {
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {
       {Addr(0, 0, 0, 0), RandomBytes(100000, 4)}};
   const uint64_t id = Upload(&chunks);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<ChunkData> data,
-      store_->ReadChunk(chunks[0].first, Checksum(chunks[0].second)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
+                       store_->ReadChunk(chunks[0].first, Checksum(chunks[0].second)));
   for (uint32_t i = 1; i < 50; ++i) {
     ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, i), RandomBytes(20000, i)}}));
   }
@@ -264,8 +261,7 @@ TEST_P(StoreConformanceTest, ReadChunkVerifiesChecksum) {
   const uint64_t id = Upload(&chunks);
   for (const auto& [address, bytes] : chunks) {
     const uint64_t wrong = Checksum(bytes + "x");
-    absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        store_->ReadChunk(address, wrong);
+    absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(address, wrong);
     ASSERT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << data.status();
     EXPECT_THAT(Msg(data.status()),
                 HasSubstr("chunk " + address.ToString() + " failed its XXH3-64 checksum"));
@@ -595,8 +591,8 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
         absl::Status put = store_->PutChunks(batch);
         if (!put.ok()) return fail("PutChunks", put);
         // Read back what this thread wrote so far while the others keep writing.
-        absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(
-            Addr(*id, 0, c % 2, c), Checksum(payloads[c]));
+        absl::StatusOr<std::unique_ptr<ChunkData>> data =
+            store_->ReadChunk(Addr(*id, 0, c % 2, c), Checksum(payloads[c]));
         if (!data.ok()) return fail("ReadChunk", data.status());
       }
       // Every other thread throws its upload away; the rest commit.
@@ -608,8 +604,8 @@ TEST_P(StoreConformanceTest, ConcurrentUploadsAndReads) {
       absl::Status commit = store_->CommitCheckpoint("ckpt-" + std::to_string(t), "m", *id);
       if (!commit.ok()) return fail("CommitCheckpoint", commit);
       for (uint32_t k = 0; k < kChunks; ++k) {
-        absl::StatusOr<std::unique_ptr<ChunkData>> data = store_->ReadChunk(
-            Addr(*id, 0, k % 2, k), Checksum(payloads[k]));
+        absl::StatusOr<std::unique_ptr<ChunkData>> data =
+            store_->ReadChunk(Addr(*id, 0, k % 2, k), Checksum(payloads[k]));
         if (!data.ok()) return fail("ReadChunk after commit", data.status());
       }
     });
@@ -670,8 +666,8 @@ TEST_P(StoreConformanceTest, StreamsOfOneUploadReadBack) {
   ASSERT_OK(store_->CommitCheckpoint("streams", "m", id));
   for (uint32_t t = 0; t < kStreams; ++t) {
     for (uint32_t k = 0; k < kChunks; ++k) {
-      ASSERT_OK_AND_ASSIGN(auto data, store_->ReadChunk(Addr(id, t, 0, k),
-                                                        Checksum(payload(t, k))));
+      ASSERT_OK_AND_ASSIGN(auto data,
+                           store_->ReadChunk(Addr(id, t, 0, k), Checksum(payload(t, k))));
       EXPECT_EQ(data->bytes(), payload(t, k)) << "stream " << t << " chunk " << k;
     }
   }
@@ -735,8 +731,8 @@ TEST_F(SegmentStoreTest, EverythingPersistsAcrossReopen) {
 // Bytes of the store's segment files (chunk bytes) under the store directory `dir`.
 int64_t SegmentFileBytes(const std::string& dir) {
   int64_t bytes = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(
-           dir + "/" + segment_store_internal::kSegmentsDir)) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(dir + "/" + segment_store_internal::kSegmentsDir)) {
     if (entry.path().extension() == ".seg") bytes += static_cast<int64_t>(entry.file_size());
   }
   return bytes;
@@ -877,11 +873,8 @@ TEST_F(SegmentStoreTest, CorruptedChunkBytesAreDataLoss) {
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ((*data)->bytes().size(), original.size());
   EXPECT_NE((*data)->bytes(), original);
-  EXPECT_TRUE(absl::IsDataLoss(VerifyChunk(chunks[0].first, (*data)->bytes(),
-                                           Checksum(original))));
-  EXPECT_TRUE(
-      VerifyChunk(chunks[0].first, original, Checksum(original))
-          .ok());
+  EXPECT_TRUE(absl::IsDataLoss(VerifyChunk(chunks[0].first, (*data)->bytes(), Checksum(original))));
+  EXPECT_TRUE(VerifyChunk(chunks[0].first, original, Checksum(original)).ok());
 }
 
 TEST_F(SegmentStoreTest, DamagedSegmentFilesAreDataLossNamingTheFile) {
@@ -983,10 +976,9 @@ TEST_F(SegmentStoreTest, StoresWithAChunkBytesColumnFamilyAreRefused) {
   });
   absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenSegmentStore(db_dir_, options_);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-  EXPECT_THAT(Msg(refused.status()),
-              AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
-                    HasSubstr("has a \"chunks\" column family"),
-                    HasSubstr("keeps chunk bytes in segment files")));
+  EXPECT_THAT(Msg(refused.status()), AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
+                                           HasSubstr("has a \"chunks\" column family"),
+                                           HasSubstr("keeps chunk bytes in segment files")));
   // Nothing was changed: the family is still there, with its record.
   WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
                          const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
@@ -1063,9 +1055,8 @@ TEST_F(SegmentStoreTest, ChunksBeyondTheMapBudgetAreReadAsCopies) {
   {
     std::vector<std::unique_ptr<ChunkData>> held;
     for (const auto& [address, bytes] : chunks) {
-      ASSERT_OK_AND_ASSIGN(
-          std::unique_ptr<ChunkData> data,
-          store_->ReadChunk(address, Checksum(bytes)));
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkData> data,
+                           store_->ReadChunk(address, Checksum(bytes)));
       EXPECT_EQ(data->bytes(), bytes);
       held.push_back(std::move(data));
     }
@@ -1111,7 +1102,7 @@ TEST_F(SegmentStoreTest, OpenOnAFileFailsNamingIt) {
 
 TEST_F(SegmentStoreTest, MeasuresFreeDiskWhenNotInjected) {
   options_.min_free_disk_bytes = int64_t{1} << 60;  // more than any test machine has
-  ASSERT_NO_FATAL_FAILURE(Reopen());  // read-only: the disk is below the reserve
+  ASSERT_NO_FATAL_FAILURE(Reopen());                // read-only: the disk is below the reserve
   absl::Status full = store_->BeginData().status();
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_THAT(Msg(full), HasSubstr(db_dir_));
@@ -1153,8 +1144,7 @@ TEST_F(SegmentStoreTest, EveryWriteRefusedBelowTheReserveAndOpenIsReadOnly) {
     expect_refused(store_->DeleteStrategy("s2"), "DeleteStrategy");
     expect_refused(store_->BeginData().status(), "BeginData");
     if (live) {
-      expect_refused(store_->PutChunks({ChunkWrite{Addr(pending_id, 0, 0, 1), "x"}}),
-                     "PutChunks");
+      expect_refused(store_->PutChunks({ChunkWrite{Addr(pending_id, 0, 0, 1), "x"}}), "PutChunks");
       expect_refused(store_->CommitCheckpoint("c2", "m", pending_id), "CommitCheckpoint");
     }
     expect_refused(store_->DeleteCheckpoint("c"), "DeleteCheckpoint");

@@ -674,8 +674,8 @@ TEST(StrategyCreateTest, RejectsInvalidStrategies) {
 
 TEST(StrategyCreateTest, RejectsControlCharactersWorldsTooLargeAndHugeJson) {
   for (const std::string& name :
-       std::vector<std::string>{"w\nevent=forged", std::string("w\0x", 3), "w\x1b[31m",
-                                "w\xc2\x85", std::string(5000, 'w')}) {
+       std::vector<std::string>{"w\nevent=forged", std::string("w\0x", 3), "w\x1b[31m", "w\xc2\x85",
+                                std::string(5000, 'w')}) {
     std::map<std::string, StrategyParam> params;
     params[name] = Param(MakeLayout({2}, {{0}}));
     absl::Status s = Strategy::Create(params, 1).status();
@@ -692,10 +692,10 @@ TEST(StrategyCreateTest, RejectsControlCharactersWorldsTooLargeAndHugeJson) {
   // JSON texts that would cost far more memory parsed than their size.
   std::string deep(100, '[');
   deep += std::string(100, ']');
-  ExpectError(ParseStrategy(absl::StrCat(R"({"parallel_layout_item": )", deep, "}"),
-                            StrategyFormat::kJson)
-                  .status(),
-              absl::StatusCode::kInvalidArgument, {"nests deeper than"});
+  ExpectError(
+      ParseStrategy(absl::StrCat(R"({"parallel_layout_item": )", deep, "}"), StrategyFormat::kJson)
+          .status(),
+      absl::StatusCode::kInvalidArgument, {"nests deeper than"});
   std::string many = R"({"x": [)";
   for (int i = 0; i < (1 << 23) + 10; ++i) many += "0,";
   many += "0]}";

@@ -103,7 +103,7 @@ TEST(TileBandTest, BadTilesAndBandsAreRefusedNamingThem) {
       {{{1, 2}, {3, 6}}, 2 * 4 * 4, "overlaps tile [1:3, 0:3]"},
       {{{0, 3}, {2, 6}}, 2 * 3 * 4, "is not inside band [1:3, 0:6]"},
       {{{1, 3}, {3, 7}}, 2 * 4 * 4, "is not inside band"},
-      {{{1}, {3}}, 2 * 4, "is not inside band"},  // wrong rank
+      {{{1}, {3}}, 2 * 4, "is not inside band"},    // wrong rank
       {{{1, 3}, {3, 3}}, 0, "is not inside band"},  // empty
       {{{1, 3}, {3, 6}}, 2 * 3 * 4 - 1, "has 23 bytes, expected 24"},
   };
@@ -117,15 +117,16 @@ TEST(TileBandTest, BadTilesAndBandsAreRefusedNamingThem) {
   EXPECT_FALSE((*band)->complete());  // nothing of the refused tiles counted
   ASSERT_TRUE((*band)->Add({{1, 3}, {3, 6}}, {std::string(24, 'c')}).ok());
   EXPECT_TRUE((*band)->complete());
-  EXPECT_EQ((*band)->bytes(), std::string(12, 'a') + std::string(12, 'c') +
-                                  std::string(12, 'a') + std::string(12, 'c'));
+  EXPECT_EQ((*band)->bytes(), std::string(12, 'a') + std::string(12, 'c') + std::string(12, 'a') +
+                                  std::string(12, 'c'));
 
   EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {}, 0, 1, 1 << 20).status().message()),
               HasSubstr("scalar"));
   EXPECT_THAT(std::string(TileBand::Start(DType::kInt4, {4, 6}, 0, 1, 1 << 20).status().message()),
               HasSubstr("sub-byte"));
-  EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {4, 6}, 3, 2, 1 << 20).status().message()),
-              HasSubstr("outside a slice of 4 rows"));
+  EXPECT_THAT(
+      std::string(TileBand::Start(DType::kFloat32, {4, 6}, 3, 2, 1 << 20).status().message()),
+      HasSubstr("outside a slice of 4 rows"));
   EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {4, 6}, 0, 4, 95).status().message()),
               HasSubstr("of 96 bytes exceeds the limit of 95"));
 }
