@@ -46,4 +46,41 @@ package: build
 	cd $(BUILD_DIR) && cpack -G DEB
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+
+# ------------------------------------------------------------------ sanitizers
+# The suite built with AddressSanitizer + UndefinedBehaviorSanitizer (ASAN_DIR) or
+# ThreadSanitizer (TSAN_DIR), run under tests/sanitizers/env.sh (options and third-party
+# suppressions; tests/sanitizers/README.md). Tests that only re-run the same binaries from
+# Python, the docs, packaging, the benchmark smoke and the fault loop are left out
+# (SAN_EXCLUDE, ctest labels); ThreadSanitizer builds and runs the multi-threaded engine, storage
+# and rpc tests (label "threads") and the binaries they start.
+ASAN_DIR ?= build-asan
+TSAN_DIR ?= build-tsan
+SAN_EXCLUDE ?= python|docs|deploy|bench|chaos
+TSAN_TARGETS ?= ckptd ckptctl store_test segment_files_test service_test job_test server_test \
+	jobs_cli_test auth_test hostile_input_test
+SANITIZE_ENV = tests/sanitizers/env.sh
+
+.PHONY: test-asan test-tsan
+
+test-asan: deps
+	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=address,undefined
+	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j$(JOBS)
+	cd $(ASAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -LE '$(SAN_EXCLUDE)'
+
+test-tsan: deps
+	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread
+	$(SANITIZE_ENV) cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
+	cd $(TSAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -L threads
+
+# ------------------------------------------------------------------ fault loop
+# ckptd killed with SIGKILL N times during random uploads, transform and export jobs and
+# deletes, restarted, every committed checkpoint checked byte for byte (tests/chaos/chaos.py).
+# CHAOS_ARGS e.g. "--seed 7 -v --big-mib 32".
+N ?= 20
+CHAOS_ARGS ?=
+.PHONY: chaos
+chaos: build
+	python3 tests/chaos/chaos.py --ckptd $(BUILD_DIR)/service/ckptd \
+	  --ckptctl $(BUILD_DIR)/client/ckptctl -n $(N) $(CHAOS_ARGS)
