@@ -323,9 +323,9 @@ class Chaos:
             job_state = self.wait_job(f"job{i}")
             if done and job_state != "SUCCEEDED":
                 self.mismatch(f"round {i}: {kind} job{i} reported success, now {job_state}")
-            if job_state in ("FAILED", "CANCELLED") or (job_state is None and not done):
-                self.outcomes[f"{kind} job {job_state}"] = \
-                    self.outcomes.get(f"{kind} job {job_state}", 0) + 1
+            if not done:  # how the interrupted job ended: resumed, failed or never submitted
+                end = {None: "not submitted"}.get(job_state, str(job_state).lower())
+                self.outcomes[f"{kind} job {end}"] = self.outcomes.get(f"{kind} job {end}", 0) + 1
 
         listed = self.listed()
         # The interrupted operation's target may or may not exist; anything else must match.
