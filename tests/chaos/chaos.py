@@ -161,7 +161,10 @@ class Chaos:
 
     def kill(self) -> None:
         assert self.proc is not None
-        if self.proc.poll() is None:
+        if self.proc.poll() is not None:  # a crash (or a sanitizer report) before the kill
+            self.mismatch(f"ckptd exited {self.proc.returncode} on its own "
+                          f"(log: {self.work / 'ckptd.log'})")
+        else:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.proc = None
@@ -175,6 +178,12 @@ class Chaos:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.returncode != 0:
+                self.mismatch(f"ckptd exited {self.proc.returncode} after SIGTERM "
+                              f"(log: {self.work / 'ckptd.log'})")
+        elif self.proc is not None:
+            self.mismatch(f"ckptd exited {self.proc.returncode} on its own "
+                          f"(log: {self.work / 'ckptd.log'})")
         self.proc = None
 
     # -- data
