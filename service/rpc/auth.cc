@@ -1,11 +1,13 @@
 #include "service/rpc/auth.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/absl_compat.h"
+#include "core/names.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt {
@@ -178,9 +180,11 @@ void Audit(const Principal* principal, std::string_view full_method, std::string
   AuditLogger()->log(level,
                      "event=audit principal={} role={} method={} peer={} target={} outcome={}{}",
                      principal ? principal->name : "-", principal ? RoleName(principal->role) : "-",
-                     ShortMethod(full_method), peer, target.empty() ? "-" : target,
+                     ShortMethod(full_method), EscapeForLog(peer),
+                     target.empty() ? "-" : EscapeForLog(target),
                      absl::StatusCodeToString(outcome.code()),
-                     outcome.ok() ? "" : absl::StrCat(" error=\"", outcome.message(), "\""));
+                     outcome.ok() ? ""
+                                  : absl::StrCat(" error=\"", EscapeForLog(std::string(outcome.message())), "\""));
 }
 
 }  // namespace ckpt
