@@ -63,4 +63,47 @@ fuzz: configure
 	bash tests/fuzz/run.sh $(FUZZ_DIR) $(BUILD_DIR)/client/ckptctl $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+
+# ------------------------------------------------------------------ sanitizers
+# The suite built with AddressSanitizer + UndefinedBehaviorSanitizer (ASAN_DIR) or
+# ThreadSanitizer (TSAN_DIR), run under tests/sanitizers/env.sh (options and third-party
+# suppressions; tests/sanitizers/README.md). Tests that only re-run the same binaries from
+# Python, the docs, packaging, the benchmark smoke and the fault loop are left out
+# (SAN_EXCLUDE, ctest labels: they re-run the same binaries, and the load test measures throughput); ThreadSanitizer builds and runs the multi-threaded engine, storage
+# and rpc tests (label "threads") and the binaries they start.
+ASAN_DIR ?= build-asan
+TSAN_DIR ?= build-tsan
+SAN_EXCLUDE ?= python|docs|deploy|bench|chaos|load
+# ASan builds every test binary the run needs (not the benchmark harness); TSan the
+# multi-threaded ones.
+ASAN_TARGETS ?= ckptd ckptctl core_test files_test store_test segment_files_test client_test \
+	service_test job_test ckptctl_test fixture_compat_test server_test jobs_cli_test auth_test \
+	hostile_input_test disk_full_test cli_scripting_test observability_test stall_test \
+	store_maintenance_test storm_test
+TSAN_TARGETS ?= ckptd ckptctl store_test segment_files_test service_test job_test server_test \
+	jobs_cli_test auth_test hostile_input_test stall_test storm_test store_maintenance_test
+SANITIZE_ENV = tests/sanitizers/env.sh
+
+.PHONY: test-asan test-tsan
+
+test-asan: deps
+	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=address,undefined
+	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TARGETS)
+	cd $(ASAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -LE '$(SAN_EXCLUDE)'
+
+test-tsan: deps
+	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread
+	$(SANITIZE_ENV) cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
+	cd $(TSAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -L threads
+
+# ------------------------------------------------------------------ fault loop
+# ckptd killed with SIGKILL N times during random uploads, transform and export jobs and
+# deletes, restarted, every committed checkpoint checked byte for byte (tests/chaos/chaos.py).
+# CHAOS_ARGS e.g. "--seed 7 -v --big-mib 32".
+N ?= 20
+CHAOS_ARGS ?=
+.PHONY: chaos
+chaos: build
+	python3 tests/chaos/chaos.py --ckptd $(BUILD_DIR)/service/ckptd \
+	  --ckptctl $(BUILD_DIR)/client/ckptctl -n $(N) $(CHAOS_ARGS)

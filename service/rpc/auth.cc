@@ -1,5 +1,6 @@
 #include "service/rpc/auth.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -179,7 +180,7 @@ void Audit(const Principal* principal, std::string_view full_method, std::string
   AuditLogger()->log(
       level, "event=audit principal={} role={} method={} peer={} target={} outcome={}{}",
       principal ? principal->name : "-", principal ? RoleName(principal->role) : "-",
-      ShortMethod(full_method), peer, target.empty() ? std::string("-") : EscapeForLog(target),
+      ShortMethod(full_method), EscapeForLog(peer), target.empty() ? std::string("-") : EscapeForLog(target),
       absl::StatusCodeToString(outcome.code()),
       outcome.ok() ? ""
                    : absl::StrCat(" error=\"", EscapeForLog(std::string(outcome.message())), "\""));

@@ -102,7 +102,8 @@ class Authenticator {
 };
 
 // Writes one audit line. `principal` may be null (authentication failed). `target` names what
-// the call acts on (checkpoint, strategy or job id; "-" when unknown).
+// the call acts on (checkpoint, strategy or job id; "-" when unknown). Client-chosen text (the
+// target, the peer, the error message) is escaped (EscapeForLog), so none can forge a line.
 void Audit(const Principal* principal, std::string_view full_method, std::string_view peer,
            std::string_view target, const absl::Status& outcome);
 

@@ -232,7 +232,9 @@ TEST_F(HostileInputTest, NamesWithControlCharactersAreRefused) {
     EXPECT_THAT(status.error_message(), Not(HasSubstr("\n")));
   }
   ExpectServing();
-  // Every forged text stayed inside the line that logged it.
+  // Every forged text stayed inside the line that logged it: the rpc and the audit lines, all
+  // written once the server has stopped.
+  EXPECT_EQ(server_->Stop(), 0);
   const std::string log = server_->Log();
   EXPECT_THAT(log, HasSubstr("event=FORGED")) << "the refusals were not logged";
   const std::vector<std::string> lines = absl::StrSplit(log, '\n');
