@@ -69,9 +69,10 @@ clean:
 # The suite built with AddressSanitizer + UndefinedBehaviorSanitizer (ASAN_DIR) or
 # ThreadSanitizer (TSAN_DIR), run under tests/sanitizers/env.sh (options and third-party
 # suppressions; tests/sanitizers/README.md). Tests that only re-run the same binaries from
-# Python, the docs, packaging, the benchmark smoke and the fault loop are left out
-# (SAN_EXCLUDE, ctest labels: they re-run the same binaries, and the load test measures throughput); ThreadSanitizer builds and runs the multi-threaded engine, storage
-# and rpc tests (label "threads") and the binaries they start.
+# Python, the docs, packaging, the benchmark smoke and the fault loop are left out, and so is the
+# load campaign, which measures throughput (SAN_EXCLUDE, ctest labels); ThreadSanitizer builds
+# and runs the multi-threaded engine, storage and rpc tests (label "threads") and the binaries
+# they start.
 ASAN_DIR ?= build-asan
 TSAN_DIR ?= build-tsan
 SAN_EXCLUDE ?= python|docs|deploy|bench|chaos|load
