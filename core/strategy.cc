@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <limits>
-#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -16,29 +14,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/absl_compat.h"
+#include "core/internal/strategy_parse.h"
 #include "core/names.h"
 #include "core/status_macros.h"
 #include "mindspore_strategy.pb.h"
-#include "nlohmann/json.hpp"
 
 namespace ckpt {
 namespace {
 
-// Order-preserving JSON: the first operator item decides a per-stage file's pipeline stage (as
-// in merge_pipeline_strategys), so the file's key order must survive parsing, and export keeps our
-// order too.
-using Json = nlohmann::ordered_json;
-
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
-constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-
-absl::Status NoLayoutItems() {
-  // MindSpore: "The strategy file ... is empty".
-  return absl::InvalidArgumentError(
-      "strategy has no parallel_layout_item (the strategy file is empty)");
-}
+using strategy_internal::kInt32Max;
+using strategy_internal::kInt32Min;
 
 std::string SplitString(const Layout& layout) {
   return absl::StrCat("dev_matrix ", ShapeToString(layout.dev_matrix), " tensor_map ",
@@ -92,6 +77,59 @@ bool IsValidUtf8(std::string_view s) {
     i += len;
   }
   return true;
+}
+
+// True when `key` looks like "<digits>-<something>" (a merged pipeline strategy key).
+bool HasStagePrefix(std::string_view key) {
+  size_t digits = 0;
+  while (digits < key.size() && key[digits] >= '0' && key[digits] <= '9') ++digits;
+  return digits > 0 && digits + 1 < key.size() && key[digits] == '-';
+}
+
+// Adds one item of pipeline stage `stage` to `params`. A name already present gets the stage
+// added; the first item's layout is kept, as MindSpore does, but only after checking that the
+// layouts agree: silently picking one of two different layouts would misplace data.
+absl::Status AddStageItem(std::map<std::string, StrategyParam>& params, const std::string& name,
+                          int32_t stage, StrategyParam param) {
+  param.layout.stages = {stage};
+  auto [it, inserted] = params.try_emplace(name, std::move(param));
+  if (inserted) return absl::OkStatus();
+  StrategyParam& kept = it->second;
+  const int32_t kept_stage = kept.layout.stages.front();
+  const bool same_shape =
+      !kept.tensor_shape || !param.tensor_shape || *kept.tensor_shape == *param.tensor_shape;
+  if (!SameLayoutIgnoringStages(kept.layout, param.layout) || !same_shape) {
+    std::string kept_desc = SplitString(kept.layout);
+    std::string new_desc = SplitString(param.layout);
+    if (!same_shape) {
+      absl::StrAppend(&kept_desc, " tensor_shape ", ShapeToString(*kept.tensor_shape));
+      absl::StrAppend(&new_desc, " tensor_shape ", ShapeToString(*param.tensor_shape));
+    }
+    std::vector<int32_t>& stages = kept.layout.stages;
+    if (std::find(stages.begin(), stages.end(), stage) != stages.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", name, " appears twice in pipeline stage ", stage,
+                       " with different layouts: ", kept_desc, " vs ", new_desc));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", name, ": pipeline stage ", kept_stage, " has ", kept_desc, " but stage ",
+        stage, " has ", new_desc, "; a parameter shared between stages needs one layout"));
+  }
+  if (!kept.tensor_shape) kept.tensor_shape = std::move(param.tensor_shape);
+  std::vector<int32_t>& stages = kept.layout.stages;
+  auto pos = std::lower_bound(stages.begin(), stages.end(), stage);
+  if (pos == stages.end() || *pos != stage) stages.insert(pos, stage);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace strategy_internal {
+
+absl::Status NoLayoutItems() {
+  // MindSpore: "The strategy file ... is empty".
+  return absl::InvalidArgumentError(
+      "strategy has no parallel_layout_item (the strategy file is empty)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -152,57 +190,6 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> FromNestedMap(
 // ---------------------------------------------------------------------------------------------
 // Collecting layout items into parameters.
 
-// One parallel_layout_item as read from a file, before stage prefixes are interpreted.
-struct LayoutItem {
-  std::string key;  // param_name as written ("<stage>-<name>" in a merged file)
-  StrategyParam param;
-};
-
-// True when `key` looks like "<digits>-<something>" (a merged pipeline strategy key).
-bool HasStagePrefix(std::string_view key) {
-  size_t digits = 0;
-  while (digits < key.size() && key[digits] >= '0' && key[digits] <= '9') ++digits;
-  return digits > 0 && digits + 1 < key.size() && key[digits] == '-';
-}
-
-// Adds one item of pipeline stage `stage` to `params`. A name already present gets the stage
-// added; the first item's layout is kept, as MindSpore does, but only after checking that the
-// layouts agree: silently picking one of two different layouts would misplace data.
-absl::Status AddStageItem(std::map<std::string, StrategyParam>& params, const std::string& name,
-                          int32_t stage, StrategyParam param) {
-  param.layout.stages = {stage};
-  auto [it, inserted] = params.try_emplace(name, std::move(param));
-  if (inserted) return absl::OkStatus();
-  StrategyParam& kept = it->second;
-  const int32_t kept_stage = kept.layout.stages.front();
-  const bool same_shape =
-      !kept.tensor_shape || !param.tensor_shape || *kept.tensor_shape == *param.tensor_shape;
-  if (!SameLayoutIgnoringStages(kept.layout, param.layout) || !same_shape) {
-    std::string kept_desc = SplitString(kept.layout);
-    std::string new_desc = SplitString(param.layout);
-    if (!same_shape) {
-      absl::StrAppend(&kept_desc, " tensor_shape ", ShapeToString(*kept.tensor_shape));
-      absl::StrAppend(&new_desc, " tensor_shape ", ShapeToString(*param.tensor_shape));
-    }
-    std::vector<int32_t>& stages = kept.layout.stages;
-    if (std::find(stages.begin(), stages.end(), stage) != stages.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", name, " appears twice in pipeline stage ", stage,
-                       " with different layouts: ", kept_desc, " vs ", new_desc));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter ", name, ": pipeline stage ", kept_stage, " has ", kept_desc, " but stage ",
-        stage, " has ", new_desc, "; a parameter shared between stages needs one layout"));
-  }
-  if (!kept.tensor_shape) kept.tensor_shape = std::move(param.tensor_shape);
-  std::vector<int32_t>& stages = kept.layout.stages;
-  auto pos = std::lower_bound(stages.begin(), stages.end(), stage);
-  if (pos == stages.end() || *pos != stage) stages.insert(pos, stage);
-  return absl::OkStatus();
-}
-
-// Interprets the items of one file: "<stage>-<name>" keys on every item mean a merged pipeline
-// strategy (merge_pipeline_strategys' output), anything else is a single stage.
 absl::StatusOr<Strategy> BuildStrategy(std::vector<LayoutItem> items, std::vector<OpStrategy> ops) {
   if (items.empty()) return NoLayoutItems();
   const bool merged = std::all_of(items.begin(), items.end(),
@@ -230,6 +217,16 @@ absl::StatusOr<Strategy> BuildStrategy(std::vector<LayoutItem> items, std::vecto
   // A stage without parameters is reported by Create ("strategy is missing pipeline stage k").
   return Strategy::Create(std::move(params), max_stage + 1, std::move(ops), merged);
 }
+
+}  // namespace strategy_internal
+
+namespace {
+
+using strategy_internal::BuildStrategy;
+using strategy_internal::FromNestedMap;
+using strategy_internal::FromPlainMap;
+using strategy_internal::LayoutItem;
+using strategy_internal::NoLayoutItems;
 
 // ---------------------------------------------------------------------------------------------
 // Binary (protobuf) form.
@@ -383,247 +380,6 @@ std::string SerializeBinary(const Strategy& strategy) {
   return msg.SerializeAsString();
 }
 
-// ---------------------------------------------------------------------------------------------
-// JSON form (MindSpore's to_json/FromJson).
-
-// nlohmann reads non-negative integers as unsigned and negative ones as signed; floats and
-// booleans are not integers here.
-std::optional<int64_t> JsonInt(const Json& v) {
-  if (v.is_number_unsigned()) {
-    const auto u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(kInt64Max)) return std::nullopt;
-    return static_cast<int64_t>(u);
-  }
-  if (v.is_number_integer()) return v.get<int64_t>();
-  return std::nullopt;
-}
-
-std::optional<std::vector<int64_t>> JsonIntList(const Json& v, int64_t min, int64_t max) {
-  if (!v.is_array()) return std::nullopt;
-  std::vector<int64_t> out;
-  out.reserve(v.size());
-  for (const Json& e : v) {
-    std::optional<int64_t> i = JsonInt(e);
-    if (!i || *i < min || *i > max) return std::nullopt;
-    out.push_back(*i);
-  }
-  return out;
-}
-
-absl::Status JsonTypeError(std::string_view path, std::string_view expected) {
-  return absl::InvalidArgumentError(absl::StrCat(Sv(path), " must be ", Sv(expected)));
-}
-
-// An optional int32 key; absent means 0, as in the binary form.
-absl::StatusOr<int64_t> JsonOptionalInt32(const Json& obj, const char* key, std::string_view path) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return 0;
-  std::optional<int64_t> v = JsonInt(*it);
-  if (!v || *v < kInt32Min || *v > kInt32Max) {
-    return JsonTypeError(absl::StrCat(Sv(path), ".", key), "a 32-bit integer");
-  }
-  return *v;
-}
-
-// param_split_shape / indices_offset: a list of integers, or the binary form's single entry
-// wrapped in a list. Absent means empty.
-absl::StatusOr<std::vector<int64_t>> JsonOptionalDims(const Json& obj, const char* key,
-                                                      std::string_view path) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return std::vector<int64_t>{};
-  const Json* list = &*it;
-  if (list->is_array() && list->size() == 1 && (*list)[0].is_array()) list = &(*list)[0];
-  std::optional<std::vector<int64_t>> dims =
-      JsonIntList(*list, std::numeric_limits<int64_t>::min(), kInt64Max);
-  if (!dims) return JsonTypeError(absl::StrCat(Sv(path), ".", key), "a list of integers");
-  return *dims;
-}
-
-absl::StatusOr<StrategyParam> ParamFromJson(const std::string& name, const Json& item) {
-  const std::string path = absl::StrCat("parallel_layout_item.", name);
-  if (!item.is_object()) return JsonTypeError(path, "an object");
-  StrategyParam param;
-  Layout& layout = param.layout;
-
-  auto dev = item.find("dev_matrix");
-  std::optional<std::vector<int64_t>> dev_matrix;
-  if (dev != item.end()) dev_matrix = JsonIntList(*dev, 1, kInt64Max);
-  if (!dev_matrix) return JsonTypeError(path + ".dev_matrix", "a list of positive integers");
-  layout.dev_matrix = std::move(*dev_matrix);
-
-  constexpr std::string_view kMapExpected =
-      "a list of integers (-1 or a device axis >= 0) or, nested, a list of such lists per "
-      "tensor dim";
-  auto map = item.find("tensor_map");
-  if (map == item.end() || !map->is_array())
-    return JsonTypeError(path + ".tensor_map", kMapExpected);
-  const bool nested =
-      std::any_of(map->begin(), map->end(), [](const Json& e) { return e.is_array(); });
-  if (nested) {
-    // Nested: every dim a list; a bare integer m is accepted as the one-axis list [m].
-    std::vector<std::vector<int64_t>> dims;
-    dims.reserve(map->size());
-    for (const Json& e : *map) {
-      std::optional<std::vector<int64_t>> axes;
-      if (e.is_array()) {
-        axes = JsonIntList(e, kInt32Min, kInt32Max);
-      } else if (std::optional<int64_t> m = JsonInt(e); m && *m >= kInt32Min && *m <= kInt32Max) {
-        axes = std::vector<int64_t>{*m};
-      }
-      if (!axes) return JsonTypeError(path + ".tensor_map", kMapExpected);
-      dims.push_back(std::move(*axes));
-    }
-    CKPT_ASSIGN_OR_RETURN(layout.tensor_map, FromNestedMap(std::move(dims), name));
-    layout.nested_form = true;
-  } else {
-    std::optional<std::vector<int64_t>> plain = JsonIntList(*map, kInt32Min, kInt32Max);
-    if (!plain) return JsonTypeError(path + ".tensor_map", kMapExpected);
-    CKPT_ASSIGN_OR_RETURN(layout.tensor_map, FromPlainMap(*plain, name));
-  }
-
-  if (auto shape = item.find("tensor_shape"); shape != item.end()) {
-    std::optional<std::vector<int64_t>> dims = JsonIntList(*shape, 0, kInt64Max);
-    if (!dims) return JsonTypeError(path + ".tensor_shape", "a list of non-negative integers");
-    param.tensor_shape = std::move(*dims);
-  }
-  CKPT_ASSIGN_OR_RETURN(int64_t field, JsonOptionalInt32(item, "field", path));
-  layout.field = static_cast<int32_t>(field);
-  CKPT_ASSIGN_OR_RETURN(layout.opt_shard_step,
-                        JsonOptionalInt32(item, "opt_weight_shard_step", path));
-  CKPT_ASSIGN_OR_RETURN(layout.opt_shard_size,
-                        JsonOptionalInt32(item, "opt_weight_shard_size", path));
-  CKPT_ASSIGN_OR_RETURN(layout.param_split_shape,
-                        JsonOptionalDims(item, "param_split_shape", path));
-  CKPT_ASSIGN_OR_RETURN(layout.indices_offset, JsonOptionalDims(item, "indices_offset", path));
-  return param;
-}
-
-absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item) {
-  const std::string path = absl::StrCat("parallel_strategy_item.", name);
-  if (!item.is_object()) return JsonTypeError(path, "an object");
-  OpStrategy op;
-  op.node_name = name;
-  auto stage = item.find("stage");
-  std::optional<int64_t> stage_value;
-  if (stage != item.end()) stage_value = JsonInt(*stage);
-  if (!stage_value || *stage_value < 0 || *stage_value > kInt32Max) {
-    return JsonTypeError(path + ".stage", "a non-negative 32-bit integer");
-  }
-  op.stage = static_cast<int32_t>(*stage_value);
-  if (auto inputs = item.find("parallel_strategy"); inputs != item.end()) {
-    constexpr std::string_view kExpected = "a list of lists of non-negative integers";
-    if (!inputs->is_array()) return JsonTypeError(path + ".parallel_strategy", kExpected);
-    for (const Json& input : *inputs) {
-      std::optional<std::vector<int64_t>> dims = JsonIntList(input, 0, kUint32Max);
-      if (!dims) return JsonTypeError(path + ".parallel_strategy", kExpected);
-      op.inputs.emplace_back(dims->begin(), dims->end());
-    }
-  }
-  return op;
-}
-
-absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
-  if (bytes.find_first_not_of(" \t\r\n") == std::string_view::npos) return NoLayoutItems();
-  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
-  // could cost far more memory than its size: both are bounded while parsing, far above what a
-  // real strategy holds (tens of values per parameter, 5 levels).
-  constexpr int64_t kMaxJsonValues = int64_t{1} << 23;
-  constexpr int kMaxJsonDepth = 32;
-  struct TooLarge {
-    std::string what;
-  };
-  int64_t values = 0;
-  Json doc;
-  try {
-    doc = Json::parse(bytes.begin(), bytes.end(),
-                      [&values](int depth, Json::parse_event_t event, Json&) {
-                        if (depth > kMaxJsonDepth) {
-                          throw TooLarge{absl::StrCat("nests deeper than ", kMaxJsonDepth,
-                                                      " levels")};
-                        }
-                        if (event == Json::parse_event_t::value && ++values > kMaxJsonValues) {
-                          throw TooLarge{absl::StrCat("holds more than ", kMaxJsonValues,
-                                                      " values")};
-                        }
-                        return true;
-                      });
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what()));
-  } catch (const TooLarge& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("JSON strategy refused: it ", e.what, ", more than any strategy needs"));
-  }
-  if (!doc.is_object()) return JsonTypeError("a JSON strategy", "an object");
-
-  std::vector<OpStrategy> ops;
-  if (auto it = doc.find("parallel_strategy_item"); it != doc.end()) {
-    if (!it->is_object()) return JsonTypeError("parallel_strategy_item", "an object");
-    ops.reserve(it->size());
-    for (const auto& [name, item] : it->items()) {
-      CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
-      ops.push_back(std::move(op));
-    }
-  }
-
-  auto layouts = doc.find("parallel_layout_item");
-  if (layouts == doc.end()) return NoLayoutItems();
-  if (!layouts->is_object()) return JsonTypeError("parallel_layout_item", "an object");
-  std::vector<LayoutItem> items;
-  items.reserve(layouts->size());
-  for (const auto& [name, item] : layouts->items()) {
-    CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
-    items.push_back({name, std::move(param)});
-  }
-  return BuildStrategy(std::move(items), std::move(ops));
-}
-
-Json LayoutToJson(const StrategyParam& param) {
-  const Layout& layout = param.layout;
-  Json item = Json::object();
-  item["dev_matrix"] = layout.dev_matrix;
-  Json map = Json::array();
-  for (const std::vector<int32_t>& axes : layout.tensor_map) {
-    if (layout.nested_form) {
-      map.push_back(axes.empty() ? Json::array({-1}) : Json(axes));
-    } else {
-      map.push_back(axes.empty() ? -1 : axes.front());
-    }
-  }
-  item["tensor_map"] = std::move(map);
-  if (param.tensor_shape) item["tensor_shape"] = *param.tensor_shape;
-  item["field"] = layout.field;
-  item["opt_weight_shard_step"] = layout.opt_shard_step;
-  item["opt_weight_shard_size"] = layout.opt_shard_size;
-  item["param_split_shape"] = layout.param_split_shape;
-  item["indices_offset"] = layout.indices_offset;
-  return item;
-}
-
-std::string SerializeJson(const Strategy& strategy) {
-  Json doc = Json::object();
-  doc["current_stage"] = strategy.stage_prefixed_names() ? 1 : 0;
-  Json ops = Json::object();
-  for (const OpStrategy& op : strategy.ops()) {
-    // JSON keys operator items by node name; a repeated name keeps its first item, the one that
-    // decides a per-stage file's stage.
-    if (ops.contains(op.node_name)) continue;
-    Json item = Json::object();
-    item["stage"] = op.stage;
-    item["parallel_strategy"] = op.inputs;
-    ops[op.node_name] = std::move(item);
-  }
-  doc["parallel_strategy_item"] = std::move(ops);
-  Json layouts = Json::object();
-  for (const auto& [name, param] : strategy.params()) {
-    for (int32_t stage : param.layout.stages) {
-      layouts[strategy.stage_prefixed_names() ? absl::StrCat(stage, "-", name) : name] =
-          LayoutToJson(param);
-    }
-  }
-  doc["parallel_layout_item"] = std::move(layouts);
-  return doc.dump(2);
-}
-
 // Strategy::Create's checks of one parameter (name, layout, stages, recorded shape), adding its
 // stages to *used_stages; normalises its layout's nested_form to what the formats can express.
 absl::Status CheckParam(const std::string& name, StrategyParam& param, int32_t stage_count,
@@ -650,8 +406,8 @@ absl::Status CheckParam(const std::string& name, StrategyParam& param, int32_t s
   }
   for (int32_t stage : layout.stages) {
     if (stage < 0 || stage >= stage_count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", name, ": pipeline stage ", stage, " is outside [0, ", stage_count, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": pipeline stage ", stage,
+                                                     " is outside [0, ", stage_count, ")"));
     }
     used_stages->insert(stage);
   }
@@ -764,7 +520,7 @@ const StrategyParam* Strategy::Find(std::string_view name) const {
 }
 
 absl::StatusOr<Strategy> ParseStrategy(std::string_view bytes, StrategyFormat format) {
-  return format == StrategyFormat::kJson ? ParseJson(bytes) : ParseBinary(bytes);
+  return format == StrategyFormat::kJson ? strategy_internal::ParseJson(bytes) : ParseBinary(bytes);
 }
 
 StrategyFormat StrategyFormatForPath(std::string_view path) {
@@ -828,7 +584,8 @@ absl::StatusOr<Strategy> MergeStageStrategies(const std::vector<StrategyFile>& f
 }
 
 std::string SerializeStrategy(const Strategy& strategy, StrategyFormat format) {
-  return format == StrategyFormat::kJson ? SerializeJson(strategy) : SerializeBinary(strategy);
+  return format == StrategyFormat::kJson ? strategy_internal::SerializeJson(strategy)
+                                         : SerializeBinary(strategy);
 }
 
 }  // namespace ckpt

@@ -189,13 +189,13 @@ void SegmentStore::EndBackupPin() {
   for (uint64_t data_id : deferred) RemoveSegment(data_id);
 }
 
-absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& dir) {
-  const std::string doing = absl::StrCat("repairing the RocksDB store in ", dir);
+namespace {
+
+// Step 1 of RepairSegmentStore: RocksDB's own repair of the index files, then a note for each
+// table it set aside (under lost/) because it could not read it.
+absl::Status RepairIndexFiles(const std::string& dir, const std::string& doing,
+                              std::vector<std::string>& notes) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat(doing, ": no such directory"));
-  }
-  std::vector<std::string> notes;
   {
     rocksdb::DBOptions options = DbOptions();
     options.create_if_missing = false;
@@ -214,74 +214,111 @@ absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& d
       }
     }
   }
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<IndexDb> index,
-                        IndexDb::Open(dir, /*read_only=*/false, doing));
-  rocksdb::WriteBatch batch;
-  uint64_t max_id = 0;
+  return absl::OkStatus();
+}
+
+// Step 2: every checkpoint record must name its data and that data must be marked committed.
+// Deletes records too short to name their data and restores missing committed markers (into
+// `batch`); raises *max_id to the highest data id named by a marker or a record.
+absl::Status RestoreCommittedMarkers(const IndexDb& index, const std::string& doing,
+                                     rocksdb::WriteBatch& batch, std::vector<std::string>& notes,
+                                     uint64_t* max_id) {
   std::vector<uint64_t> marked;
   CKPT_RETURN_IF_ERROR(
-      ScanMeta(*index, kCommittedPrefix, doing, [&](std::string_view key, std::string_view) {
+      ScanMeta(index, kCommittedPrefix, doing, [&](std::string_view key, std::string_view) {
         if (key.size() == 9) marked.push_back(DecodeBigEndian(key.data() + 1, 8));
         return absl::OkStatus();
       }));
   std::sort(marked.begin(), marked.end());
-  for (uint64_t id : marked) max_id = std::max(max_id, id);
-  CKPT_RETURN_IF_ERROR(
-      ScanMeta(*index, kCheckpointPrefix, doing, [&](std::string_view key, std::string_view value) {
+  for (uint64_t id : marked) *max_id = std::max(*max_id, id);
+  return ScanMeta(
+      index, kCheckpointPrefix, doing, [&](std::string_view key, std::string_view value) {
         const std::string id(key.substr(1));
         if (value.size() < 8) {
           notes.push_back(
               absl::StrCat("checkpoint ", id, ": record too short to name its data, deleted"));
-          return FromRocks(batch.Delete(index->meta(), segment_store_internal::ToSlice(key)),
-                           doing);
+          return FromRocks(batch.Delete(index.meta(), segment_store_internal::ToSlice(key)), doing);
         }
         const uint64_t data_id = DecodeBigEndian(value.data(), 8);
-        max_id = std::max(max_id, data_id);
+        *max_id = std::max(*max_id, data_id);
         if (!std::binary_search(marked.begin(), marked.end(), data_id)) {
           notes.push_back(absl::StrCat("checkpoint ", id, ": committed marker of data id ", data_id,
                                        " restored"));
           return FromRocks(
-              batch.Put(index->meta(), segment_store_internal::CommittedKey(data_id), ""), doing);
+              batch.Put(index.meta(), segment_store_internal::CommittedKey(data_id), ""), doing);
         }
         return absl::OkStatus();
-      }));
+      });
+}
+
+// Step 3: raises *max_id to the highest data id with chunk locations and to the highest segment
+// file (an unreadable segments directory is skipped: the ids already found still count).
+absl::Status RaiseToStoredDataIds(const IndexDb& index, const std::string& dir,
+                                  const std::string& doing, uint64_t* max_id) {
   {
     std::unique_ptr<rocksdb::Iterator> it(
-        index->db->NewIterator(rocksdb::ReadOptions(), index->locations()));
+        index.db->NewIterator(rocksdb::ReadOptions(), index.locations()));
     it->SeekToLast();
     if (it->Valid() && it->key().size() >= 8) {
-      max_id = std::max(max_id, DecodeBigEndian(it->key().data(), 8));
+      *max_id = std::max(*max_id, DecodeBigEndian(it->key().data(), 8));
     }
     CKPT_RETURN_IF_ERROR(FromRocks(it->status(), doing));
   }
-  {
-    absl::StatusOr<std::unique_ptr<segment_internal::SegmentDirectory>> segments =
-        segment_internal::SegmentDirectory::Open(absl::StrCat(dir, "/", kSegmentsDir));
-    if (segments.ok()) {
-      absl::StatusOr<std::vector<uint64_t>> ids = (*segments)->List();
-      if (ids.ok() && !ids->empty()) max_id = std::max(max_id, ids->back());
-    }
+  absl::StatusOr<std::unique_ptr<segment_internal::SegmentDirectory>> segments =
+      segment_internal::SegmentDirectory::Open(absl::StrCat(dir, "/", kSegmentsDir));
+  if (segments.ok()) {
+    absl::StatusOr<std::vector<uint64_t>> ids = (*segments)->List();
+    if (ids.ok() && !ids->empty()) *max_id = std::max(*max_id, ids->back());
   }
+  return absl::OkStatus();
+}
+
+// Step 4: the data id counter must be above every id in use, and the format version present;
+// puts the fixes into `batch`.
+absl::Status RestoreCounterAndFormat(const IndexDb& index, const std::string& doing,
+                                     uint64_t max_id, rocksdb::WriteBatch& batch,
+                                     std::vector<std::string>& notes) {
   std::string counter;
   const rocksdb::Status got =
-      index->db->Get(rocksdb::ReadOptions(), index->meta(), kCounterKey, &counter);
+      index.db->Get(rocksdb::ReadOptions(), index.meta(), kCounterKey, &counter);
   if (!got.ok() && !got.IsNotFound()) return FromRocks(got, doing);
   const uint64_t next = counter.size() == 8 ? DecodeBigEndian(counter.data(), 8) : 0;
   if (next <= max_id) {
     notes.push_back(absl::StrCat("data id counter set to ", max_id + 1));
     CKPT_RETURN_IF_ERROR(
-        FromRocks(batch.Put(index->meta(), kCounterKey, BigEndian64(max_id + 1)), doing));
+        FromRocks(batch.Put(index.meta(), kCounterKey, BigEndian64(max_id + 1)), doing));
   }
   std::string format;
   const rocksdb::Status format_status =
-      index->db->Get(rocksdb::ReadOptions(), index->meta(), kFormatKey, &format);
+      index.db->Get(rocksdb::ReadOptions(), index.meta(), kFormatKey, &format);
   if (format_status.IsNotFound()) {
     notes.push_back(absl::StrCat("store format version ", kStoreFormatVersion, " restored"));
     CKPT_RETURN_IF_ERROR(
-        FromRocks(batch.Put(index->meta(), kFormatKey, BigEndian64(kStoreFormatVersion)), doing));
+        FromRocks(batch.Put(index.meta(), kFormatKey, BigEndian64(kStoreFormatVersion)), doing));
   } else if (!format_status.ok()) {
     return FromRocks(format_status, doing);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> RepairSegmentStore(const std::string& dir) {
+  const std::string doing = absl::StrCat("repairing the RocksDB store in ", dir);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(doing, ": no such directory"));
+  }
+  std::vector<std::string> notes;
+  CKPT_RETURN_IF_ERROR(RepairIndexFiles(dir, doing, notes));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<IndexDb> index,
+                        IndexDb::Open(dir, /*read_only=*/false, doing));
+  // The fixes of steps 2 and 4 go into one batch, written (synced) at the end.
+  rocksdb::WriteBatch batch;
+  uint64_t max_id = 0;
+  CKPT_RETURN_IF_ERROR(RestoreCommittedMarkers(*index, doing, batch, notes, &max_id));
+  CKPT_RETURN_IF_ERROR(RaiseToStoredDataIds(*index, dir, doing, &max_id));
+  CKPT_RETURN_IF_ERROR(RestoreCounterAndFormat(*index, doing, max_id, batch, notes));
   rocksdb::WriteOptions write_options;
   write_options.sync = true;
   CKPT_RETURN_IF_ERROR(FromRocks(index->db->Write(write_options, &batch), doing));

@@ -3,7 +3,6 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -100,8 +99,7 @@ int64_t ConnectionsOnPort(int port) {
     std::getline(in, line);  // header
     while (std::getline(in, line)) {
       // "  sl  local_address rem_address   st ...": local_address is HEXADDR:HEXPORT.
-      std::vector<absl::string_view> fields =
-          absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipWhitespace());
       if (fields.size() < 4) continue;
       const size_t colon = fields[1].rfind(':');
       if (colon == absl::string_view::npos) continue;
@@ -113,12 +111,10 @@ int64_t ConnectionsOnPort(int port) {
   return count;
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions options) {
-  options.auth.client_certs = !options.tls.client_ca_file.empty();
-  CKPT_RETURN_IF_ERROR(CheckPolicyCoversService());
-  CKPT_RETURN_IF_ERROR(CheckExposure(options));
+// The server's transport credentials: TLS when configured (its files checked first and
+// described in the log), else insecure.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const ServerOptions& options) {
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (options.tls.enabled()) {
     absl::StatusOr<std::string> tls = CheckTlsFiles(options.tls);
@@ -127,6 +123,53 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
                  options.tls.client_ca_file.empty() ? "" : " client_certificates=required");
     credentials = MakeTlsServerCredentials(options.tls);
   }
+  return credentials;
+}
+
+// The channel arguments that bound the server's connections.
+void AddConnectionLimits(const ServerOptions& options, grpc::ServerBuilder& builder) {
+  // gRPC sets SO_REUSEPORT by default, so a second ckptd on a taken port would start and share
+  // the connections silently; refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bounded connections (ServerOptions): dead peers found by keepalive pings, idle connections
+  // closed, calls per connection capped. No maximum connection age: a long fetch must not be
+  // cut.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  if (options.max_connection_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options.max_connection_idle),
+                                           std::numeric_limits<int>::max())));
+  }
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
+}
+
+// The start line: where the server listens, its resources and its security.
+void LogStart(const ServerOptions& options, int port, int64_t open_files, bool auth_enabled) {
+  spdlog::info(
+      "event=start listen={} port={} data={} io_threads={} job_workers={} open_files={} "
+      "tls={} auth={}",
+      options.listen, port, options.data_dir, options.io_threads, options.jobs.workers, open_files,
+      !options.tls.enabled()               ? "off"
+      : options.tls.client_ca_file.empty() ? "on"
+                                           : "mutual",
+      !auth_enabled                      ? "off"
+      : options.auth.tokens_file.empty() ? "client-certificates"
+                                         : "tokens");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions options) {
+  options.auth.client_certs = !options.tls.client_ca_file.empty();
+  CKPT_RETURN_IF_ERROR(CheckPolicyCoversService());
+  CKPT_RETURN_IF_ERROR(CheckExposure(options));
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        ServerCredentials(options));
   absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options.auth);
   if (!auth.ok()) return auth.status();
   std::unique_ptr<CkptServer> s(new CkptServer());
@@ -156,25 +199,8 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   } else {
     builder.AddListeningPort(options.listen, credentials, &s->port_);
   }
-  // gRPC sets SO_REUSEPORT by default, so a second ckptd on a taken port would start and share
-  // the connections silently; refuse instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Bounded connections (ServerOptions): dead peers found by keepalive pings, idle connections
-  // closed, calls per connection capped. No maximum connection age: a long fetch must not be
-  // cut. The open-file limit is raised to its hard limit (logged at start).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
-  builder.AddChannelArgument(
-      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-      static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
-  if (options.max_connection_idle > absl::ZeroDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                               static_cast<int>(std::min<int64_t>(
-                                   absl::ToInt64Milliseconds(options.max_connection_idle),
-                                   std::numeric_limits<int>::max())));
-  }
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             options.max_streams_per_connection);
+  AddConnectionLimits(options, builder);
+  // The open-file limit is raised to its hard limit (logged at start).
   const int64_t open_files = RaiseOpenFileLimit();
   builder.RegisterService(s->service_.get());
   // Interceptors, in order, for every call of every service.
@@ -191,30 +217,21 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   builder.SetMaxSendMessageSize(64 << 20);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
-                                               " (address in use or invalid?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid?)"));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   // By name too, for probes that ask for the service (Shutdown's SetServingStatus(false) covers
   // every name).
-  s->server_->GetHealthCheckService()->SetServingStatus(
-      v1::CheckpointService::service_full_name(), true);
+  s->server_->GetHealthCheckService()->SetServingStatus(v1::CheckpointService::service_full_name(),
+                                                        true);
   if (s->metrics_) {
     s->metrics_->SetStatsSource([service = s->service_.get()] { return service->Stats(); });
     spdlog::info("event=metrics listen={} port={}", options.metrics_listen, s->metrics_->port());
   }
   if (s->acceptor_) s->acceptor_->Start(s->connections_.get());
   s->maintenance_ = std::thread([raw = s.get()] { raw->MaintenanceLoop(); });
-  spdlog::info("event=start listen={} port={} data={} io_threads={} job_workers={} open_files={} "
-               "tls={} auth={}",
-               options.listen, s->port_, options.data_dir, options.io_threads, options.jobs.workers,
-               open_files,
-               !options.tls.enabled()               ? "off"
-               : options.tls.client_ca_file.empty() ? "on"
-                                                    : "mutual",
-               !s->auth_->enabled()               ? "off"
-               : options.auth.tokens_file.empty() ? "client-certificates"
-                                                  : "tokens");
+  LogStart(options, s->port_, open_files, s->auth_->enabled());
   return s;
 }
 
