@@ -21,7 +21,8 @@ struct BackupCommand {
 void AddBackupCommand(CLI::App& app, BackupCommand& command);
 
 // Runs it: one summary line on `out`.
-absl::Status RunBackup(CkptClient& client, const BackupCommand& command, std::ostream& out);
+absl::Status RunBackup(CkptClient& client, const BackupCommand& command, bool json,
+                       std::ostream& out);
 
 }  // namespace ckpt
 

@@ -447,7 +447,7 @@ absl::Status RunWithServer(const CommandLine& c, CkptClient& client, std::ostrea
     command.json = c.json;
     return RunExport(client, command, out, std::cerr);
   }
-  if (*c.backup.sub) return RunBackup(client, c.backup, out);
+  if (*c.backup.sub) return RunBackup(client, c.backup, c.json, out);
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "storage/internal/index_records.h"
 #include "storage/internal/segment_directory.h"
 #include "tests/testing/server_process.h"
@@ -386,6 +387,14 @@ TEST_F(BackupTest, CopyOfALiveStoreServesEveryCheckpointCommittedBeforeIt) {
   ASSERT_EQ(backup.exit_code, 0) << backup.stdout_text << backup.stderr_text;
   EXPECT_THAT(backup.stdout_text, HasSubstr("backed up "));
   EXPECT_THAT(backup.stdout_text, HasSubstr(target));
+  // --json: one object, exact numbers.
+  const testing::SubprocessResult again = Ctl({"backup", dir_ / "exports/backup2", "--json"});
+  ASSERT_EQ(again.exit_code, 0) << again.stdout_text << again.stderr_text;
+  const nlohmann::json j = nlohmann::json::parse(again.stdout_text, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << again.stdout_text;
+  EXPECT_EQ(j["target_dir"], dir_ / "exports/backup2");
+  EXPECT_GE(j["checkpoints"].get<int64_t>(), 1);
+  EXPECT_TRUE(j["segment_bytes"].is_number_integer());
   EXPECT_GE(uploads.load(), 2);
   auto done = client_->WatchJob(submitted->job().id());
   ASSERT_TRUE(done.ok()) << done.status();
@@ -393,7 +402,7 @@ TEST_F(BackupTest, CopyOfALiveStoreServesEveryCheckpointCommittedBeforeIt) {
   // No temporary directory is left beside the backup.
   int entries = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir_ / "exports")) ++entries;
-  EXPECT_EQ(entries, 1);
+  EXPECT_EQ(entries, 2);  // backup1 and backup2
 
   // What the live server serves now, for every checkpoint it still has.
   auto live_list = client_->ListCheckpoints();
