@@ -294,10 +294,16 @@ std::map<v1::JobState, int64_t> JobRunner::CountByState() const {
 absl::Status JobRunner::Delete(const std::string& id) {
   std::shared_ptr<Entry> e;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     CKPT_RETURN_IF_ERROR(Available());
     e = Find(id);
     if (!e) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+    // A job that has just ended may still be on its worker for a moment after its terminal state
+    // was published: wait (bounded) for the worker to let go of it.
+    if (IsTerminal(e->job.state()) && e->running) {
+      job_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.cancel_wait),
+                       [&] { return !e->running; });
+    }
     if (!IsTerminal(e->job.state()) || e->running) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " is ", job_internal::StateName(e->job.state()),
