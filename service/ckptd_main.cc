@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "core/duration_flag.h"
 #include "core/duration_text.h"
 #include "service/engine/store_maintenance.h"
 #include "service/log_format.h"
@@ -165,12 +166,7 @@ void AddJobFlags(CLI::App& app, Flags& f) {
                  "Remove finished jobs' records this long after they ended, e.g. 12h, 7d "
                  "(0: keep them)")
       ->envname("CKPTD_JOB_RETENTION")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            absl::StatusOr<absl::Duration> d = ckpt::ParseDurationText(text);
-            return d.ok() ? std::string() : std::string(d.status().message());
-          },
-          "DURATION"))
+      ->check(ckpt::DurationValidator())
       ->capture_default_str();
 }
 

@@ -28,6 +28,7 @@
 #include "client/ckptctl/server_commands.h"
 #include "client/client.h"
 #include "client/malloc_tuning.h"
+#include "core/duration_flag.h"
 #include "core/duration_text.h"
 
 namespace ckpt {
@@ -148,12 +149,7 @@ void AddGlobalOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--wait-for-server", c.wait_for_server,
                  "Keep trying this long (e.g. 30s, 5m) while ckptd is unavailable")
       ->envname("CKPT_WAIT_FOR_SERVER")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            absl::StatusOr<absl::Duration> d = ParseDurationText(text);
-            return d.ok() ? std::string() : std::string(d.status().message());
-          },
-          "DURATION"))
+      ->check(DurationValidator())
       ->capture_default_str();
   app.add_option("--progress", c.progress,
                  "Transfer and job progress: auto (a bar on a terminal, else a line every few "

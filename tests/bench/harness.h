@@ -191,7 +191,8 @@ class Harness {
   void MeasureTls();
   // A warm-up and kRepeats merged fetches (their GiB/s appended to `passes`): the median GiB/s,
   // or nullopt after Error().
-  std::optional<double> MergedFetchPasses(const std::string& label, std::vector<double>* passes);
+  std::optional<double> MergedFetchPasses(const std::string& label, std::vector<double>* passes,
+                                          std::optional<CpuPerGib>* cpu);
 
   // harness_report.cc.
   nlohmann::json Results() const;
@@ -331,6 +332,7 @@ class Harness {
   // one core's AES-GCM encryption speed.
   std::optional<double> tls_gibps_, plain_gibps_;
   std::vector<double> tls_passes_, plain_passes_;
+  std::optional<CpuPerGib> tls_cpu_, plain_cpu_;  // over the measured passes
   std::optional<double> aes128_gcm_gibps_, aes256_gcm_gibps_;
   std::vector<std::string> notes_;
   std::vector<std::string> errors_;

@@ -48,22 +48,27 @@ std::optional<double> CipherGibps(const EVP_CIPHER* cipher) {
 }  // namespace
 
 std::optional<double> Harness::MergedFetchPasses(const std::string& label,
-                                                 std::vector<double>* passes) {
+                                                 std::vector<double>* passes,
+                                                 std::optional<CpuPerGib>* cpu) {
   const FetchCase merged{"merged", "", "", 1.1, "row split"};
   int64_t verified = 0;
   std::vector<double> seconds;
   int64_t bytes = 0;
+  CpuTally tally;
   for (int pass = 0; pass <= kRepeats; ++pass) {  // pass 0: warm-up, not measured
+    const CpuMeter pass_cpu(server_->pid());
     const auto start = Clock::now();
     const std::optional<int64_t> b = FetchAllRanks(merged, nullptr, 1, &verified);
     if (!b) return std::nullopt;
     if (pass == 0) continue;
+    pass_cpu.AddTo(&tally, *b);
     bytes = *b;
     seconds.push_back(Seconds(start));
     passes->push_back(*b / kGiB / seconds.back());
     Progress(absl::StrFormat("fetch merged %s: %.3f GiB = %.2f GiB/s", label, *b / kGiB,
                              passes->back()));
   }
+  *cpu = tally.PerGib();
   return bytes / kGiB / Median(seconds);
 }
 
@@ -89,10 +94,10 @@ void Harness::MeasureTls() {
       !s.ok()) {
     return Error("tls: start ckptd with TLS", s);
   }
-  tls_gibps_ = MergedFetchPasses("over TLS + token", &tls_passes_);
+  tls_gibps_ = MergedFetchPasses("over TLS + token", &tls_passes_, &tls_cpu_);
   StopServer();
   if (auto s = StartServer(); !s.ok()) return Error("tls: restart ckptd", s);
-  plain_gibps_ = MergedFetchPasses("plaintext", &plain_passes_);
+  plain_gibps_ = MergedFetchPasses("plaintext", &plain_passes_, &plain_cpu_);
 }
 
 }  // namespace ckpt::bench

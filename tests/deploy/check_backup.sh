@@ -13,6 +13,7 @@ if [ $# -ne 2 ]; then
   echo "usage: $0 CKPTD CKPTCTL" >&2
   exit 2
 fi
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CKPTD=$(realpath "$1")
 CKPTCTL=$(realpath "$2")
 WORK=$(mktemp -d)
@@ -28,20 +29,8 @@ cd "$WORK"
 # Flags only from the command line below.
 while IFS= read -r name; do unset "$name"; done < <(env | sed -n 's/^\(CKPTD_[A-Z_]*\)=.*/\1/p')
 
-passes=0
-failures=0
-check() {  # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if "$@" >"$WORK/last.log" 2>&1; then
-    passes=$((passes + 1))
-    echo "ok   $what"
-  else
-    failures=$((failures + 1))
-    echo "FAIL $what"
-    sed 's/^/    /' "$WORK/last.log"
-  fi
-}
+# shellcheck source-path=SCRIPTDIR source=check_lib.sh
+source "$HERE/check_lib.sh"
 
 # start_server STORE LOG: ckptd on a free loopback port; sets server_pid and CKPT_SERVER.
 start_server() {
@@ -117,5 +106,4 @@ check "the restored store takes a new upload" \
   "$CKPTCTL" upload demo2 --strategy src --dir sample/checkpoint
 check "stop the restored ckptd" stop_server
 
-echo "deploy_backup_restore: $passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish deploy_backup_restore

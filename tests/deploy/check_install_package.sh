@@ -16,20 +16,8 @@ BUILD_DIR=$(cd "$2" && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-failures=0
-passes=0
-check() {  # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if "$@" >"$WORK/last.log" 2>&1; then
-    passes=$((passes + 1))
-    echo "ok   $what"
-  else
-    failures=$((failures + 1))
-    echo "FAIL $what"
-    sed 's/^/    /' "$WORK/last.log"
-  fi
-}
+# shellcheck source-path=SCRIPTDIR source=check_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
 
 version=$(sed -n 's/^project(ckptd VERSION \([0-9.]*\).*/\1/p' "$SOURCE_DIR/CMakeLists.txt")
 
@@ -77,7 +65,6 @@ check "the unit's store is in its state directory" grep -qx "Environment=CKPTD_D
 
 # ---------------------------------------------------------------- scripts
 mapfile -t scripts < <(find "$SOURCE_DIR/deploy" "$SOURCE_DIR/tests/deploy" -name '*.sh' | sort)
-check "shellcheck ${#scripts[@]} scripts" shellcheck "${scripts[@]}"
+check "shellcheck ${#scripts[@]} scripts" shellcheck -x "${scripts[@]}"
 
-echo "install_package: $passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish install_package

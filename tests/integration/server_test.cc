@@ -3,7 +3,6 @@
 // independently of the server (client/ckptctl/sample.h: bytes are a pure function of name and
 // index).
 #include <grpcpp/grpcpp.h>
-#include <rocksdb/db.h>
 
 #include <condition_variable>
 #include <filesystem>
@@ -24,10 +23,9 @@
 #include "gtest/gtest.h"
 #include "health_check.grpc.pb.h"
 #include "nlohmann/json.hpp"
-#include "storage/internal/index_records.h"
-#include "storage/internal/segment_directory.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/server_process.h"
+#include "tests/testing/stored_chunks.h"
 #include "tests/testing/subprocess.h"
 
 namespace ckpt {
@@ -340,44 +338,8 @@ TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
   ASSERT_TRUE(client_->UploadDirectory("demo", "src", dir_ / "demo/checkpoint").ok());
   client_.reset();
   ASSERT_EQ(server_->Stop(), 0);
-  {
-    // Flip one byte of one stored chunk behind the server's back.
-    rocksdb::DBOptions options;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families;
-    std::vector<std::string> names;
-    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir_ / "data", &names).ok());
-    for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* db = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(options, dir_ / "data", families, &handles, &db).ok());
-    rocksdb::ColumnFamilyHandle* locations = nullptr;
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] == segment_store_internal::kLocationsFamily) locations = handles[i];
-    }
-    ASSERT_NE(locations, nullptr);
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
-    it->SeekToFirst();
-    ASSERT_TRUE(it->Valid());
-    const std::string key = it->key().ToString();
-    const auto location = segment_store_internal::DecodeLocation(it->value().ToString());
-    it.reset();
-    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
-    delete db;
-    ASSERT_TRUE(location.has_value());
-    ASSERT_GT(location->length, 0u);
-    uint64_t data_id = 0;
-    for (int i = 0; i < 8; ++i) data_id = data_id << 8 | static_cast<unsigned char>(key[i]);
-    const std::filesystem::path segment = std::filesystem::path(dir_ / "data") /
-                                          segment_store_internal::kSegmentsDir /
-                                          segment_internal::SegmentFileName(data_id);
-    std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(location->offset + location->length / 2);
-    file.seekg(at);
-    const char byte = static_cast<char>(file.get());
-    file.seekp(at);
-    file.put(static_cast<char>(byte ^ 0x5a));
-    ASSERT_TRUE(file.good()) << segment;
-  }
+  // Flip one byte of one stored chunk behind the server's back.
+  ASSERT_TRUE(testing::FlipByteOfFirstStoredChunk(dir_ / "data").ok());
   StartServer();
   v1::FetchRequest merged;
   merged.set_checkpoint_id("demo");
