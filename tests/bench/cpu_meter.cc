@@ -16,6 +16,24 @@ std::string LoadAverage() {
   return absl::StrCat(a, " ", b, " ", c);
 }
 
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  bool avx512 = false;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_first_of(" \t:"));
+    if (key == "model" && line.rfind("model name", 0) == 0 && colon + 2 <= line.size()) {
+      model = line.substr(colon + 2);
+    } else if (key == "flags") {
+      avx512 = line.find(" avx512f") != std::string::npos;
+      break;  // the first processor's entry says it for all
+    }
+  }
+  return absl::StrCat(model, avx512 ? " (AVX-512)" : " (no AVX-512)");
+}
+
 CpuTicks ReadCpuTicks() {
   std::ifstream in("/proc/stat");
   std::string cpu;

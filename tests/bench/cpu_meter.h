@@ -15,6 +15,10 @@ namespace ckpt::bench {
 // /proc/loadavg's first three fields: other work on the machine skews every figure.
 std::string LoadAverage();
 
+// The first processor's "model name" from /proc/cpuinfo and whether it has AVX-512: figures from
+// machines "of the same kind" differ with both.
+std::string CpuModel();
+
 // /proc/stat's aggregate CPU line: steal (time the hypervisor gave this VM's CPUs to others) and
 // the total, in ticks. A shared VM's figures move with its steal.
 struct CpuTicks {

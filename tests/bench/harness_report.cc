@@ -175,6 +175,7 @@ json Harness::ConfigJson() const {
           {"source_ranks", 8},
           {"message_bytes", kMessageBytes},
           {"cpus", std::thread::hardware_concurrency()},
+          {"cpu_model", CpuModel()},
           {"load_average_start", load_at_start_},
           {"load_average_end", LoadAverage()},
           {"cpu_steal_fraction", Opt(StealSince(ticks_at_start_))},
@@ -354,9 +355,10 @@ void Harness::Print() const {
   const std::optional<double> steal = StealSince(ticks_at_start_);
   const std::string steal_text = steal ? absl::StrFormat("%.1f%%", 100 * *steal) : "unknown";
   std::printf(
-      "\nckptd benchmark: %s, 8 source ranks, loopback, %u CPUs, load average %s -> %s, CPU "
-      "steal %s\n",
-      spec_.Describe().c_str(), std::thread::hardware_concurrency(), load_at_start_.c_str(),
+      "\nckptd benchmark: %s, 8 source ranks, loopback, %u CPUs (%s), load average %s -> %s, "
+      "CPU steal %s\n",
+      spec_.Describe().c_str(), std::thread::hardware_concurrency(), CpuModel().c_str(),
+      load_at_start_.c_str(),
       LoadAverage().c_str(), steal_text.c_str());
   const std::vector<Row> rows = Table();
   size_t w0 = 6, w1 = 8, w2 = 6;
