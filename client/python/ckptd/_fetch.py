@@ -294,33 +294,44 @@ class FetchReceiver:
         if len(part_bytes) == 1:
             if part_bytes[0] != size or size == 0:
                 self._parts_error(part_bytes, size)
-            actual = _xxh3(data)
-            if actual != part_checksums[0]:
-                self._checksum_error(actual, 0, size, part_checksums[0])
+            bounds = None
         else:
             bounds = list(itertools.accumulate(part_bytes, initial=0))
             if bounds[-1] != size or 0 in part_bytes or min(part_bytes) < 0:
                 self._parts_error(part_bytes, size)
-            if max(part_bytes) < _GIL_FREE_HASH_BYTES:
-                one_shot = _XXH3_ONE_SHOT
-                actual = [one_shot(data[a:b]) for a, b in zip(bounds, bounds[1:])]
-            else:
-                actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
-            if actual != part_checksums:
-                i = next(i for i, (a, e) in enumerate(zip(actual, part_checksums)) if a != e)
-                self._checksum_error(actual[i], bounds[i], part_bytes[i], part_checksums[i])
         if m.tile_box:
-            self._add_tiles(m)
+            # Verified once copied into the band, from the message still in the CPU's cache
+            # (see _add_tiles); nothing reads the band before then.
+            self._add_tiles(m, bounds)
             return
+        self._verify(data, bounds, part_checksums)
         if size:
             self._sink.rows(data)
             c.received += size
             self._bytes += size
             self._report()
 
+    def _verify(self, data, bounds, part_checksums) -> None:
+        """Raises DataLoss unless every part of `data` (bounds: the parts' offsets and the end,
+        None for a single part) has its XXH3-64 checksum."""
+        if bounds is None:
+            actual = _xxh3(data)
+            if actual != part_checksums[0]:
+                self._checksum_error(actual, 0, len(data), part_checksums[0])
+            return
+        one_shot = _XXH3_ONE_SHOT
+        if bounds[-1] < _GIL_FREE_HASH_BYTES * (len(bounds) - 1):
+            actual = [one_shot(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+        else:
+            actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+        if actual != part_checksums:
+            i = next(i for i, (a, e) in enumerate(zip(actual, part_checksums)) if a != e)
+            self._checksum_error(actual[i], bounds[i], bounds[i + 1] - bounds[i],
+                                 part_checksums[i])
+
     # ------------------------------------------------------------------------ tiles
 
-    def _add_tiles(self, m: _wire.DataMessage) -> None:
+    def _add_tiles(self, m: _wire.DataMessage, bounds) -> None:
         """Places a verified message of tiles (part i is tile i) into the current band, opening
         it at the first row not yet delivered; completes the band once its tiles cover it.
 
@@ -388,6 +399,7 @@ class FetchReceiver:
 
         offsets = np.cumsum(sizes) - sizes
         _copy_tiles(band, lo, extent, offsets, m.data, local, itemsize, row_bytes)
+        self._verify(m.data, bounds, m.part_checksums)
         if band.covered < band.volume:
             return
         all_boxes = band.boxes[0] if len(band.boxes) == 1 else np.concatenate(band.boxes)
