@@ -3,8 +3,10 @@
 `FetchReceiver` consumes the stream's messages as gRPC delivers them (serialized FetchResponse
 bytes) and checks them as the C++ client library does (client/client.cc, FetchChecker): the plan
 summary first, data only inside a tensor, byte totals equal to the headers and the summary, and
-every part of every data message verified with XXH3-64 (seed 0) before its bytes are used. Data
-is handed on as views of the received message (no copy) to a sink:
+every part of every data message verified with XXH3-64 (seed 0) before a sink can see its bytes:
+row-major data before it is handed on, tiles once copied into the sink's band (from the message
+still in the CPU's cache) and before the band is complete. Data is handed on as views of the
+received message (no copy) to a sink:
 
   * `ArraySink` places every tensor's bytes into one pre-allocated NumPy array: row-major data
     is copied once into its place, each tile of a band once into its region of the array.
@@ -108,7 +110,8 @@ class Sink:
 
     def band(self, first_row: int, rows: int) -> np.ndarray:
         """A uint8 array of shape local_shape[:first_row..+rows] + (element size,) into which
-        the band's tiles are copied; `band_done` follows once they cover it."""
+        the band's tiles are copied; `band_done` follows once they cover it. Until then it may
+        hold bytes not yet verified (a failed check aborts the stream, band_done never comes)."""
         raise NotImplementedError
 
     def band_done(self, nbytes: int) -> None:
