@@ -69,6 +69,7 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
              "storm;gibps" "storm;ratio" "storm;read_amplification" "storm;slowest_over_median"
              "storm;server_peak_rss_mib"
              "python;gibps" "python;ratio_to_cpp" "python;peak_rss_bytes" "python;max_rank_bytes"
+             "python;server_cpu_s_per_gib" "python;cpu_bound_ratio"
              "tls;ratio" "tls;aes_256_gcm_gibps")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")

@@ -292,6 +292,10 @@ class Harness {
     int64_t peak_rss_bytes = 0;           // the child's ru_maxrss
     int64_t baseline_rss_bytes = 0;       // resident after import and connect, before fetching
     std::optional<double> cpu_s_per_gib;  // the Python process's own
+    // CPU seconds per GiB over the measured passes: ckptd's while the Python client fetched,
+    // and ckptd's and the C++ library's (this process) while the library fetched.
+    std::optional<double> server_cpu_s_per_gib;
+    std::optional<CpuPerGib> cpp_cpu;
   };
   std::optional<PythonResult> python_;
   // The storm phase (harness_storm.cc); nullopt: not measured.

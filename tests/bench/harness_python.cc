@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,19 @@ std::string Verdict(const std::optional<bool>& pass) {
 }
 
 json Opt(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+// The highest ratio the Python client's CPU cost allows when ckptd and the client share the
+// machine's CPUs: Python's throughput cannot exceed CPUs / (server + Python client CPU seconds
+// per GiB), nor (it is compared with) the C++ library's measured `cpp_gibps`. Nullopt without
+// the figures.
+std::optional<double> CpuBoundRatio(const std::optional<double>& server_cpu,
+                                    const std::optional<double>& client_cpu, double cpp_gibps) {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (!server_cpu || !client_cpu || cpus == 0 || cpp_gibps <= 0) return std::nullopt;
+  const double python_cpu = *server_cpu + *client_cpu;
+  if (python_cpu <= 0) return std::nullopt;
+  return std::min(1.0, cpus / python_cpu / cpp_gibps);
+}
 
 // "N, lo-hi GiB/s; warm-up W" of a side's passes (not empty).
 std::string PassesText(const std::vector<double>& gibps, const std::optional<double>& warmup) {
@@ -87,15 +101,20 @@ void Harness::MeasurePython() {
   }
   PythonResult r;
   int64_t verified = 0;
+  CpuTally cpp_cpu, py_cpu;  // over the measured passes
   for (int pass = 0; pass <= kRepeats; ++pass) {  // pass 0: the warm-up pair
     const auto start = Clock::now();
+    const CpuMeter cpp_meter(server_->pid());
     const std::optional<int64_t> cpp_bytes = FetchAllRanks(c, &*destination, ranks, &verified);
     if (!cpp_bytes) return;
     const double cpp_gibps = *cpp_bytes / kGiB / Seconds(start);
+    if (pass > 0) cpp_meter.AddTo(&cpp_cpu, *cpp_bytes);
+    const CpuMeter py_meter(server_->pid());  // its client side is this idle process
     if (absl::Status s = py.WriteLine("go"); !s.ok()) return Error("python fetch", s);
     absl::StatusOr<json> line = ParseLine(py.ReadLine(), "a pass's figures");
     if (!line.ok()) return Error("python fetch", line.status());
     const int64_t py_bytes = (*line)["bytes"].get<int64_t>();
+    if (pass > 0) py_meter.AddTo(&py_cpu, py_bytes);
     const double py_gibps = (*line)["gibps"].get<double>();
     if (py_bytes != *cpp_bytes) {
       return Error("python fetch", absl::InternalError(absl::StrCat(
@@ -128,6 +147,8 @@ void Harness::MeasurePython() {
   if (j["cpu_seconds_per_gib"].is_number())
     r.cpu_s_per_gib = j["cpu_seconds_per_gib"].get<double>();
   r.peak_rss_bytes = exit.max_rss_kib * 1024;
+  if (const std::optional<CpuPerGib> cpu = py_cpu.PerGib()) r.server_cpu_s_per_gib = cpu->server;
+  r.cpp_cpu = cpp_cpu.PerGib();
   r.gibps = Median(r.passes_gibps);
   r.cpp_gibps = Median(r.cpp_passes_gibps);
   Progress(absl::StrFormat(
@@ -153,7 +174,12 @@ json Harness::PythonJson() const {
           {"peak_rss_bytes", p.peak_rss_bytes},
           {"baseline_rss_bytes", p.baseline_rss_bytes},
           {"peak_rss_limit_bytes", kRssFactor * p.max_rank_bytes + kRssAllowanceMiB * kMiB},
-          {"client_cpu_s_per_gib", Opt(p.cpu_s_per_gib)}};
+          {"client_cpu_s_per_gib", Opt(p.cpu_s_per_gib)},
+          {"server_cpu_s_per_gib", Opt(p.server_cpu_s_per_gib)},
+          {"cpp_server_cpu_s_per_gib", p.cpp_cpu ? json(p.cpp_cpu->server) : json(nullptr)},
+          {"cpp_client_cpu_s_per_gib", p.cpp_cpu ? json(p.cpp_cpu->client) : json(nullptr)},
+          {"cpus", std::thread::hardware_concurrency()},
+          {"cpu_bound_ratio", Opt(CpuBoundRatio(p.server_cpu_s_per_gib, p.cpu_s_per_gib, p.cpp_gibps))}};
 }
 
 void Harness::PythonRows(std::vector<Row>* rows) const {
@@ -175,7 +201,19 @@ void Harness::PythonRows(std::vector<Row>* rows) const {
     rows->push_back(
         {"  C++ library passes", PassesText(p.cpp_passes_gibps, p.cpp_warmup_gibps), "", ""});
   }
-  rows->push_back({"  CPU per GiB (Python process)", Fmt(p.cpu_s_per_gib, " s"), "", ""});
+  rows->push_back({"  CPU per GiB (server + client): Python",
+                   absl::StrCat(Fmt(p.server_cpu_s_per_gib, ""), " + ", Fmt(p.cpu_s_per_gib, " s")),
+                   "", ""});
+  rows->push_back({"  CPU per GiB (server + client): C++", CpuText(p.cpp_cpu), "", ""});
+  if (const std::optional<double> bound =
+          CpuBoundRatio(p.server_cpu_s_per_gib, p.cpu_s_per_gib, p.cpp_gibps)) {
+    const double python_cpu = *p.server_cpu_s_per_gib + *p.cpu_s_per_gib;
+    const unsigned cpus = std::thread::hardware_concurrency();
+    rows->push_back({absl::StrFormat("  CPU bound, %u CPUs: min(C++, %u / %.2f s)", cpus, cpus,
+                                     python_cpu),
+                     absl::StrFormat("%.2f GiB/s  ratio %.2f", *bound * p.cpp_gibps, *bound),
+                     "", ""});
+  }
   const double peak_mib = p.peak_rss_bytes / kMiB;
   const double held_mib = p.max_rank_bytes / kMiB;
   const double limit_mib = kRssFactor * held_mib + kRssAllowanceMiB;

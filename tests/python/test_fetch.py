@@ -62,9 +62,9 @@ def test_sample_covers_every_layout_kind(demo, client):
     tiles = []
     original = _fetch.FetchReceiver._add_tiles
 
-    def counting(self, message):
+    def counting(self, message, *args):
         tiles.append(len(message.part_bytes))
-        return original(self, message)
+        return original(self, message, *args)
 
     _fetch.FetchReceiver._add_tiles = counting
     try:

@@ -222,6 +222,51 @@ def test_checksum_mismatch_names_tensor_and_byte_range():
         receive([summary(1, 200), header("w", "UInt8", [200], 200), bytes(flipped)])
 
 
+
+def test_tile_checksum_mismatch_fails_the_band_before_the_sink_sees_it(tmp_path):
+    """Tiles are checked after their copy into the band: a flipped byte in any tile is DataLoss
+    naming the tile's bytes, and the band never reaches the sink (no file is written)."""
+    values = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
+    boxes = grid_boxes(0, 8, [8, 12], [4, 4])
+    message = tiles_message(values, boxes, band_rows=8)
+    good = _wire.parse_data_message(message)
+    tile_bytes = 4 * 4 * 4
+    start = [summary(1, values.nbytes), header("t", "Float32", [8, 12], values.nbytes)]
+    assert np.array_equal(receive(start + [message])["t"], values)
+    for i in (0, 4, len(boxes) - 1):
+        flipped = bytearray(good.data)
+        flipped[i * tile_bytes + 5] ^= 0x10
+        bad = T.fetch_data(bytes(flipped), part_bytes=good.part_bytes,
+                           part_checksums=good.part_checksums, tile_box=good.tile_box,
+                           band_rows=8)
+        with pytest.raises(ckptd.DataLoss,
+                           match=rf"tensor t: bytes \[{i * tile_bytes}, {(i + 1) * tile_bytes}\)"
+                                 r" failed their XXH3_64 checksum"):
+            receive(start + [bad])
+        # One tile per message: the single-part path.
+        single = [tiles_message(values, [box], band_rows=8) for box in boxes]
+        one = _wire.parse_data_message(single[i])
+        corrupt = bytearray(one.data)
+        corrupt[3] ^= 0x01
+        single[i] = T.fetch_data(bytes(corrupt), part_bytes=one.part_bytes,
+                                 part_checksums=one.part_checksums, tile_box=one.tile_box,
+                                 band_rows=8)
+        with pytest.raises(ckptd.DataLoss, match=r"tensor t: .* failed their XXH3_64 checksum"):
+            receive(start + single)
+        # The file holds what the tensor's start wrote and nothing of the band.
+        sizes = []
+        for messages in (start, start + [bad]):
+            path = tmp_path / f"t{i}-{len(messages)}.ckpt"
+            with open(path, "wb") as out:
+                receiver = _fetch.FetchReceiver("ck", CkptFileSink(out))
+                try:
+                    for m in messages:
+                        receiver.feed(m)
+                except ckptd.DataLoss:
+                    pass
+            sizes.append(path.stat().st_size)
+        assert sizes[0] == sizes[1]
+
 def test_malformed_streams_are_refused():
     values = np.arange(16, dtype=np.uint8).reshape(4, 4)
     start = [summary(1, 16), header("t", "UInt8", [4, 4], 16)]

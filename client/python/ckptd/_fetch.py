@@ -3,8 +3,10 @@
 `FetchReceiver` consumes the stream's messages as gRPC delivers them (serialized FetchResponse
 bytes) and checks them as the C++ client library does (client/client.cc, FetchChecker): the plan
 summary first, data only inside a tensor, byte totals equal to the headers and the summary, and
-every part of every data message verified with XXH3-64 (seed 0) before its bytes are used. Data
-is handed on as views of the received message (no copy) to a sink:
+every part of every data message verified with XXH3-64 (seed 0) before a sink can see its bytes:
+row-major data before it is handed on, tiles once copied into the sink's band (from the message
+still in the CPU's cache) and before the band is complete. Data is handed on as views of the
+received message (no copy) to a sink:
 
   * `ArraySink` places every tensor's bytes into one pre-allocated NumPy array: row-major data
     is copied once into its place, each tile of a band once into its region of the array.
@@ -108,7 +110,8 @@ class Sink:
 
     def band(self, first_row: int, rows: int) -> np.ndarray:
         """A uint8 array of shape local_shape[:first_row..+rows] + (element size,) into which
-        the band's tiles are copied; `band_done` follows once they cover it."""
+        the band's tiles are copied; `band_done` follows once they cover it. Until then it may
+        hold bytes not yet verified (a failed check aborts the stream, band_done never comes)."""
         raise NotImplementedError
 
     def band_done(self, nbytes: int) -> None:
@@ -294,33 +297,44 @@ class FetchReceiver:
         if len(part_bytes) == 1:
             if part_bytes[0] != size or size == 0:
                 self._parts_error(part_bytes, size)
-            actual = _xxh3(data)
-            if actual != part_checksums[0]:
-                self._checksum_error(actual, 0, size, part_checksums[0])
+            bounds = None
         else:
             bounds = list(itertools.accumulate(part_bytes, initial=0))
             if bounds[-1] != size or 0 in part_bytes or min(part_bytes) < 0:
                 self._parts_error(part_bytes, size)
-            if max(part_bytes) < _GIL_FREE_HASH_BYTES:
-                one_shot = _XXH3_ONE_SHOT
-                actual = [one_shot(data[a:b]) for a, b in zip(bounds, bounds[1:])]
-            else:
-                actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
-            if actual != part_checksums:
-                i = next(i for i, (a, e) in enumerate(zip(actual, part_checksums)) if a != e)
-                self._checksum_error(actual[i], bounds[i], part_bytes[i], part_checksums[i])
         if m.tile_box:
-            self._add_tiles(m)
+            # Verified once copied into the band, from the message still in the CPU's cache
+            # (see _add_tiles); nothing reads the band before then.
+            self._add_tiles(m, bounds)
             return
+        self._verify(data, bounds, part_checksums)
         if size:
             self._sink.rows(data)
             c.received += size
             self._bytes += size
             self._report()
 
+    def _verify(self, data, bounds, part_checksums) -> None:
+        """Raises DataLoss unless every part of `data` (bounds: the parts' offsets and the end,
+        None for a single part) has its XXH3-64 checksum."""
+        if bounds is None:
+            actual = _xxh3(data)
+            if actual != part_checksums[0]:
+                self._checksum_error(actual, 0, len(data), part_checksums[0])
+            return
+        one_shot = _XXH3_ONE_SHOT
+        if bounds[-1] < _GIL_FREE_HASH_BYTES * (len(bounds) - 1):
+            actual = [one_shot(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+        else:
+            actual = [_xxh3(data[a:b]) for a, b in zip(bounds, bounds[1:])]
+        if actual != part_checksums:
+            i = next(i for i, (a, e) in enumerate(zip(actual, part_checksums)) if a != e)
+            self._checksum_error(actual[i], bounds[i], bounds[i + 1] - bounds[i],
+                                 part_checksums[i])
+
     # ------------------------------------------------------------------------ tiles
 
-    def _add_tiles(self, m: _wire.DataMessage) -> None:
+    def _add_tiles(self, m: _wire.DataMessage, bounds) -> None:
         """Places a verified message of tiles (part i is tile i) into the current band, opening
         it at the first row not yet delivered; completes the band once its tiles cover it.
 
@@ -388,6 +402,7 @@ class FetchReceiver:
 
         offsets = np.cumsum(sizes) - sizes
         _copy_tiles(band, lo, extent, offsets, m.data, local, itemsize, row_bytes)
+        self._verify(m.data, bounds, m.part_checksums)
         if band.covered < band.volume:
             return
         all_boxes = band.boxes[0] if len(band.boxes) == 1 else np.concatenate(band.boxes)
