@@ -178,7 +178,8 @@ class Harness {
     std::string series;  // "bytes", "tensors", "ranks"
     std::string op;      // "upload", "fetch", "transform", "deps"
     int64_t size = 0;    // tensor bytes, tensors or destination ranks
-    double seconds = 0;
+    double seconds = 0;                  // the median of passes_seconds
+    std::vector<double> passes_seconds;  // each measured pass
     std::optional<double> peak_rss_mib;  // ckptd's, for this operation alone (none for deps)
     int64_t bytes = 0;                   // tensor bytes of the step's checkpoint (0 for deps)
     int64_t tensors = 0;

@@ -1,13 +1,15 @@
-// The growth case: how cost grows with the size of the problem. Three series, each step in
-// fresh ckptd processes so that every peak RSS is the operation's own:
+// The growth case: how cost grows with the size of the problem. Three series:
 //   - bytes: the checkpoint of --size-gib (x1), then the same tensors with 2 and 4 times the rows
 //     (x2, x4): upload, fetch of every rank of the 8 -> 3 re-split, and the export job 8 -> 3.
 //   - tensors: 100, 1,000 and 20,000 tensors sharing about the same total bytes: upload and fetch.
 //   - ranks: dependency planning (`deps --all`, 1000 parameters from 1024 source ranks) to 8, 64,
 //     512 and 4,096 destination ranks, in this process.
-// The table judges the cost per unit at the largest size against the smallest (or the largest
-// but one) and the growth exponent (least-squares slope of log seconds over log size) is shown
-// beside it. docs/performance.md (## Growth) shows the figures and plots of one run.
+// Each upload, fetch and export runs in a fresh ckptd on the step's store, so that ckptd's peak
+// RSS (VmHWM) is that operation's alone; each is kRepeats passes (a fetch after a checked,
+// unmeasured warm-up pass) and its seconds are their median. The table judges the cost per unit
+// at the largest size against the smallest (or against 1,000 tensors, or 512 ranks) and shows the
+// growth exponent (least-squares slope of log seconds over log size) beside it.
+// docs/performance.md (## Growth) shows the figures and plots of one run.
 #include <unistd.h>
 
 #include <algorithm>
@@ -201,7 +203,8 @@ void Harness::MeasureGrowth() {
     e.series = "ranks";
     e.op = "deps";
     e.size = step.ranks;
-    e.seconds = Median(r->runs_ms) / 1000.0;
+    for (double ms : r->runs_ms) e.passes_seconds.push_back(ms / 1000.0);
+    e.seconds = Median(e.passes_seconds);
     growth_.push_back(e);
     Progress(absl::StrFormat("growth: deps --all to %d ranks: %.2f ms (median of %d)", step.ranks,
                              e.seconds * 1000.0, r->runs_ms.size()));
@@ -228,44 +231,55 @@ bool Harness::GrowthStep(const std::string& series, const BenchSpec& spec, int64
   entry.size = size;
   entry.bytes = spec.total_bytes;
   entry.tensors = static_cast<int64_t>(spec.tensors.size());
-  // One operation in a fresh ckptd (on the step's store): its seconds and ckptd's peak RSS.
+  // One operation in a fresh ckptd (on the step's store): `run` returns the seconds of each of
+  // its measured passes; the entry gets their median and ckptd's peak RSS over all of them.
   const auto measure = [&](const std::string& op, auto&& run) -> bool {
     StopServer();
     if (auto s = StartServer(); !s.ok()) {
       Error(absl::StrCat(what, "start ckptd"), s);
       return false;
     }
-    const absl::StatusOr<double> seconds = run();
-    if (!seconds.ok()) {
-      Error(absl::StrCat(what, op), seconds.status());
+    absl::StatusOr<std::vector<double>> passes = run();
+    if (!passes.ok()) {
+      Error(absl::StrCat(what, op), passes.status());
       return false;
     }
     GrowthEntry e = entry;
     e.op = op;
-    e.seconds = *seconds;
+    e.passes_seconds = *std::move(passes);
+    e.seconds = Median(e.passes_seconds);
     if (auto peak = ProcessPeakRssBytes(server_->pid()); peak.ok()) {
       e.peak_rss_mib = *peak / kMiB;
     } else {
       Error(absl::StrCat(what, "ckptd peak RSS"), peak.status());
     }
-    Progress(absl::StrFormat("%s%s %.3f s, ckptd VmHWM %s", what, op, e.seconds,
-                             Fmt(e.peak_rss_mib, " MiB", 0)));
+    Progress(absl::StrFormat(
+        "%s%s %.3f s (median of %s s), ckptd VmHWM %s", what, op, e.seconds,
+        absl::StrJoin(e.passes_seconds, " / ",
+                      [](std::string* out, double v) { absl::StrAppendFormat(out, "%.3f", v); }),
+        Fmt(e.peak_rss_mib, " MiB", 0)));
     growth_.push_back(e);
     StopServer();
     return true;
   };
 
-  const bool uploaded = measure("upload", [&]() -> absl::StatusOr<double> {
+  // kRepeats uploads into the same ckptd, the checkpoint deleted between them (the last one
+  // stays).
+  const bool uploaded = measure("upload", [&]() -> absl::StatusOr<std::vector<double>> {
     for (const char* name : {kSourceName, kThreeName}) {
       auto put = client_->PutStrategy(name, *StrategyByName(spec, name), true);
       if (!put.ok()) return put.status();
     }
-    const auto start = Clock::now();
-    auto up = client_->UploadDirectory(kCheckpointId, kSourceName, src);
-    const double seconds = Seconds(start);
-    if (!up.ok()) return up.status();
-    if (!up->committed) return absl::InternalError("checkpoint not committed");
-    return seconds;
+    std::vector<double> passes;
+    for (int pass = 0; pass < kRepeats; ++pass) {
+      if (pass > 0) CKPT_RETURN_IF_ERROR(client_->DeleteCheckpoint(kCheckpointId));
+      const auto start = Clock::now();
+      auto up = client_->UploadDirectory(kCheckpointId, kSourceName, src);
+      passes.push_back(Seconds(start));
+      if (!up.ok()) return up.status();
+      if (!up->committed) return absl::InternalError("checkpoint not committed");
+    }
+    return passes;
   });
   fs::remove_all(src, ec);  // the store has the bytes now; keep the disk for the next step
   if (!uploaded) return false;
@@ -273,7 +287,7 @@ bool Harness::GrowthStep(const std::string& series, const BenchSpec& spec, int64
   // Every rank of the 8 -> 3 re-split: a warm-up pass, checked (it also reads the fresh store
   // from the disk), then the median of kRepeats passes, which must deliver the same bytes and
   // tensors as the checked one.
-  const bool fetched = measure("fetch", [&]() -> absl::StatusOr<double> {
+  const bool fetched = measure("fetch", [&]() -> absl::StatusOr<std::vector<double>> {
     std::vector<double> passes;
     std::vector<std::pair<int64_t, int64_t>> checked;  // bytes, tensors of each rank
     for (int pass = -1; pass < kRepeats; ++pass) {
@@ -304,32 +318,36 @@ bool Harness::GrowthStep(const std::string& series, const BenchSpec& spec, int64
       }
       if (pass >= 0) passes.push_back(Seconds(start));
     }
-    return Median(passes);
+    return passes;
   });
   if (!fetched) return false;
   if (!transform) return true;
 
-  return measure("transform", [&]() -> absl::StatusOr<double> {
+  // kRepeats export jobs, each output checked (one rank file) and removed.
+  return measure("transform", [&]() -> absl::StatusOr<std::vector<double>> {
     const std::string export_dir = work_ + "/growth-export";
-    fs::remove_all(export_dir, ec);
-    v1::SubmitTransformRequest request;
-    request.set_job_id(absl::StrCat("growth-", getpid(), "-", size));
-    request.set_checkpoint_id(kCheckpointId);
-    request.set_destination_strategy(kThreeName);
-    request.mutable_target()->set_export_dir("growth-export");  // under --export-root work_
-    const auto start = Clock::now();
-    auto submitted = client_->SubmitTransform(request);
-    if (!submitted.ok()) return submitted.status();
-    auto job = client_->WatchJob(submitted->job().id());
-    const double seconds = Seconds(start);
-    if (!job.ok()) return job.status();
-    if (job->state() != v1::JOB_STATE_SUCCEEDED) {
-      return absl::InternalError(absl::StrCat(JobStateName(job->state()), ": ", job->reason()));
+    std::vector<double> passes;
+    for (int pass = 0; pass < kRepeats; ++pass) {
+      fs::remove_all(export_dir, ec);
+      v1::SubmitTransformRequest request;
+      request.set_job_id(absl::StrCat("growth-", getpid(), "-", size, "-", pass));
+      request.set_checkpoint_id(kCheckpointId);
+      request.set_destination_strategy(kThreeName);
+      request.mutable_target()->set_export_dir("growth-export");  // under --export-root work_
+      const auto start = Clock::now();
+      auto submitted = client_->SubmitTransform(request);
+      if (!submitted.ok()) return submitted.status();
+      auto job = client_->WatchJob(submitted->job().id());
+      passes.push_back(Seconds(start));
+      if (!job.ok()) return job.status();
+      if (job->state() != v1::JOB_STATE_SUCCEEDED) {
+        return absl::InternalError(absl::StrCat(JobStateName(job->state()), ": ", job->reason()));
+      }
+      auto checked = VerifyRankFile(spec, d3, 1, export_dir + "/rank_1/checkpoint_1.ckpt");
+      fs::remove_all(export_dir, ec);
+      if (!checked.ok()) return checked.status();
     }
-    auto checked = VerifyRankFile(spec, d3, 1, export_dir + "/rank_1/checkpoint_1.ckpt");
-    fs::remove_all(export_dir, ec);
-    if (!checked.ok()) return checked.status();
-    return seconds;
+    return passes;
   });
 }
 
@@ -350,6 +368,7 @@ nlohmann::json Harness::GrowthJson() const {
                  {"op", e.op},
                  {"size", e.size},
                  {"seconds", e.seconds},
+                 {"passes_seconds", e.passes_seconds},
                  {"peak_rss_mib", e.peak_rss_mib ? nlohmann::json(*e.peak_rss_mib) : nullptr},
                  {"bytes", e.bytes ? nlohmann::json(e.bytes) : nullptr},
                  {"tensors", e.tensors ? nlohmann::json(e.tensors) : nullptr}});
