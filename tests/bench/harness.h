@@ -175,9 +175,9 @@ class Harness {
   // harness_growth.cc: upload, fetch and transform time and ckptd's peak RSS as the bytes and
   // the tensors grow, and planning time as the destination ranks grow.
   struct GrowthEntry {
-    std::string series;  // "bytes", "tensors", "ranks"
-    std::string op;      // "upload", "fetch", "transform", "deps"
-    int64_t size = 0;    // tensor bytes, tensors or destination ranks
+    std::string series;                  // "bytes", "tensors", "ranks"
+    std::string op;                      // "upload", "fetch", "transform", "deps"
+    int64_t size = 0;                    // tensor bytes, tensors or destination ranks
     double seconds = 0;                  // the median of passes_seconds
     std::vector<double> passes_seconds;  // each measured pass
     std::optional<double> peak_rss_mib;  // ckptd's, for this operation alone (none for deps)
