@@ -36,6 +36,13 @@ bench: deps
 	cmake --build $(BENCH_DIR) -j$(JOBS) --target ckpt_bench ckptd
 	$(BENCH_DIR)/tests/bench/ckpt_bench --out $(BENCH_DIR)/bench-results.json $(BENCH_ARGS)
 
+# The growth case's plots (tests/bench/plot_growth.py, Debian's python3-matplotlib) from
+# BENCH_DIR/bench-results.json into PLOTS_DIR (default docs/img, which docs/performance.md shows).
+PLOTS_DIR ?= docs/img
+.PHONY: bench-plots
+bench-plots:
+	/usr/bin/python3 tests/bench/plot_growth.py $(BENCH_DIR)/bench-results.json $(PLOTS_DIR)
+
 # Installs ckptd, ckptctl, the systemd unit and the docs under PREFIX.
 PREFIX ?= /usr/local
 install: build

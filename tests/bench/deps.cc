@@ -43,7 +43,9 @@ absl::StatusOr<Strategy> DepsStrategy(int64_t params, std::vector<int64_t> dev_m
           break;
         case 4:
           l.tensor_map = {{0}, {}};
-          l.opt_shard_size = 8;
+          // 8-way, or the whole replica group (the two outer axes) where it is smaller: the
+          // small destinations of the growth case.
+          l.opt_shard_size = std::min<int64_t>(8, dev_matrix[0] * dev_matrix[1]);
           l.opt_shard_step = 1;
           break;
         default:
@@ -63,11 +65,17 @@ absl::StatusOr<Strategy> DepsStrategy(int64_t params, std::vector<int64_t> dev_m
 
 }  // namespace
 
-absl::StatusOr<DepsResult> MeasureDeps() {
+absl::StatusOr<DepsResult> MeasureDeps() { return MeasureDepsTo({16, 8, 8}, 4); }
+
+absl::StatusOr<DepsResult> MeasureDepsTo(std::vector<int64_t> dst_dev_matrix, int32_t dst_stages) {
+  if (dst_dev_matrix.size() != 3) {
+    return absl::InvalidArgumentError("the destination dev_matrix must have 3 axes");
+  }
   DepsResult result;
   result.params = 1000;
   CKPT_ASSIGN_OR_RETURN(Strategy src, DepsStrategy(result.params, {8, 8, 8}, 2, 0));
-  CKPT_ASSIGN_OR_RETURN(Strategy dst, DepsStrategy(result.params, {16, 8, 8}, 4, 3));
+  CKPT_ASSIGN_OR_RETURN(Strategy dst,
+                        DepsStrategy(result.params, std::move(dst_dev_matrix), dst_stages, 3));
   result.src_world = src.world_size();
   result.dst_world = dst.world_size();
   auto s = std::make_shared<const Strategy>(std::move(src));

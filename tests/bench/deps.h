@@ -22,6 +22,9 @@ struct DepsResult {
 // stages), a mix of row, column, nested, 2-D, optimizer-sharded and replicated layouts, and of
 // listing every destination rank's source ranks.
 absl::StatusOr<DepsResult> MeasureDeps();
+// The same source, to a destination of `dst_dev_matrix` (3 axes) per stage over `dst_stages`
+// pipeline stages (the growth case's destination-rank series).
+absl::StatusOr<DepsResult> MeasureDepsTo(std::vector<int64_t> dst_dev_matrix, int32_t dst_stages);
 
 }  // namespace ckpt::bench
 

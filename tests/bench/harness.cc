@@ -82,7 +82,8 @@ void Harness::Cleanup() {
     fs::remove_all(work_, ec);
   } else {
     for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline", "pki",
-                            "disk-write.tmp", "store-write", "transport.port"}) {
+                            "disk-write.tmp", "store-write", "transport.port",
+                            "growth-src", "growth-export"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
   }
@@ -194,6 +195,8 @@ int Harness::Run() {
     MeasureUpload();
   }
   if (uploaded_) MeasureUploaded();
+  StopServer();
+  if (Selected("growth")) MeasureGrowth();
   StopServer();
   if (Selected("deps")) MeasureDependencies();
   WriteResults();

@@ -7,7 +7,8 @@
 // harness_upload.cc (disk and store write limits, upload, first fetch), harness_limits.cc
 // (transport limit, verified-read ceiling, storage limit), harness_fetch.cc (the fetch cases),
 // harness_concurrent.cc (concurrent workers), harness_storm.cc (64 workers of data-parallel
-// replicas at once), harness_transform.cc (export job against the
+// replicas at once), harness_growth.cc (cost against bytes, tensors and destination ranks),
+// harness_transform.cc (export job against the
 // baseline), harness_python.cc (the Python client against the C++ one) and harness_report.cc
 // (table and JSON).
 #ifndef CKPT_TESTS_BENCH_HARNESS_H_
@@ -171,6 +172,27 @@ class Harness {
   nlohmann::json StormJson() const;
   void StormRows(std::vector<Row>* rows) const;
 
+  // harness_growth.cc: upload, fetch and transform time and ckptd's peak RSS as the bytes and
+  // the tensors grow, and planning time as the destination ranks grow.
+  struct GrowthEntry {
+    std::string series;                  // "bytes", "tensors", "ranks"
+    std::string op;                      // "upload", "fetch", "transform", "deps"
+    int64_t size = 0;                    // tensor bytes, tensors or destination ranks
+    double seconds = 0;                  // the median of passes_seconds
+    std::vector<double> passes_seconds;  // each measured pass
+    std::optional<double> peak_rss_mib;  // ckptd's, for this operation alone (none for deps)
+    int64_t bytes = 0;                   // tensor bytes of the step's checkpoint (0 for deps)
+    int64_t tensors = 0;
+  };
+  void MeasureGrowth();
+  // One checkpoint: generated, uploaded, fetched (and exported if `transform`), each operation in
+  // a fresh ckptd on the step's store; false after Error().
+  bool GrowthStep(const std::string& series, const BenchSpec& spec, int64_t size, bool transform);
+  std::vector<const GrowthEntry*> GrowthSeries(const std::string& series,
+                                               const std::string& op) const;
+  nlohmann::json GrowthJson() const;
+  void GrowthRows(std::vector<Row>* rows) const;
+
   // harness_python.cc: the Python client (tests/bench/python_fetch_bench.py in a child process)
   // and this process's C++ client library fetch every rank of the 8to3 case in alternating
   // passes; their medians are compared, and the Python process's peak RSS with the largest
@@ -318,6 +340,7 @@ class Harness {
   };
   std::optional<StormResult> storm_;
   std::optional<DepsResult> deps_;
+  std::vector<GrowthEntry> growth_;  // in the order measured
   std::optional<double> upload_gibps_;
   std::optional<CpuPerGib> upload_cpu_;       // of the median pass
   std::optional<double> upload_first_gibps_;  // the first pass, into a fresh ckptd and store

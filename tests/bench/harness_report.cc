@@ -101,6 +101,7 @@ json Harness::Results() const {
                         {"max_source_ranks", deps_->max_sources}};
   }
   j["upload"] = UploadJson();
+  j["growth"] = GrowthJson();
   j["python"] = PythonJson();
   j["tls"] = {
       {"gibps", Opt(tls_gibps_)},
@@ -200,6 +201,7 @@ std::vector<Row> Harness::Table() const {
                     Verdict(ms ? std::optional<bool>(*ms <= 1000.0) : std::nullopt)});
   }
   UploadRows(&rows);
+  if (Selected("growth")) GrowthRows(&rows);
   return rows;
 }
 
