@@ -42,10 +42,10 @@ struct ServiceOptions {
   // its queued bytes return to the server budget. Zero: never. Default 60 s.
   absl::Duration fetch_stall_timeout = absl::Seconds(60);
   // Fetch streams producing at once, server-wide (FetchAdmission); more wait in arrival order
-  // for a slot instead of failing. 0: no limit. Default 64: each producing stream holds about a
+  // for a slot instead of failing. 0: no limit. Default 256: each producing stream holds about a
   // band, a message and its recent chunks, so this bounds ckptd's memory however many streams
-  // are open (the storm of 64 replicas stays well within 512 MiB).
-  int64_t max_active_fetches = 64;
+  // are open (256 streams, half of them stalled or crawling, stay within 1 GiB: load_test).
+  int64_t max_active_fetches = 256;
 };
 
 // Fetch and Upload are registered raw (grpc::ByteBuffer) so that data messages can reference

@@ -342,11 +342,26 @@ TEST_F(StormTest, StreamsBeyondTheActiveLimitWaitTheirTurnAndAllComplete) {
 TEST_F(StormTest, AWaitingStreamEndsOnItsDeadlineOrCancellationAndLeavesTheQueue) {
   server_args_ = {"--max-active-fetches", "1"};
   RestartServer();
+  // 32 MiB in one tensor: more than the connection and ckptd's queue hold for a client that
+  // does not read.
+  const std::filesystem::path file = dir_ / "big.ckpt";
+  ASSERT_TRUE(
+      WriteWholeSample({{"weight", DType::kFloat32, Shape{32 * 256, 1024}}}, file, {}).ok());
+  auto up = client_->UploadWholeFile("big", file);
+  ASSERT_TRUE(up.ok()) << up.status();
+  grpc::ChannelArguments narrow;
+  narrow.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  narrow.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto holder_stub = v1::CheckpointService::NewStub(grpc::CreateCustomChannel(
+      server_->address(), grpc::InsecureChannelCredentials(), narrow));
   auto stub = v1::CheckpointService::NewStub(
       grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   // The holder reads the plan summary (it was admitted) and then nothing: it keeps the slot.
   grpc::ClientContext holder_context;
-  auto holder = stub->Fetch(&holder_context, Request(0));
+  v1::FetchRequest big;
+  big.set_checkpoint_id("big");
+  big.set_merged(true);
+  auto holder = holder_stub->Fetch(&holder_context, big);
   v1::FetchResponse first;
   ASSERT_TRUE(holder->Read(&first));
   ASSERT_TRUE(first.has_summary());

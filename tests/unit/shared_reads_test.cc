@@ -489,7 +489,9 @@ TEST_F(SharedReadsTest, ChunksAreKeptForTheCohortBeforeSpareOnes) {
 }
 
 // A cold storm whose replicas start far apart and read at different speeds, with a shared
-// cache of half the checkpoint: pacing keeps every stream of the job within the cache's
+// cache of three quarters of the checkpoint (without pacing, the first replica of each rank reads
+// all of it before the others start, and the replicas that follow read again what the cache
+// could not keep): pacing keeps every stream of the job within the cache's
 // reach of the slowest one, so each stored chunk is still read about once, and every stream gets
 // exactly what it gets alone.
 TEST_F(SharedReadsTest, PacingKeepsAColdStormOfDriftingReplicasToOneReadPerChunk) {
@@ -498,7 +500,7 @@ TEST_F(SharedReadsTest, PacingKeepsAColdStormOfDriftingReplicasToOneReadPerChunk
     single[r] = Run(r);
     ASSERT_TRUE(single[r].status.ok()) << single[r].status;
   }
-  Restart(unique_bytes_ / 2);
+  Restart(unique_bytes_ * 3 / 4);
   const int64_t read_before = store_->stats().chunk_bytes_read;
   // Replica d of every rank starts d x 15 ms after the first, and the replicas read at four
   // different speeds.
@@ -515,9 +517,10 @@ TEST_F(SharedReadsTest, PacingKeepsAColdStormOfDriftingReplicasToOneReadPerChunk
   EXPECT_GT(stats.pace_waits, 0) << "no stream ever waited for its group";
   EXPECT_EQ(stats.left_behind, 0);
   EXPECT_EQ(stats.pacing_now, 0);
-  EXPECT_LE(stats.cached_bytes, unique_bytes_ / 2);
+  EXPECT_LE(stats.cached_bytes, unique_bytes_ * 3 / 4);
   EXPECT_LE(static_cast<double>(read), 1.1 * static_cast<double>(unique_bytes_))
-      << read << " bytes read for " << unique_bytes_ << " unique bytes";
+      << read << " bytes read for " << unique_bytes_ << " unique bytes; " << stats.pace_waits
+      << " pace waits";
 }
 
 // A member of the group that stops making progress (its client stalls) holds the others back
