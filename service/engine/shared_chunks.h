@@ -130,8 +130,8 @@ struct PaceGroup {
 };
 
 // One stream's membership of its cohort and pace group (SharedChunks::JoinCohort); leaving them
-// is destroying it. The stream reports its progress (Advanced, Touch) and asks before each piece whether it may
-// go on (MayProceed). Thread-safe; must not outlive the SharedChunks that made it.
+// is destroying it. The stream reports its progress (Advanced, Touch) and asks before each piece
+// whether it may go on (MayProceed). Thread-safe; must not outlive the SharedChunks that made it.
 class CohortMember {
  public:
   ~CohortMember();

@@ -2,9 +2,10 @@
 // arrival order), a producer on the executor fills a bounded queue of encoded messages from a
 // FetchStream; gRPC writes drain it. The producer parks, without holding a thread, while the
 // server budget has no room for its next message (granted in arrival order) or while its stream
-// runs too far ahead of the other streams of its job (FetchStream::MayProceed). A stream whose client accepts nothing for
-// ServiceOptions::fetch_stall_timeout is cancelled (StreamWatch), and a stream is logged with the
-// status its client received: OK only once the final status went out.
+// runs too far ahead of the other streams of its job (FetchStream::MayProceed). A stream whose
+// client accepts nothing for ServiceOptions::fetch_stall_timeout is cancelled (StreamWatch), and
+// a stream is logged with the status its client received: OK only once the final status went
+// out.
 #include <deque>
 #include <memory>
 #include <mutex>
