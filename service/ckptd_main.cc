@@ -106,6 +106,11 @@ void AddServerFlags(CLI::App& app, Flags& f) {
       ->envname("CKPTD_SHARED_CHUNK_CACHE_MIB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+  app.add_option("--max-active-fetches", f.options.service.max_active_fetches,
+                 "Fetch streams producing at once; more wait in arrival order (0: no limit)")
+      ->envname("CKPTD_MAX_ACTIVE_FETCHES")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--upload-idle-minutes", f.idle_minutes,
                  "Discard uploads idle for this long (minutes)")
       ->envname("CKPTD_UPLOAD_IDLE_MINUTES")

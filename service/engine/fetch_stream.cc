@@ -136,12 +136,12 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
                          SharedChunks* chunks, FetchOptions options,
-                         std::shared_ptr<const FetchCohort> cohort)
+                         std::unique_ptr<CohortMember> member)
     : checkpoint_(std::move(checkpoint)),
       plan_(std::move(plan)),
       chunks_(chunks),
       options_(options),
-      cohort_(std::move(cohort)) {
+      member_(std::move(member)) {
   for (const TensorPlan& t : plan_.tensors) total_bytes_ += TensorBytes(t);
 }
 
@@ -185,9 +185,11 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
     if (cache_.front().chunk->corrupt()) return cache_.front().chunk->Verify();
     return cache_.front().chunk;
   }
-  auto shared = chunks_->Get(address, checksum, cohort_.get(), this);
+  auto shared =
+      chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
   if (!shared.ok()) return shared.status();
   std::shared_ptr<StreamChunk> chunk = *std::move(shared);
+  if (member_) member_->Advanced(static_cast<int64_t>(chunk->data->bytes().size()));
   cache_.push_front({key, chunk, row_end});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
@@ -571,6 +573,7 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader)
   out->tile_box.clear();
   out->band_rows = 0;
   tiles_ = reader == FetchReader::kClient;
+  if (member_) member_->Touch();
   if (!summary_sent_) {
     summary_sent_ = true;
     SummaryPiece(out);

@@ -7,6 +7,7 @@
 #define CKPT_SERVICE_ENGINE_FETCH_STREAM_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <list>
 #include <memory>
@@ -98,10 +99,17 @@ struct FetchPiece {
 class FetchStream {
  public:
   // Reads stored chunks through `chunks` (shared with the other streams; not owned, must outlive
-  // the stream), as a member of `cohort` (the streams of identical plans; may be null).
+  // the stream), as `member` of its cohort (the streams of identical plans; may be null).
   FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
               SharedChunks* chunks, FetchOptions options,
-              std::shared_ptr<const FetchCohort> cohort = nullptr);
+              std::unique_ptr<CohortMember> member = nullptr);
+
+  // Whether the next piece may be produced now without running too far ahead of the stream's
+  // cohort (CohortMember::MayProceed): when false, `wake` is called once when it may. A caller
+  // that never asks is not held back (but others may wait for it).
+  bool MayProceed(std::function<void()> wake) {
+    return member_ == nullptr || member_->MayProceed(std::move(wake));
+  }
 
   // Fills `out` with the next message for `reader`, without copying data: `out->segments`
   // reference chunk or band memory. False when the stream is complete. Errors name the checkpoint
@@ -196,7 +204,7 @@ class FetchStream {
   RankPlan plan_;
   SharedChunks* chunks_;
   FetchOptions options_;
-  std::shared_ptr<const FetchCohort> cohort_;
+  std::unique_ptr<CohortMember> member_;
   int64_t total_bytes_ = 0;
   int64_t bytes_produced_ = 0;
 

@@ -43,7 +43,7 @@ absl::Status ValidateName(const std::string& what, const std::string& name) {
 CheckpointManager::CheckpointManager(CheckpointStore* store, ManagerOptions options)
     : store_(store),
       options_(std::move(options)),
-      shared_chunks_(store, options_.shared_chunk_cache_bytes) {}
+      shared_chunks_(store, options_.shared_chunk_cache_bytes, options_.replica_straggler_bound) {}
 
 v1::StrategyInfo CheckpointManager::InfoOf(const std::string& name, const Strategy& s) {
   v1::StrategyInfo info;
@@ -419,10 +419,18 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   for (const TensorPlan& t : plan.tensors) {
     fingerprint = absl::HashOf(fingerprint, t.name, t.dst_box.lo, t.dst_box.hi);
   }
-  std::shared_ptr<const FetchCohort> cohort =
-      shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint));
+  // The streams of one job (this checkpoint for one destination and the same filters) pace
+  // together, so that the chunks they share are read once (SharedChunks).
+  size_t job = absl::HashOf(request.merged(), request.destination_strategy(), request.strict());
+  for (const std::string& f : request.include()) job = absl::HashOf(job, 1, f);
+  for (const std::string& f : request.exclude()) job = absl::HashOf(job, 2, f);
+  const int64_t ranks = request.merged() ? 1 : std::min<int64_t>(planner->dst_world(), 1 << 20);
+  std::unique_ptr<CohortMember> member =
+      shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint),
+                                absl::StrCat(ckpt->manifest.data_id(), "/", job),
+                                static_cast<int>(ranks));
   return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_,
-                                       options_.fetch, std::move(cohort));
+                                       options_.fetch, std::move(member));
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(

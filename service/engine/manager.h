@@ -35,6 +35,9 @@ struct ManagerOptions {
   // ckptd's memory bound. 0 keeps none (streams reading a chunk at the same time still share
   // it).
   int64_t shared_chunk_cache_bytes = int64_t{64} << 20;
+  // A fetch stream that makes no progress for this long while the other members of its cohort
+  // wait for it is left behind (SharedChunks): they go on, and it reads for itself.
+  absl::Duration replica_straggler_bound = absl::Seconds(3);
 };
 
 // What the store holds, for statistics.

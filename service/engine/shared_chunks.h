@@ -19,6 +19,27 @@
 // would keep the chunks the last replica has just used, touched most recently, and evict the ones
 // it needs next.) Within each kind the least recent go first.
 //
+// Pacing. Kept chunks only help streams that run within the budget of each other, so the
+// streams of one job (one checkpoint fetched for one destination: a *pace group*, JoinCohort's
+// `pace_key`) pace themselves. A stream's position is the stored bytes it has requested through
+// this layer; streams of a job read their chunks in the same order (the replicas of a rank the
+// same chunks, tensor-parallel ranks of a tensor split across them the same chunks too, or
+// chunks of the same size), so positions compare. A member more than the pace window ahead of
+// the slowest pacing member of its group waits (CohortMember::MayProceed) until that member
+// catches up. The window is cache_bytes / (2 x the cohorts with a pacing member): while every
+// member is within it, the chunks the group has read and still needs, one run per cohort, fit
+// the budget. A job's streams start at different moments (its clients are scheduled apart), so a
+// job starts by *gathering*: once a second stream of it has joined, and until all of its
+// `expected_members` have or min(straggler_bound, 1 s) has passed since the first, no member goes
+// beyond cache_bytes / (2 x expected_members) (the window were each stream a cohort of its own).
+// A job whose streams did not all come within that bound does not gather again for a minute (a
+// user fetching a few ranks of a large destination by hand pays the bound once). A lone stream
+// never gathers. A member that has made no progress for `straggler_bound` while another waits for
+// it is left behind: nobody waits for it nor keeps chunks for it, and it reads what it no longer
+// finds for itself, until it catches up with the slowest pacing member again. Waiting never
+// blocks a thread: the waiter is called back (on the thread of the member that caught up, or
+// of the pacing timer). A lone stream, or one whose peers are within the window, never waits.
+//
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
 // every stream that shares it (StreamChunk::Verify). Every chunk handed to a second stream is
 // verified first, on the server: a chunk read once and used by one stream only is verified as
@@ -39,15 +60,18 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -76,15 +100,75 @@ struct StreamChunk {
   absl::Status failure_;  // when kCorrupt; written before state_ is published
 };
 
+class CohortMember;
+class SharedChunks;
+
 // The streams of one fetch cohort (SharedChunks::JoinCohort). Thread-safe.
 class FetchCohort {
  public:
   // Streams of the cohort open now.
   int members() const { return members_.load(std::memory_order_relaxed); }
+  // Of them, those pacing with their group (not left behind): the takers a chunk is kept for.
+  int pacing() const { return pacing_.load(std::memory_order_relaxed); }
 
  private:
   friend class SharedChunks;
+  friend class CohortMember;
   std::atomic<int> members_{0};
+  std::atomic<int> pacing_{0};  // written under SharedChunks::pace_mu_
+};
+
+// The streams of one job that pace together (see the file comment). Guarded by
+// SharedChunks::pace_mu_.
+struct PaceGroup {
+  std::string key;
+  std::list<CohortMember*> members;
+  int expected = 1;          // the streams the job has (the destination's ranks)
+  int joined = 0;            // streams that ever joined
+  int64_t created_ns = 0;    // when the first joined
+  bool gathered = false;     // gathering is over (everyone came, or the bound passed)
+};
+
+// One stream's membership of its cohort and pace group (SharedChunks::JoinCohort); leaving them
+// is destroying it. The stream reports its progress (Advanced, Touch) and asks before each piece
+// whether it may go on (MayProceed). Thread-safe; must not outlive the SharedChunks that made it.
+class CohortMember {
+ public:
+  ~CohortMember();
+  CohortMember(const CohortMember&) = delete;
+  CohortMember& operator=(const CohortMember&) = delete;
+
+  // The cohort, for SharedChunks::Get; null while the member is left behind (the chunks it reads
+  // then are kept for nobody else).
+  const FetchCohort* cohort() const;
+  // The stream got `bytes` more stored bytes through the shared layer (its position): wakes the
+  // members waiting for it that may now go on.
+  void Advanced(int64_t bytes);
+  // The stream produced something now (lock-free): it is not stalled.
+  void Touch();
+  // True when the stream may produce its next piece now. Otherwise false, and `wake` is called
+  // once, later, from another thread, when it may (the slower members caught up, left, or were
+  // left behind); not at all if the member is destroyed first. A later call replaces a pending
+  // `wake`.
+  bool MayProceed(std::function<void()> wake);
+  bool left_behind() const { return left_behind_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class SharedChunks;
+  CohortMember(SharedChunks* owner, std::shared_ptr<FetchCohort> cohort,
+               std::shared_ptr<PaceGroup> group);
+
+  SharedChunks* const owner_;
+  const std::shared_ptr<FetchCohort> cohort_;
+  const std::shared_ptr<PaceGroup> group_;
+  // Guarded by owner_->pace_mu_:
+  std::list<CohortMember*>::iterator it_;
+  int64_t position_ = 0;
+  std::function<void()> wake_;  // set while waiting
+  std::list<CohortMember*>::iterator waiting_it_;
+  // Lock-free:
+  std::atomic<int64_t> last_progress_ns_;
+  std::atomic<bool> left_behind_{false};
 };
 
 // Counters since the layer was made (monotonic, except cached_bytes).
@@ -99,12 +183,19 @@ struct SharedChunkStats {
   int64_t corrupt_chunks = 0;    // chunks that failed verification here
   int64_t cached_bytes = 0;      // bytes kept now
   int64_t released_taken = 0;    // wanted chunks that became spare, every expected taker served
+  int64_t pace_waits = 0;        // times a member waited for slower members of its cohort
+  int64_t left_behind = 0;       // members left behind after straggler_bound without progress
+  int64_t pacing_now = 0;        // members waiting for their cohort now
 };
 
 class SharedChunks {
  public:
   // `cache_bytes`: the LRU's budget (0: no LRU; in-flight and live sharing still apply).
-  SharedChunks(CheckpointStore* store, int64_t cache_bytes);
+  // `straggler_bound`: how long a member of a cohort may make no progress while others wait for
+  // it before it is left behind.
+  SharedChunks(CheckpointStore* store, int64_t cache_bytes,
+               absl::Duration straggler_bound = absl::Seconds(3));
+  ~SharedChunks();
   SharedChunks(const SharedChunks&) = delete;
   SharedChunks& operator=(const SharedChunks&) = delete;
 
@@ -120,9 +211,14 @@ class SharedChunks {
                                                    const FetchCohort* cohort = nullptr,
                                                    const void* taker = nullptr);
 
-  // Joins the cohort named `key` (streams with identical plans of one checkpoint), creating it
-  // if needed; the stream leaves when the returned handle is released.
-  std::shared_ptr<const FetchCohort> JoinCohort(const std::string& key);
+  // Joins the cohort named `key` (streams with identical plans of one checkpoint) and the pace
+  // group named `pace_key` (the streams of one job), creating them if needed; the stream leaves
+  // when the returned membership is destroyed. A member joins pacing, at position 0.
+  // `expected_members`: the streams the job has (the destination's ranks; 1 for a merged fetch).
+  std::unique_ptr<CohortMember> JoinCohort(const std::string& key, const std::string& pace_key,
+                                           int expected_members = 1);
+  // The pace window now (see the file comment), bytes.
+  int64_t pace_window() const;
 
   // Drops every cached chunk.
   void Clear();
@@ -179,8 +275,40 @@ class SharedChunks {
   // alive.
   void MaybeSweepLocked();
 
+  friend class CohortMember;
+  // Pacing (pace_mu_ held): the window; the slowest position among `group`'s pacing members
+  // other than `except` (none: INT64_MAX); whether `m` may go on now, leaving behind the stalled
+  // members that hold it back; starting or stopping `m`'s pacing; collecting the wakes of
+  // `group`'s waiters that may go on now (removing them from waiting_); no longer waiting.
+  int64_t PaceWindowLocked() const;
+  int64_t SlowestLocked(const PaceGroup& group, const CohortMember* except) const;
+  bool MayProceedLocked(CohortMember& m, int64_t now_ns);
+  void SetPacingLocked(CohortMember& m, bool pacing);
+  void CollectReadyLocked(const PaceGroup& group, int64_t now_ns,
+                          std::vector<std::function<void()>>* wake);
+  void StopWaitingLocked(CohortMember& m);
+  // Whether `group` is gathering now (see the file comment); ends it once over.
+  bool GatheringLocked(PaceGroup& group, int64_t now_ns);
+  // The pacing timer: while members wait, checks them every few milliseconds so that a stalled
+  // member holding them back is left behind after straggler_bound.
+  void PaceLoop();
+
   CheckpointStore* const store_;
   const int64_t cache_bytes_;
+  const absl::Duration straggler_bound_;
+
+  mutable std::mutex pace_mu_;  // never held with mu_
+  std::condition_variable pace_cv_;
+  std::list<CohortMember*> waiting_;  // members waiting now
+  int pacing_cohorts_ = 0;            // cohorts with a pacing member
+  absl::flat_hash_map<std::string, std::weak_ptr<PaceGroup>> pace_groups_;
+  // Jobs that did not gather within the bound, and until when they do not gather again.
+  absl::flat_hash_map<std::string, int64_t> no_gathering_until_;
+  size_t pace_group_sweep_at_ = 64;
+  int64_t pace_waits_ = 0;
+  int64_t left_behind_ = 0;
+  bool pace_stop_ = false;
+  std::thread pace_thread_;
 
   mutable std::mutex mu_;
   std::condition_variable read_done_;

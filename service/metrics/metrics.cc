@@ -205,6 +205,17 @@ class StatsCollectable final : public prometheus::Collectable {
             "Tensor bytes written by transform jobs (a job that runs again counts again)",
             s.job_bytes_written());
     Gauge(out, "ckptd_fetch_streams", "Fetch streams open now", s.fetch_streams());
+    Gauge(out, "ckptd_fetch_streams_waiting",
+          "Fetch streams waiting now for a --max-active-fetches slot", s.fetch_streams_waiting());
+    Counter(out, "ckptd_fetch_streams_waited_total",
+            "Fetch streams that had to wait for a --max-active-fetches slot",
+            s.fetch_streams_waited());
+    Counter(out, "ckptd_fetch_pace_waits_total",
+            "Times a Fetch stream waited for slower replicas of its rank to catch up",
+            s.fetch_pace_waits());
+    Counter(out, "ckptd_fetch_replicas_left_behind_total",
+            "Fetch streams left behind by their replicas after making no progress",
+            s.fetch_replicas_left_behind());
     Gauge(out, "ckptd_fetch_in_flight_bytes", "Fetch bytes queued for sending now, server-wide",
           s.fetch_bytes_in_flight());
     Gauge(out, "ckptd_upload_streams", "Upload streams open now", s.upload_streams());

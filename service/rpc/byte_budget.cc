@@ -10,9 +10,19 @@ namespace ckpt {
 
 bool ByteBudget::TryAcquire(int64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (used_ > 0 && used_ + n > limit_) return false;
+  if (!waiters_.empty() || !FitsLocked(n)) return false;
   used_ += n;
   return true;
+}
+
+bool ByteBudget::AcquireOrWait(int64_t n, std::function<void()> granted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (waiters_.empty() && FitsLocked(n)) {
+    used_ += n;
+    return true;
+  }
+  waiters_.push_back({n, std::move(granted)});
+  return false;
 }
 
 void ByteBudget::Release(int64_t n) {
@@ -20,24 +30,89 @@ void ByteBudget::Release(int64_t n) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     used_ -= n;
-    wake.swap(waiters_);
+    // Strictly in order: a large request at the front is not overtaken by smaller ones behind it
+    // (which could otherwise keep it waiting for ever).
+    while (!waiters_.empty() && FitsLocked(waiters_.front().bytes)) {
+      used_ += waiters_.front().bytes;
+      wake.push_back(std::move(waiters_.front().granted));
+      waiters_.pop_front();
+    }
   }
   for (auto& w : wake) w();
-}
-
-void ByteBudget::Wait(std::function<void()> wake) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (used_ == 0) {
-    lock.unlock();
-    wake();
-    return;
-  }
-  waiters_.push_back(std::move(wake));
 }
 
 int64_t ByteBudget::in_use() const {
   std::lock_guard<std::mutex> lock(mu_);
   return used_;
+}
+
+int64_t ByteBudget::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(waiters_.size());
+}
+
+FetchAdmission::Slot& FetchAdmission::Slot::operator=(Slot&& other) noexcept {
+  if (this != &other) {
+    if (owner_ != nullptr) owner_->Free();
+    owner_ = std::exchange(other.owner_, nullptr);
+  }
+  return *this;
+}
+
+FetchAdmission::Slot::~Slot() {
+  if (owner_ != nullptr) owner_->Free();
+}
+
+uint64_t FetchAdmission::Enter(Admitted admitted) {
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = next_ticket_++;
+    if (!waiters_.empty() || (limit_ > 0 && active_.load(std::memory_order_relaxed) >= limit_)) {
+      waiters_.emplace_back(ticket, std::move(admitted));
+      ++waited_total_;
+      return ticket;
+    }
+    active_.fetch_add(1, std::memory_order_relaxed);
+  }
+  admitted(Slot(this));
+  return ticket;
+}
+
+bool FetchAdmission::Withdraw(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+    if (it->first == ticket) {
+      waiters_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void FetchAdmission::Free() {
+  Admitted next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (waiters_.empty()) {
+      active_.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    // The slot passes straight to the oldest waiter: active_ stays the same.
+    next = std::move(waiters_.front().second);
+    waiters_.pop_front();
+  }
+  next(Slot(this));
+}
+
+int64_t FetchAdmission::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(waiters_.size());
+}
+
+int64_t FetchAdmission::waited_total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waited_total_;
 }
 
 int64_t FetchQueueShare(int64_t stream_bytes_in_flight, int64_t active_streams) {

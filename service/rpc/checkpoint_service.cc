@@ -323,6 +323,11 @@ v1::ServerStats CheckpointServiceImpl::Stats() {
   out.set_fetch_bytes_sent(fetch_bytes_sent_.load(std::memory_order_relaxed));
   out.set_fetch_bytes_in_flight(budget_.in_use());
   out.set_fetch_streams(active_fetches_.load(std::memory_order_relaxed));
+  out.set_fetch_streams_waiting(admission_.waiting());
+  out.set_fetch_streams_waited(admission_.waited_total());
+  const SharedChunkStats shared = manager_->shared_chunks()->stats();
+  out.set_fetch_pace_waits(shared.pace_waits);
+  out.set_fetch_replicas_left_behind(shared.left_behind);
   const ProcessMemory memory = ReadProcessMemory();
   out.set_rss_bytes(memory.rss_bytes);
   out.set_peak_rss_bytes(memory.peak_rss_bytes);

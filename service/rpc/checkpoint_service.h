@@ -41,6 +41,11 @@ struct ServiceOptions {
   // client stopped reading, or its network is gone) is cancelled, logged DEADLINE_EXCEEDED, and
   // its queued bytes return to the server budget. Zero: never. Default 60 s.
   absl::Duration fetch_stall_timeout = absl::Seconds(60);
+  // Fetch streams producing at once, server-wide (FetchAdmission); more wait in arrival order
+  // for a slot instead of failing. 0: no limit. Default 256: each producing stream holds about a
+  // band, a message and its recent chunks, so this bounds ckptd's memory however many streams
+  // are open (256 streams, half of them stalled or crawling, stay within 1 GiB: load_test).
+  int64_t max_active_fetches = 256;
 };
 
 // Fetch and Upload are registered raw (grpc::ByteBuffer) so that data messages can reference
@@ -138,17 +143,18 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   JobRunner* jobs() const { return jobs_; }
   Executor* executor() const { return executor_; }
   ByteBudget* budget() { return &budget_; }
+  FetchAdmission* admission() { return &admission_; }
   StreamWatch* stream_watch() { return &stream_watch_; }
   const ServiceOptions& options() const { return options_; }
   const Authenticator& auth() const { return *auth_; }
   bool shutting_down() const { return shutting_down_; }
-  // Fetch streams open now (FetchStarted .. FetchEnded), and each one's queue limit.
+  // Fetch streams open now (FetchStarted .. FetchEnded), and each one's queue limit: an equal
+  // share among the streams admitted to produce.
   void FetchStarted() { active_fetches_.fetch_add(1, std::memory_order_relaxed); }
   void FetchEnded() { active_fetches_.fetch_sub(1, std::memory_order_relaxed); }
   int64_t open_fetches() const { return active_fetches_.load(std::memory_order_relaxed); }
   int64_t FetchQueueLimit() const {
-    return FetchQueueShare(options_.stream_bytes_in_flight,
-                           active_fetches_.load(std::memory_order_relaxed));
+    return FetchQueueShare(options_.stream_bytes_in_flight, admission_.active());
   }
 
  private:
@@ -172,6 +178,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   const Authenticator* const auth_;
   std::mutex submit_mu_;  // serialises the queued-jobs limit check with the submission
   ByteBudget budget_;
+  FetchAdmission admission_{options_.max_active_fetches};
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> fetch_bytes_sent_{0};
   std::atomic<int64_t> active_fetches_{0};

@@ -1,11 +1,16 @@
-// The Fetch RPC: a producer on the executor fills a bounded queue of encoded messages from a
-// FetchStream; gRPC writes drain it. A stream whose client accepts nothing for
-// ServiceOptions::fetch_stall_timeout is cancelled (StreamWatch), and a stream is logged with the
-// status its client received: OK only once the final status went out.
+// The Fetch RPC: once admitted (FetchAdmission, --max-active-fetches; streams beyond it wait in
+// arrival order), a producer on the executor fills a bounded queue of encoded messages from a
+// FetchStream; gRPC writes drain it. The producer parks, without holding a thread, while the
+// server budget has no room for its next message (granted in arrival order) or while its stream
+// runs too far ahead of the other streams of its job (FetchStream::MayProceed). A stream whose
+// client accepts nothing for ServiceOptions::fetch_stall_timeout is cancelled (StreamWatch), and
+// a stream is logged with the status its client received: OK only once the final status went
+// out.
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "service/engine/fetch_stream.h"
@@ -53,17 +58,21 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       MaybeFinishLocked();
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = true;
-    }
     std::weak_ptr<FetchCall> weak = shared_from_this();
     service_->stream_watch()->Add([weak](absl::Time now, bool ending) {
       std::shared_ptr<FetchCall> self = weak.lock();
       return self != nullptr && self->Watch(now, ending);
     });
-    auto self = shared_from_this();
-    service_->executor()->Submit([self] { self->Produce(); });
+    // Produces once admitted (FetchAdmission): at once while fewer than --max-active-fetches
+    // streams produce, otherwise when the streams that came before have had their slots. Until
+    // then nothing runs for the call, and it ends only if cancelled (its deadline too) or
+    // stopped (a shutdown), leaving the queue (MaybeFinishLocked).
+    const uint64_t ticket = service_->admission()->Enter([weak](FetchAdmission::Slot slot) {
+      if (auto self = weak.lock()) self->Admitted(std::move(slot));
+      // Otherwise the slot passes on as it is destroyed.
+    });
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket_ = ticket;
   }
 
   // StreamWatch: cancels the call when an operation (a write, or the final status) has been
@@ -130,8 +139,8 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
       // again: each producer task produces many messages, rather than one task per message as
       // resuming at every write below the limit would, which costs CPU when many streams are
       // open.
-      if (!running_ && !producer_done_ && !cancelled_ && stop_.ok() &&
-          queued_bytes_ <= service_->FetchQueueLimit() / 2) {
+      if (!running_ && !producer_done_ && !cancelled_ && stop_.ok() && !pace_waiting_ &&
+          !budget_waiting_ && queued_bytes_ <= service_->FetchQueueLimit() / 2) {
         running_ = true;
         resume = true;
       }
@@ -175,6 +184,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
                                             : absl::StrCat(request_.destination_strategy(), "/",
                                                            request_.rank())));
       reactor_ = nullptr;
+      released += std::exchange(reserved_bytes_, 0);
       for (int64_t s : sizes_) released += s;
       queue_.clear();
       sizes_.clear();
@@ -184,8 +194,65 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   }
 
  private:
+  // The stream has its admission slot (called once, on the thread that freed it or in Start).
+  void Admitted(FetchAdmission::Slot slot) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_ || reactor_ == nullptr || cancelled_ || !stop_.ok()) return;  // slot freed
+      slot_ = std::move(slot);
+      admitted_ = true;
+      running_ = true;
+    }
+    auto self = shared_from_this();
+    service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  // The cohort's slower members caught up (FetchStream::MayProceed): produce again.
+  void PaceReady() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!pace_waiting_) {
+        pace_ready_ = true;  // the producer has not parked yet: it finds this
+        return;
+      }
+      pace_waiting_ = false;
+      if (producer_done_ || cancelled_ || !stop_.ok() || reactor_ == nullptr) {
+        MaybeFinishLocked();
+        return;
+      }
+      running_ = true;
+    }
+    auto self = shared_from_this();
+    service_->executor()->Submit([self] { self->Produce(); });
+  }
+
+  // The server budget granted the `n` bytes of the next message (ByteBudget::AcquireOrWait):
+  // they are the producer's (reserved_bytes_) until it queues the message, or returned.
+  void Granted(int64_t n) {
+    bool submit = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      budget_waiting_ = false;
+      if (!producer_done_ && !cancelled_ && stop_.ok() && reactor_ != nullptr) {
+        reserved_bytes_ = n;
+        n = 0;
+        if (!running_) {  // else the producer has not parked yet, and finds the bytes
+          running_ = true;
+          submit = true;
+        }
+      } else {
+        MaybeFinishLocked();
+      }
+    }
+    if (n > 0) service_->budget()->Release(n);  // not wanted any more
+    if (submit) {
+      auto self = shared_from_this();
+      service_->executor()->Submit([self] { self->Produce(); });
+    }
+  }
+
   // Runs on the executor: produces messages until the stream's queue is full, the server budget
-  // is exhausted, or the stream ends.
+  // is exhausted, the stream runs too far ahead of its cohort, or the stream ends.
   void Produce() {
     if (!stream_) {
       auto s = service_->manager()->OpenFetch(request_);
@@ -209,6 +276,19 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         }
       }
       if (!has_next_) {
+        std::weak_ptr<FetchCall> weak = shared_from_this();
+        if (!stream_->MayProceed([weak] {
+              if (auto self = weak.lock()) self->PaceReady();
+            })) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!pace_ready_) {
+            pace_waiting_ = true;  // PaceReady resumes us
+            running_ = false;
+            MaybeFinishLocked();
+            return;
+          }
+          pace_ready_ = false;  // woken already: go on
+        }
         auto more = stream_->NextPiece(&piece_, FetchReader::kClient);
         if (!more.ok()) {
           EndProducer(more.status());
@@ -223,17 +303,35 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         next_ = EncodeFetchResponse(std::move(piece_));
         next_size_ = static_cast<int64_t>(next_.Length());
       }
-      if (!service_->budget()->TryAcquire(next_size_)) {
-        // Server-wide budget exhausted: wait for any stream to release bytes.
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          running_ = false;
-        }
+      int64_t reserved;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        reserved = std::exchange(reserved_bytes_, 0);
+        if (reserved == 0) budget_waiting_ = true;
+      }
+      if (reserved == 0) {
         std::weak_ptr<FetchCall> weak = shared_from_this();
-        service_->budget()->Wait([weak] {
-          if (auto self = weak.lock()) self->Resume();
-        });
-        return;
+        const int64_t n = next_size_;
+        ByteBudget* budget = service_->budget();
+        if (!budget->AcquireOrWait(n, [weak, n, budget] {
+              if (auto self = weak.lock()) {
+                self->Granted(n);
+              } else {
+                budget->Release(n);
+              }
+            })) {
+          // Server-wide budget exhausted: Granted resumes us with the bytes, in our turn. If it
+          // ran already (on another thread), its bytes are in reserved_bytes_ (or were returned
+          // because the call ended): the loop goes on from the top.
+          std::lock_guard<std::mutex> lock(mu_);
+          if (budget_waiting_) {
+            running_ = false;
+            return;
+          }
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        budget_waiting_ = false;
       }
       std::lock_guard<std::mutex> lock(mu_);
       if (reactor_ == nullptr || cancelled_ || !stop_.ok()) {
@@ -270,16 +368,6 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     }
     pending_since_ = absl::Now();
     reactor_->StartWrite(&queue_.front());
-  }
-
-  void Resume() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (running_ || producer_done_ || !stop_.ok() || reactor_ == nullptr) return;
-      running_ = true;
-    }
-    auto self = shared_from_this();
-    service_->executor()->Submit([self] { self->Produce(); });
   }
 
   void EndProducer(const absl::Status& status) {
@@ -322,6 +410,15 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
     finished_ = true;
     status_ = status;
     lease_ = LimitLease();
+    // The admission slot goes to the next waiting stream, on an executor thread (that stream's
+    // Admitted takes its own lock, never while this one is held); a stream still waiting for a
+    // slot leaves the queue.
+    if (slot_) {
+      service_->executor()->Submit(
+          [slot = std::make_shared<FetchAdmission::Slot>(std::move(slot_))] {});
+    } else if (ticket_ != 0 && !admitted_) {
+      service_->admission()->Withdraw(ticket_);
+    }
     service_->RpcFinished(status);
     pending_since_ = absl::Now();  // the status waits for the client like a write
     reactor_->Finish(ToGrpcStatus(status));
@@ -349,7 +446,15 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   int64_t queued_bytes_ = 0;
   int64_t bytes_ = 0;
   bool writing_ = false;
-  bool running_ = false;
+  bool running_ = false;  // a producer task is submitted or runs
+  // Admission: the ticket of Enter, and the slot once admitted (until the call finishes).
+  uint64_t ticket_ = 0;
+  bool admitted_ = false;
+  FetchAdmission::Slot slot_;
+  bool pace_waiting_ = false;    // parked until PaceReady (the cohort's slower members)
+  bool pace_ready_ = false;      // PaceReady ran before the producer parked
+  bool budget_waiting_ = false;  // queued in the server budget until Granted
+  int64_t reserved_bytes_ = 0;   // granted by the budget for the next message, not queued yet
   bool producer_done_ = false;
   bool cancelled_ = false;
   bool finished_ = false;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -109,7 +110,7 @@ class StormTest : public ::testing::Test {
   }
 
   void StartServer() {
-    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data");
+    auto s = ServerProcess::Start(CKPTD_PATH, dir_ / "data", server_args_);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     auto c = CkptClient::Connect(server_->address());
@@ -126,12 +127,22 @@ class StormTest : public ::testing::Test {
     StartServer();
   }
 
-  int64_t StoreBytesRead() {
+  v1::ServerStats Stats() {
     grpc::ClientContext context;
     v1::ServerStats stats;
     const grpc::Status s = stats_->GetStats(&context, v1::GetStatsRequest(), &stats);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return stats.store_bytes_read();
+    return stats;
+  }
+  int64_t StoreBytesRead() { return Stats().store_bytes_read(); }
+
+  // Waits (up to 20 s) until `done(stats)` holds.
+  bool AwaitStats(const std::function<bool(const v1::ServerStats&)>& done) {
+    for (int i = 0; i < 2000; ++i) {
+      if (done(Stats())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
   }
 
   static v1::FetchRequest Request(int rank) {
@@ -193,6 +204,7 @@ class StormTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  std::vector<std::string> server_args_;  // ckptd's flags beyond --listen and --data
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<CkptClient> client_;
   std::unique_ptr<v1::CheckpointService::Stub> stats_;
@@ -268,6 +280,84 @@ TEST_F(StormTest, DamagedSharedChunkFailsEveryReplicaThatNeedsItWithDataLoss) {
     }
   }
   EXPECT_GE(failed_groups, 1) << "the damaged chunk went unnoticed";
+}
+
+// Far more streams than --max-active-fetches: the streams beyond the limit wait for a slot
+// instead of failing, and every one of them completes with exactly what it gets alone.
+TEST_F(StormTest, StreamsBeyondTheActiveLimitWaitTheirTurnAndAllComplete) {
+  std::vector<Outcome> single;
+  for (int r = 0; r < kRanks; ++r) single.push_back(Single(r));
+  server_args_ = {"--max-active-fetches", "3"};
+  RestartServer();
+  const std::vector<Outcome> together = Storm();
+  ASSERT_EQ(together.size(), static_cast<size_t>(kRanks));
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
+    EXPECT_TRUE(together[r].tensors == single[r].tensors) << "rank " << r << " differs";
+  }
+  const v1::ServerStats stats = Stats();
+  EXPECT_GT(stats.fetch_streams_waited(), 0) << "no stream waited for a slot";
+  EXPECT_EQ(stats.fetch_streams_waiting(), 0);
+  EXPECT_EQ(stats.fetch_streams(), 0);
+}
+
+// A stream waiting for a slot ends when its deadline passes or its client cancels it, leaves the
+// queue, and takes no slot with it: once the stream holding the only slot goes, the next fetch
+// runs.
+TEST_F(StormTest, AWaitingStreamEndsOnItsDeadlineOrCancellationAndLeavesTheQueue) {
+  server_args_ = {"--max-active-fetches", "1"};
+  RestartServer();
+  // 32 MiB in one tensor: more than the connection and ckptd's queue hold for a client that
+  // does not read.
+  const std::filesystem::path file = dir_ / "big.ckpt";
+  ASSERT_TRUE(
+      WriteWholeSample({{"weight", DType::kFloat32, Shape{32 * 256, 1024}}}, file, {}).ok());
+  auto up = client_->UploadWholeFile("big", file);
+  ASSERT_TRUE(up.ok()) << up.status();
+  grpc::ChannelArguments narrow;
+  narrow.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  narrow.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto holder_stub = v1::CheckpointService::NewStub(grpc::CreateCustomChannel(
+      server_->address(), grpc::InsecureChannelCredentials(), narrow));
+  auto stub = v1::CheckpointService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  // The holder reads the plan summary (it was admitted) and then nothing: it keeps the slot.
+  grpc::ClientContext holder_context;
+  v1::FetchRequest big;
+  big.set_checkpoint_id("big");
+  big.set_merged(true);
+  auto holder = holder_stub->Fetch(&holder_context, big);
+  v1::FetchResponse first;
+  ASSERT_TRUE(holder->Read(&first));
+  ASSERT_TRUE(first.has_summary());
+  // A fetch with a deadline waits, then ends DEADLINE_EXCEEDED without a byte.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    auto waiter = stub->Fetch(&context, Request(1));
+    v1::FetchResponse message;
+    EXPECT_FALSE(waiter->Read(&message));
+    EXPECT_EQ(waiter->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_TRUE(AwaitStats([](const v1::ServerStats& s) { return s.fetch_streams_waiting() == 0; }));
+  // A fetch its client cancels while it waits ends CANCELLED.
+  {
+    grpc::ClientContext context;
+    auto waiter = stub->Fetch(&context, Request(2));
+    ASSERT_TRUE(
+        AwaitStats([](const v1::ServerStats& s) { return s.fetch_streams_waiting() == 1; }));
+    context.TryCancel();
+    v1::FetchResponse message;
+    EXPECT_FALSE(waiter->Read(&message));
+    EXPECT_EQ(waiter->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(AwaitStats([](const v1::ServerStats& s) { return s.fetch_streams_waiting() == 0; }));
+  EXPECT_EQ(Stats().fetch_streams_waited(), 2);
+  // The holder goes; a fetch now gets the slot and everything.
+  holder_context.TryCancel();
+  holder->Finish();
+  const Outcome after = Single(3);
+  EXPECT_TRUE(after.status.ok()) << after.status;
 }
 
 }  // namespace

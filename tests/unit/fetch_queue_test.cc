@@ -1,7 +1,17 @@
-// The Fetch queue limits of byte_budget.h: the server-wide ByteBudget, each stream's share of
-// --stream-inflight-mib, and the StreamWatch that checks open streams.
+// The Fetch limits of byte_budget.h: the server-wide ByteBudget (granted in arrival order), the
+// FetchAdmission of streams producing at once, each stream's share of --stream-inflight-mib, and
+// the StreamWatch that checks open streams.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -41,20 +51,169 @@ TEST(ByteBudgetTest, AcquiresWithinTheLimitAndOneOversizedRequestWhenEmpty) {
   EXPECT_TRUE(budget.TryAcquire(1));
 }
 
-TEST(ByteBudgetTest, WaitersAreWokenOnceByTheNextReleaseOrAtOnceWhenEmpty) {
+TEST(ByteBudgetTest, FreedBytesGoToTheOldestWaiterFirstAndNewcomersQueueBehind) {
   ByteBudget budget(4);
-  int woken = 0;
-  budget.Wait([&] { ++woken; });  // empty: right away
-  EXPECT_EQ(woken, 1);
-  ASSERT_TRUE(budget.TryAcquire(4));
-  budget.Wait([&] { ++woken; });
-  budget.Wait([&] { ++woken; });
-  EXPECT_EQ(woken, 1);
+  std::vector<int> granted;
+  EXPECT_TRUE(budget.AcquireOrWait(4, [&] { granted.push_back(0); }));  // fits: taken at once
+  EXPECT_FALSE(budget.AcquireOrWait(3, [&] { granted.push_back(1); }));
+  EXPECT_FALSE(budget.AcquireOrWait(1, [&] { granted.push_back(2); }));
+  EXPECT_FALSE(budget.AcquireOrWait(2, [&] { granted.push_back(3); }));
+  EXPECT_EQ(budget.waiting(), 3);
+  // Room for the 1-byte request, but the 3-byte one is older: nobody jumps the queue, not even
+  // a newcomer that fits.
   budget.Release(1);
-  EXPECT_EQ(woken, 3);
-  budget.Release(1);  // each waiter is called once
-  EXPECT_EQ(woken, 3);
-  EXPECT_EQ(budget.in_use(), 2);
+  EXPECT_TRUE(granted.empty());
+  EXPECT_FALSE(budget.TryAcquire(1));
+  // Enough for the oldest and the next (3 + 1), taken on their behalf before they are told.
+  budget.Release(3);
+  EXPECT_EQ(granted, (std::vector<int>{1, 2}));
+  EXPECT_EQ(budget.in_use(), 4);
+  budget.Release(3);  // the 3-byte grant back: room for the 2-byte waiter
+  EXPECT_EQ(granted, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(budget.in_use(), 3);
+  EXPECT_EQ(budget.waiting(), 0);
+  budget.Release(3);
+  EXPECT_EQ(budget.in_use(), 0);
+  // An oversized request waits for an empty budget, then goes alone.
+  ASSERT_TRUE(budget.TryAcquire(1));
+  EXPECT_FALSE(budget.AcquireOrWait(9, [&] { granted.push_back(4); }));
+  budget.Release(1);
+  EXPECT_EQ(granted.back(), 4);
+  EXPECT_EQ(budget.in_use(), 9);
+}
+
+// A stream that keeps asking (many threads acquiring and releasing in a loop) never starves
+// one that waits: every request is granted, in order, and the budget is never exceeded.
+TEST(ByteBudgetTest, NoWaiterStarvesUnderContention) {
+  ByteBudget budget(8);
+  std::atomic<int64_t> peak{0};
+  std::atomic<int> done{0};
+  constexpr int kThreads = 8, kRounds = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        const int64_t n = 1 + (t + i) % 5;
+        std::mutex mu;
+        std::condition_variable cv;
+        bool ok = false;
+        if (!budget.AcquireOrWait(n, [&] {
+              std::lock_guard<std::mutex> lock(mu);
+              ok = true;
+              cv.notify_all();
+            })) {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return ok; });
+        }
+        int64_t now = budget.in_use();
+        int64_t p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        budget.Release(n);
+      }
+      ++done;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(done.load(), kThreads);
+  EXPECT_LE(peak.load(), 8);
+  EXPECT_EQ(budget.in_use(), 0);
+  EXPECT_EQ(budget.waiting(), 0);
+}
+
+TEST(FetchAdmissionTest, AdmitsInArrivalOrderAndPassesFreedSlotsToTheOldestWaiter) {
+  FetchAdmission admission(2);
+  std::vector<int> order;
+  std::vector<FetchAdmission::Slot> slots(10);
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 10; ++i) {
+    tickets.push_back(admission.Enter([&, i](FetchAdmission::Slot slot) {
+      order.push_back(i);
+      slots[i] = std::move(slot);
+    }));
+  }
+  EXPECT_EQ(order, (std::vector<int>{0, 1}));
+  EXPECT_EQ(admission.active(), 2);
+  EXPECT_EQ(admission.waiting(), 8);
+  EXPECT_EQ(admission.waited_total(), 8);
+  // A waiting request withdrawn (its call was cancelled) is skipped and never called.
+  EXPECT_TRUE(admission.Withdraw(tickets[2]));
+  EXPECT_FALSE(admission.Withdraw(tickets[2]));
+  EXPECT_FALSE(admission.Withdraw(tickets[0]));  // admitted already
+  slots[1] = FetchAdmission::Slot();             // a slot freed goes to the oldest waiter
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 3}));
+  slots[0] = FetchAdmission::Slot();
+  slots[3] = FetchAdmission::Slot();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 3, 4, 5}));
+  // A slot dropped by a call that is gone passes on at once.
+  EXPECT_EQ(admission.active(), 2);
+  for (int i = 4; i < 10; ++i) slots[i] = FetchAdmission::Slot();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(admission.active(), 0);
+  EXPECT_EQ(admission.waiting(), 0);
+  // No limit: everyone at once.
+  FetchAdmission open(0);
+  int admitted = 0;
+  std::vector<FetchAdmission::Slot> held;
+  for (int i = 0; i < 100; ++i) open.Enter([&](FetchAdmission::Slot s) {
+    ++admitted;
+    held.push_back(std::move(s));
+  });
+  EXPECT_EQ(admitted, 100);
+  EXPECT_EQ(open.waiting(), 0);
+}
+
+// Many more streams than slots, each run by a pool of threads that holds its slot for a while:
+// every one is admitted, in about the order they arrived, and never more than the limit at once.
+TEST(FetchAdmissionTest, ManyMoreStreamsThanSlotsAllRunInArrivalOrder) {
+  constexpr int kLimit = 4, kStreams = 200, kRunners = 8;
+  FetchAdmission admission(kLimit);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> order;
+  std::deque<std::unique_ptr<FetchAdmission::Slot>> admitted;
+  int finished = 0, running = 0, peak = 0;
+  std::vector<std::thread> runners;
+  for (int r = 0; r < kRunners; ++r) {
+    runners.emplace_back([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (true) {
+        cv.wait(lock, [&] { return !admitted.empty() || finished == kStreams; });
+        if (admitted.empty()) return;
+        std::unique_ptr<FetchAdmission::Slot> slot = std::move(admitted.front());
+        admitted.pop_front();
+        peak = std::max(peak, ++running);
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        lock.lock();
+        --running;
+        ++finished;
+        cv.notify_all();
+        lock.unlock();
+        slot.reset();  // the next waiter's callback runs here, taking mu
+        lock.lock();
+      }
+    });
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    admission.Enter([&, i](FetchAdmission::Slot slot) {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(i);
+      admitted.push_back(std::make_unique<FetchAdmission::Slot>(std::move(slot)));
+      cv.notify_all();
+    });
+  }
+  for (std::thread& t : runners) t.join();
+  EXPECT_EQ(finished, kStreams);
+  EXPECT_LE(peak, kLimit);
+  EXPECT_GT(admission.waited_total(), 0);
+  // Slots are handed out in arrival order; the callbacks of slots freed at the same moment on
+  // different threads may run in either order, so a stream is overtaken by fewer than the limit.
+  ASSERT_EQ(order.size(), static_cast<size_t>(kStreams));
+  for (int p = 0; p < kStreams; ++p) {
+    EXPECT_LT(std::abs(order[p] - p), kLimit) << "stream " << order[p] << " admitted " << p << "th";
+  }
+  EXPECT_EQ(admission.active(), 0);
 }
 
 TEST(StreamWatchTest, ChecksRunPeriodicallyUntilTheyReturnFalseAndEndAllTellsEveryOne) {

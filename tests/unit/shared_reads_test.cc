@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/ckptctl/sample.h"
 #include "core/checksum.h"
 #include "gtest/gtest.h"
@@ -151,7 +153,8 @@ class SharedReadsTest : public ::testing::Test {
  protected:
   void SetUp() override { Restart(int64_t{1} << 20); }
 
-  void Restart(int64_t shared_cache_bytes) {
+  void Restart(int64_t shared_cache_bytes,
+               absl::Duration straggler_bound = absl::Seconds(30)) {
     manager_.reset();
     auto store = std::make_unique<FaultyStore>(NewMemoryStore());
     faulty_ = store.get();
@@ -165,6 +168,7 @@ class SharedReadsTest : public ::testing::Test {
     options.fetch.min_part_bytes = 256;
     options.fetch.chunk_cache_bytes = 8192;
     options.shared_chunk_cache_bytes = shared_cache_bytes;
+    options.replica_straggler_bound = straggler_bound;
     manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
     src_ = MakeStrategy({8}, false);
     dst_ = MakeStrategy({kDp, kTp}, true);
@@ -209,24 +213,53 @@ class SharedReadsTest : public ::testing::Test {
     return req;
   }
 
+  // Waits, as the service's producer does without blocking a thread, until `stream` may produce
+  // its next piece without running too far ahead of its group.
+  static void AwaitPace(FetchStream& stream) {
+    struct Wake {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool woken = false;
+    };
+    auto wake = std::make_shared<Wake>();
+    if (stream.MayProceed([wake] {
+          std::lock_guard<std::mutex> lock(wake->mu);
+          wake->woken = true;
+          wake->cv.notify_all();
+        })) {
+      return;
+    }
+    std::unique_lock<std::mutex> lock(wake->mu);
+    wake->cv.wait(lock, [&] { return wake->woken; });
+  }
+
   // Runs one stream as the service does (FetchReader::kClient), checking every part's checksum
   // as a client would. `stop_after`: give up (drop the stream, as a cancelled call does) after
-  // that many messages. `on_message` runs after each message.
+  // that many messages. `on_message` runs after each message. `pace`: waits for the stream's
+  // group before each piece (FetchStream::MayProceed), as the service does.
   StreamOutput Run(int64_t rank, std::optional<int> stop_after = std::nullopt,
-                   const std::function<void(int)>& on_message = {}) {
-    StreamOutput out;
+                   const std::function<void(int)>& on_message = {}, bool pace = false) {
     auto stream = manager_->OpenFetch(Request(rank));
     if (!stream.ok()) {
+      StreamOutput out;
       out.status = stream.status();
       return out;
     }
+    return Drain(**stream, stop_after, on_message, pace);
+  }
+
+  // Run's loop, for a stream opened already.
+  static StreamOutput Drain(FetchStream& stream, std::optional<int> stop_after = std::nullopt,
+                            const std::function<void(int)>& on_message = {}, bool pace = false) {
+    StreamOutput out;
     FetchPiece piece;
     for (int n = 0;; ++n) {
       if (stop_after && n == *stop_after) {
         out.status = absl::CancelledError("stopped");
         return out;
       }
-      auto more = (*stream)->NextPiece(&piece, FetchReader::kClient);
+      if (pace) AwaitPace(stream);
+      auto more = stream.NextPiece(&piece, FetchReader::kClient);
       if (!more.ok()) {
         out.status = more.status();
         return out;
@@ -250,8 +283,12 @@ class SharedReadsTest : public ::testing::Test {
     }
   }
 
-  // Every rank of the destination at once, one thread each.
-  std::vector<StreamOutput> RunAllConcurrently() {
+  // Every rank of the destination at once, one thread each. `pace`: as Run. `start_delay(r)`:
+  // rank r starts that much later; `message_delay(r)`: and sleeps that long after each message
+  // (a slower client).
+  std::vector<StreamOutput> RunAllConcurrently(
+      bool pace = false, const std::function<absl::Duration(int)>& start_delay = {},
+      const std::function<absl::Duration(int)>& message_delay = {}) {
     std::vector<StreamOutput> out(kTp * kDp);
     std::vector<std::thread> threads;
     std::atomic<int> ready{0};
@@ -259,7 +296,10 @@ class SharedReadsTest : public ::testing::Test {
       threads.emplace_back([&, r] {
         ++ready;
         while (ready.load() < kTp * kDp) std::this_thread::yield();
-        out[r] = Run(r);
+        if (start_delay) absl::SleepFor(start_delay(r));
+        const absl::Duration each = message_delay ? message_delay(r) : absl::ZeroDuration();
+        out[r] = Run(
+            r, std::nullopt, [each](int) { absl::SleepFor(each); }, pace);
       });
     }
     for (std::thread& t : threads) t.join();
@@ -446,6 +486,108 @@ TEST_F(SharedReadsTest, ChunksAreKeptForTheCohortBeforeSpareOnes) {
   const SharedChunkStats stats = manager_->shared_chunks()->stats();
   EXPECT_GT(stats.released_taken, 0);
   EXPECT_LE(stats.cached_bytes, 24 << 10);
+}
+
+// A cold storm whose replicas start far apart and read at different speeds, with a shared
+// cache of three quarters of the checkpoint (without pacing, the first replica of each rank reads
+// all of it before the others start, and the replicas that follow read again what the cache
+// could not keep): pacing keeps every stream of the job within the cache's
+// reach of the slowest one, so each stored chunk is still read about once, and every stream gets
+// exactly what it gets alone.
+TEST_F(SharedReadsTest, PacingKeepsAColdStormOfDriftingReplicasToOneReadPerChunk) {
+  std::vector<StreamOutput> single(kTp);
+  for (int r = 0; r < kTp; ++r) {
+    single[r] = Run(r);
+    ASSERT_TRUE(single[r].status.ok()) << single[r].status;
+  }
+  Restart(unique_bytes_ * 3 / 4);
+  const int64_t read_before = store_->stats().chunk_bytes_read;
+  // Replica d of every rank starts d x 15 ms after the first, and the replicas read at four
+  // different speeds.
+  std::vector<StreamOutput> together = RunAllConcurrently(
+      /*pace=*/true, [](int r) { return absl::Milliseconds(15) * (r / kTp); },
+      [](int r) { return absl::Microseconds(100) * (r % 4); });
+  const int64_t read = store_->stats().chunk_bytes_read - read_before;
+  for (int r = 0; r < kTp * kDp; ++r) {
+    ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
+    EXPECT_FALSE(together[r].client_caught) << r;
+    EXPECT_EQ(together[r].messages, single[r % kTp].messages) << "rank " << r;
+  }
+  const SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_GT(stats.pace_waits, 0) << "no stream ever waited for its group";
+  EXPECT_EQ(stats.left_behind, 0);
+  EXPECT_EQ(stats.pacing_now, 0);
+  EXPECT_LE(stats.cached_bytes, unique_bytes_ * 3 / 4);
+  EXPECT_LE(static_cast<double>(read), 1.1 * static_cast<double>(unique_bytes_))
+      << read << " bytes read for " << unique_bytes_ << " unique bytes; " << stats.pace_waits
+      << " pace waits";
+}
+
+// A member of the group that stops making progress (its client stalls) holds the others back
+// for the straggler bound at most: then it is left behind, the others finish, and it still
+// completes correctly when it resumes, reading for itself what is no longer kept.
+TEST_F(SharedReadsTest, AStalledMemberHoldsItsGroupBackOnlyForTheBound) {
+  const StreamOutput lone = Run(0);
+  ASSERT_TRUE(lone.status.ok()) << lone.status;
+  const absl::Duration bound = absl::Milliseconds(400);
+  Restart(8 << 10, bound);  // a window of 4 KiB: rank 0 (20 KiB) must wait for its replica
+  auto straggler = manager_->OpenFetch(Request(kTp));  // rank 0's replica, never read yet
+  ASSERT_TRUE(straggler.ok()) << straggler.status();
+  const absl::Time start = absl::Now();
+  const StreamOutput leader = Run(0, std::nullopt, {}, /*pace=*/true);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(leader.status.ok()) << leader.status;
+  EXPECT_EQ(leader.messages, lone.messages);
+  SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_GE(stats.pace_waits, 1);
+  EXPECT_EQ(stats.left_behind, 1);
+  EXPECT_EQ(stats.pacing_now, 0);
+  // It waited for the stalled member, then went on without it.
+  EXPECT_GE(took, bound * 0.9);
+  EXPECT_LT(took, bound + absl::Seconds(10));
+  // The straggler resumes and completes, pacing being no concern of the one left behind.
+  const StreamOutput late = Drain(**straggler, std::nullopt, {}, /*pace=*/true);
+  ASSERT_TRUE(late.status.ok()) << late.status;
+  EXPECT_EQ(late.messages, lone.messages);
+}
+
+// A member that is slow but moving is waited for (never left behind), and a member leaving the
+// group (its call ended) frees the ones waiting for it at once.
+TEST_F(SharedReadsTest, SlowButMovingMembersAreWaitedForAndLeavingFreesTheWaiters) {
+  const StreamOutput lone = Run(0);
+  ASSERT_TRUE(lone.status.ok()) << lone.status;
+  Restart(8 << 10, absl::Seconds(30));
+  StreamOutput slow, fast;
+  auto slow_stream = manager_->OpenFetch(Request(kTp));  // both are open before either reads
+  ASSERT_TRUE(slow_stream.ok()) << slow_stream.status();
+  std::thread slow_thread([&] {
+    slow = Drain(**slow_stream, std::nullopt,
+                 [](int) { absl::SleepFor(absl::Milliseconds(3)); }, true);
+  });
+  std::thread fast_thread([&] { fast = Run(0, std::nullopt, {}, true); });
+  slow_thread.join();
+  fast_thread.join();
+  ASSERT_TRUE(slow.status.ok()) << slow.status;
+  ASSERT_TRUE(fast.status.ok()) << fast.status;
+  EXPECT_EQ(slow.messages, lone.messages);
+  EXPECT_EQ(fast.messages, lone.messages);
+  SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_GE(stats.pace_waits, 1);
+  EXPECT_EQ(stats.left_behind, 0);
+  // Leaving: a replica opened and dropped while the leader waits for it.
+  auto idle = manager_->OpenFetch(Request(kTp));
+  ASSERT_TRUE(idle.ok());
+  StreamOutput leader;
+  std::thread leader_thread([&] { leader = Run(0, std::nullopt, {}, true); });
+  for (int i = 0; i < 2000 && manager_->shared_chunks()->stats().pacing_now == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(manager_->shared_chunks()->stats().pacing_now, 1);
+  idle->reset();  // the replica's call ends: the leader goes on, long before the 30 s bound
+  leader_thread.join();
+  ASSERT_TRUE(leader.status.ok()) << leader.status;
+  EXPECT_EQ(leader.messages, lone.messages);
+  EXPECT_EQ(manager_->shared_chunks()->stats().left_behind, 0);
 }
 
 }  // namespace
