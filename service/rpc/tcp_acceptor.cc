@@ -384,8 +384,7 @@ TcpAcceptor::Held TcpAcceptor::held() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Connection& c : held_) {
     ++h.open;
-    if (!c.released) continue;
-    ++h.released;
+    if (c.released) ++h.released;
     if (const int64_t bytes = Unacknowledged(c.fd); bytes > 0) {
       ++h.unacknowledged;
       h.unacknowledged_bytes += bytes;

@@ -21,17 +21,18 @@
 //     (when dup() fails, e.g. EMFILE, the connection is not held and ends as gRPC ends it);
 //   - narrows gRPC's shutdown(SHUT_RDWR) to shutdown(SHUT_WR): this file defines the process's
 //     shutdown(), which does so for held connections only and passes every other call through
-//     (ReadSideIsKept() says whether the definition is the one in force). The client gets its
-//     end-of-stream (FIN) right away, after the last queued byte, exactly as before;
+//     (ReadSideIsKept() says whether the definition is the one in force). The client still gets
+//     its end-of-stream (FIN) right away, after the last queued byte;
 //   - once gRPC has closed its descriptor, keeps reading and discarding what the client still
 //     sends, and closes the duplicate when the client has closed its end (it does once it has
 //     read everything), when the client has acknowledged every byte for kAckedLinger without
 //     closing, when `linger` has passed since gRPC let go (a dead or stuck client), or at once
-//     when accept runs out of descriptors. Its send buffer empty and nothing left unread, that
-//     close resets nothing. It sends the FIN itself if gRPC closed without shutdown().
+//     when accept runs out of descriptors. With nothing left unread, that close sends no reset
+//     (the kernel goes on sending whatever is still queued). It sends the FIN itself if gRPC
+//     closed without shutdown().
 // A reaper thread does this; it wakes when gRPC shuts a held connection down, when a released
 // one becomes readable, and at least every second. Peers see EOF as promptly as without the
-// hold; the cost is one descriptor per connection, for at most `linger` after gRPC let go.
+// hold; the cost is a second descriptor per connection, kept at most `linger` past gRPC's close.
 #ifndef CKPT_SERVICE_RPC_TCP_ACCEPTOR_H_
 #define CKPT_SERVICE_RPC_TCP_ACCEPTOR_H_
 
@@ -88,7 +89,7 @@ class TcpAcceptor {
   int64_t shed() const { return shed_.load(); }
 
   // Connections whose socket TcpAcceptor still holds: `open` in all, `released` of them closed
-  // by gRPC (ending), and of those `unacknowledged` with `unacknowledged_bytes` sent but not yet
+  // by gRPC (ending), and `unacknowledged` of them with `unacknowledged_bytes` sent but not yet
   // acknowledged by the client (SIOCOUTQ; the FIN counts as a byte).
   struct Held {
     int64_t open = 0;
