@@ -6,7 +6,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <vector>
@@ -85,30 +84,6 @@ int64_t RaiseOpenFileLimit() {
     if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
   return limit.rlim_cur == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_cur);
-}
-
-// Established TCP connections whose local port is `port` (clients connected to this server),
-// from /proc/self/net/tcp and tcp6; -1 when neither can be read.
-int64_t ConnectionsOnPort(int port) {
-  int64_t count = -1;
-  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
-    std::ifstream in(table);
-    if (!in) continue;
-    if (count < 0) count = 0;
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      // "  sl  local_address rem_address   st ...": local_address is HEXADDR:HEXPORT.
-      std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipWhitespace());
-      if (fields.size() < 4) continue;
-      const size_t colon = fields[1].rfind(':');
-      if (colon == absl::string_view::npos) continue;
-      int local_port = 0;
-      if (!absl::SimpleHexAtoi(fields[1].substr(colon + 1), &local_port)) continue;
-      if (local_port == port && fields[3] == "01") ++count;  // 01: ESTABLISHED
-    }
-  }
-  return count;
 }
 
 // The server's transport credentials: TLS when configured (its files checked first and
@@ -192,7 +167,7 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   if (std::optional<TcpListenAddress> tcp = ParseTcpListenAddress(options.listen)) {
-    CKPT_ASSIGN_OR_RETURN(s->acceptor_, TcpAcceptor::Listen(*tcp));
+    CKPT_ASSIGN_OR_RETURN(s->acceptor_, TcpAcceptor::Listen(*tcp, options.drain_timeout));
     s->port_ = s->acceptor_->port();
     s->connections_ = builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
@@ -270,8 +245,6 @@ void CkptServer::Shutdown() {
   // Members may be missing when Start() failed half way (e.g. the port was taken).
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   if (service_) service_->StartShutdown();
-  // Fetches open now may leave their last bytes in socket buffers (below).
-  const int64_t open_fetches = service_ ? service_->open_fetches() : 0;
   if (acceptor_) acceptor_->Stop();  // no new connections; open ones drain below
   // Before draining: jobs stop promptly (running ones stay RUNNING and resume at the next
   // start), and WatchJob streams end instead of holding the drain until its timeout.
@@ -300,23 +273,32 @@ void CkptServer::Shutdown() {
     }
     drain_cv.notify_all();
     ender.join();
-    // Every call has ended, but the last bytes of a fetch may still sit in socket buffers, not
-    // yet read by a slow client; exiting now would close its connection and the client's next
-    // window update would reset it, losing them. When fetches were open at the start of the
-    // shutdown, wait for clients to close their connections (they do after the GOAWAY once
-    // their calls end; idle clients may keep theirs, hence the bound).
-    const absl::Time linger_until =
-        open_fetches == 0
-            ? absl::Now()
-            : std::max(deadline, absl::Now() + std::min(options_.drain_timeout, absl::Seconds(5)));
-    const absl::Time linger_start = absl::Now();
-    int64_t open = ConnectionsOnPort(port_);
-    while (open > 0 && absl::Now() < linger_until) {
-      absl::SleepFor(absl::Milliseconds(20));
-      open = ConnectionsOnPort(port_);
+    // Every call has ended, and gRPC has closed or is closing its connections, the last bytes
+    // of a stream possibly still in socket buffers, not yet read by a slow client. The acceptor
+    // holds each socket until its client has read to the end and closed it (tcp_acceptor.h);
+    // exiting earlier would reset those connections and lose the bytes. Wait for that, until the
+    // grace ends but at least min(grace, 5 s) from now; clients that have acknowledged every
+    // byte are let go by the acceptor after TcpAcceptor::kAckedLinger.
+    if (acceptor_) {
+      const absl::Time linger_until =
+          std::max(deadline, absl::Now() + std::min(options_.drain_timeout, absl::Seconds(5)));
+      const absl::Time linger_start = absl::Now();
+      TcpAcceptor::Held held = acceptor_->held();
+      while (held.open > 0 && absl::Now() < linger_until) {
+        absl::SleepFor(absl::Milliseconds(20));
+        held = acceptor_->held();
+      }
+      const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - linger_start);
+      if (held.unacknowledged > 0) {
+        spdlog::warn(
+            "event=shutdown phase=linger ms={} connections_left={} unacknowledged_connections={} "
+            "unacknowledged_bytes={} (those clients may miss the end of what they were sent)",
+            ms, held.open, held.unacknowledged, held.unacknowledged_bytes);
+      } else {
+        spdlog::info("event=shutdown phase=linger ms={} connections_left={} unacknowledged_bytes=0",
+                     ms, held.open);
+      }
     }
-    spdlog::info("event=shutdown phase=linger ms={} connections_left={}",
-                 absl::ToInt64Milliseconds(absl::Now() - linger_start), std::max<int64_t>(open, 0));
   }
   executor_.reset();  // finishes queued work
   if (absl::Status s = store_ ? store_->Flush() : absl::OkStatus(); !s.ok()) {

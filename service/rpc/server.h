@@ -41,10 +41,11 @@ struct ServerOptions {
   absl::Duration maintenance_interval = absl::Seconds(60);
   // Time given to in-flight RPCs at shutdown. Fetch streams still open when a quarter of it
   // (at most 5 s) remains are ended with UNAVAILABLE "ckptd is shutting down; retry"; gRPC
-  // cancels whatever is left at its end. Then, when fetches were open as the shutdown began, ckptd
-  // waits, up to the same deadline but at least min(drain_timeout, 5 s), for clients to close
-  // their TCP connections, so that bytes already sent are read rather than reset away by the
-  // exit. Default 30 s.
+  // cancels whatever is left at its end. Then ckptd waits, up to the same deadline but at least
+  // min(drain_timeout, 5 s), until the clients of the connections gRPC closed have received every
+  // byte and closed their end (tcp_acceptor.h), so that bytes already sent are read rather than
+  // reset away by the exit. In normal operation too, a connection gRPC closed is held at most
+  // this long for its client to do so. Default 30 s.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Connections: the server pings a connection silent for keepalive_time and closes it when no
   // answer comes within keepalive_timeout (a peer that vanished); a connection without calls

@@ -1,23 +1,80 @@
 #include "service/rpc/tcp_acceptor.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <unordered_map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+
+namespace ckpt {
+namespace {
+
+// The sockets whose read side shutdown() keeps open: held connections, by gRPC's descriptor
+// number, with the identity of their socket (a number gRPC closed may be reused by any file) and
+// the eventfd of the reaper holding them. Process-wide, as shutdown() is; never destroyed, so that
+// calls during exit still find it.
+struct KeptSocket {
+  dev_t dev;
+  ino_t ino;
+  int wake_fd;
+};
+struct KeptSockets {
+  std::mutex mu;
+  std::unordered_map<int, KeptSocket> by_fd;  // guarded by mu
+};
+KeptSockets& Kept() {
+  static KeptSockets* kept = new KeptSockets();
+  return *kept;
+}
+
+// True when `fd` is a held connection's socket, whose reaper it then wakes.
+bool KeepReadSide(int fd) {
+  KeptSockets& kept = Kept();
+  std::lock_guard<std::mutex> lock(kept.mu);
+  const auto it = kept.by_fd.find(fd);
+  if (it == kept.by_fd.end()) return false;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_dev != it->second.dev || st.st_ino != it->second.ino) {
+    return false;
+  }
+  const uint64_t one = 1;
+  (void)!write(it->second.wake_fd, &one, sizeof(one));
+  return true;
+}
+
+}  // namespace
+}  // namespace ckpt
+
+// The process's shutdown() (see tcp_acceptor.h): a held connection keeps its read side, so that
+// the client's last flow-control updates are read instead of answered with a reset. Every other
+// socket gets the system call as asked.
+extern "C" int shutdown(int fd, int how) noexcept {
+  if ((how == SHUT_RD || how == SHUT_RDWR) && ckpt::KeepReadSide(fd)) {
+    if (how == SHUT_RD) return 0;
+    how = SHUT_WR;
+  }
+  return static_cast<int>(syscall(SYS_shutdown, fd, how));
+}
 
 namespace ckpt {
 
@@ -65,7 +122,14 @@ void SetPort(sockaddr* addr, int port) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(const TcpListenAddress& address) {
+bool TcpAcceptor::ReadSideIsKept() {
+  using Shutdown = int (*)(int, int);
+  return dlsym(RTLD_DEFAULT, "shutdown") ==
+         reinterpret_cast<void*>(static_cast<Shutdown>(&::shutdown));
+}
+
+absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(const TcpListenAddress& address,
+                                                                  absl::Duration linger) {
   const std::string where = absl::StrCat(address.host, ":", address.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -115,19 +179,218 @@ absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(const TcpListen
                                                last_error.empty() ? "no address" : last_error));
   }
   acceptor->port_ = bound_port;
+  acceptor->linger_ = std::max(linger, absl::ZeroDuration());
   acceptor->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  acceptor->reaper_wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   acceptor->reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (!ReadSideIsKept()) {
+    spdlog::warn(
+        "event=listen warning=\"shutdown() is not interposed: a client still reading when its "
+        "connection ends may be reset and lose the end of its stream\"");
+  }
   return acceptor;
 }
 
 TcpAcceptor::~TcpAcceptor() {
   Stop();
+  if (reaper_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reaper_stopping_ = true;
+    }
+    const uint64_t one = 1;
+    (void)!write(reaper_wake_fd_, &one, sizeof(one));
+    reaper_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SweepLocked(absl::Now(), Sweep::kAll);
+  }
+  {
+    // No entry may name reaper_wake_fd_ once it is closed.
+    KeptSockets& kept = Kept();
+    std::lock_guard<std::mutex> lock(kept.mu);
+    for (auto it = kept.by_fd.begin(); it != kept.by_fd.end();) {
+      if (it->second.wake_fd == reaper_wake_fd_) {
+        it = kept.by_fd.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   if (wake_fd_ >= 0) close(wake_fd_);
+  if (reaper_wake_fd_ >= 0) close(reaper_wake_fd_);
   if (reserve_fd_ >= 0) close(reserve_fd_);
 }
 
 void TcpAcceptor::Start(grpc::experimental::ExternalConnectionAcceptor* handler) {
+  reaper_ = std::thread([this] { Reap(); });
   thread_ = std::thread([this, handler] { Loop(handler); });
+}
+
+bool TcpAcceptor::Hold(int fd) {
+  struct stat st {};
+  if (reaper_wake_fd_ < 0 || fstat(fd, &st) != 0) return false;
+  const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return false;
+  Connection c;
+  c.grpc_fd = fd;
+  c.fd = copy;
+  c.dev = st.st_dev;
+  c.ino = st.st_ino;
+  std::lock_guard<std::mutex> lock(mu_);
+  held_.push_back(c);
+  KeptSockets& kept = Kept();
+  std::lock_guard<std::mutex> kept_lock(kept.mu);
+  kept.by_fd[fd] = KeptSocket{st.st_dev, st.st_ino, reaper_wake_fd_};
+  return true;
+}
+
+bool TcpAcceptor::DrainEnded(int fd) {
+  char buffer[16384];
+  for (int i = 0; i < 64; ++i) {  // at most 1 MiB a call: a flooding client cannot hold the thread
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n == 0) return true;
+    if (errno == EINTR) continue;
+    return errno != EAGAIN && errno != EWOULDBLOCK;
+  }
+  return false;
+}
+
+namespace {
+
+int64_t Unacknowledged(int fd) {
+  int bytes = 0;
+  return ioctl(fd, SIOCOUTQ, &bytes) == 0 ? bytes : 0;
+}
+
+}  // namespace
+
+void TcpAcceptor::Release(const Connection& c, absl::Time now, bool expired) {
+  if (c.released) {
+    // Nothing left unread: the close sends no reset, and the kernel goes on sending what is
+    // still queued.
+    DrainEnded(c.fd);
+    if (expired) {
+      if (const int64_t bytes = Unacknowledged(c.fd); bytes > 0) {
+        spdlog::warn(
+            "event=connection outcome=let_go unacknowledged_bytes={} held_ms={} (the client "
+            "neither read nor closed)",
+            bytes, absl::ToInt64Milliseconds(now - c.released_at));
+      }
+    }
+  } else {
+    // gRPC still uses the socket: only the hold ends (its reads are gRPC's).
+    KeptSockets& kept = Kept();
+    std::lock_guard<std::mutex> lock(kept.mu);
+    const auto it = kept.by_fd.find(c.grpc_fd);
+    if (it != kept.by_fd.end() && it->second.dev == c.dev && it->second.ino == c.ino) {
+      kept.by_fd.erase(it);
+    }
+  }
+  close(c.fd);
+}
+
+int TcpAcceptor::SweepLocked(absl::Time now, Sweep sweep) {
+  int closed = 0;
+  for (size_t i = 0; i < held_.size();) {
+    Connection& c = held_[i];
+    if (!c.released && sweep != Sweep::kReleased) {
+      struct stat st {};
+      if (fstat(c.grpc_fd, &st) != 0 || st.st_dev != c.dev || st.st_ino != c.ino) {
+        // gRPC closed its descriptor: the socket is TcpAcceptor's alone from now on.
+        c.released = true;
+        c.released_at = now;
+        KeptSockets& kept = Kept();
+        {
+          std::lock_guard<std::mutex> lock(kept.mu);
+          const auto it = kept.by_fd.find(c.grpc_fd);
+          if (it != kept.by_fd.end() && it->second.dev == c.dev && it->second.ino == c.ino) {
+            kept.by_fd.erase(it);
+          }
+        }
+        shutdown(c.fd, SHUT_WR);  // the FIN, in case gRPC closed without shutdown()
+      }
+    }
+    bool done = sweep == Sweep::kAll || (sweep == Sweep::kReleasedNow && c.released);
+    bool expired = false;
+    if (c.released && !done) {
+      if (DrainEnded(c.fd)) {
+        done = true;  // the client closed its end (or the connection failed)
+      } else if (Unacknowledged(c.fd) == 0) {
+        if (c.acked_since == absl::InfiniteFuture()) c.acked_since = now;
+        done = now - c.acked_since >= kAckedLinger;
+      } else {
+        c.acked_since = absl::InfiniteFuture();
+      }
+      if (!done && now - c.released_at >= linger_) done = expired = true;
+    }
+    if (done) {
+      Release(c, now, expired);
+      held_[i] = held_.back();
+      held_.pop_back();
+      ++closed;
+    } else {
+      ++i;
+    }
+  }
+  return closed;
+}
+
+void TcpAcceptor::Reap() {
+  std::vector<pollfd> fds;
+  absl::Time fast_until = absl::InfinitePast();
+  absl::Time last_check = absl::InfinitePast();
+  while (true) {
+    // Watched: the wake eventfd and every released connection (its client's bytes and end).
+    // Released connections are also looked at every 100 ms (acknowledgement, linger); after a
+    // shutdown() of a held connection every 20 ms for a second (gRPC closes right after); and
+    // every held connection once a second (gRPC may close without shutdown()).
+    fds.clear();
+    fds.push_back({reaper_wake_fd_, POLLIN, 0});
+    absl::Duration timeout = absl::Seconds(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reaper_stopping_) return;
+      for (const Connection& c : held_) {
+        if (!c.released) continue;
+        fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
+        timeout = std::min(timeout, absl::Milliseconds(100));
+      }
+    }
+    if (absl::Now() < fast_until) timeout = std::min(timeout, absl::Milliseconds(20));
+    if (poll(fds.data(), fds.size(), static_cast<int>(absl::ToInt64Milliseconds(timeout))) < 0 &&
+        errno != EINTR) {
+      spdlog::error("event=connection error=\"poll: {}\"", std::strerror(errno));
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    const absl::Time now = absl::Now();
+    if ((fds[0].revents & POLLIN) != 0) {
+      uint64_t count = 0;
+      (void)!read(reaper_wake_fd_, &count, sizeof(count));
+      fast_until = now + absl::Seconds(1);
+    }
+    const bool check_grpc = now < fast_until || now - last_check >= absl::Seconds(1);
+    if (check_grpc) last_check = now;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reaper_stopping_) return;
+    SweepLocked(now, check_grpc ? Sweep::kEvents : Sweep::kReleased);
+  }
+}
+
+TcpAcceptor::Held TcpAcceptor::held() const {
+  Held h;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Connection& c : held_) {
+    ++h.open;
+    if (c.released) ++h.released;
+    if (const int64_t bytes = Unacknowledged(c.fd); bytes > 0) {
+      ++h.unacknowledged;
+      h.unacknowledged_bytes += bytes;
+    }
+  }
+  return h;
 }
 
 void TcpAcceptor::Stop() {
@@ -167,6 +430,7 @@ void TcpAcceptor::Loop(grpc::experimental::ExternalConnectionAcceptor* handler) 
         if (fd >= 0) {
           const int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          Hold(fd);  // not held when dup() fails: gRPC alone ends it
           grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
           p.listener_fd = fds[i].fd;
           p.fd = fd;
@@ -178,7 +442,15 @@ void TcpAcceptor::Loop(grpc::experimental::ExternalConnectionAcceptor* handler) 
         if (error == EAGAIN || error == EWOULDBLOCK) break;
         if (error == EINTR || error == ECONNABORTED) continue;
         if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
-          // Out of descriptors: shed the waiting connection with the reserve, then pause.
+          // Out of descriptors: let go of ending connections, else of every hold, and retry;
+          // when that frees nothing, shed the waiting connection with the reserve, then pause.
+          int freed = 0;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            freed = SweepLocked(absl::Now(), Sweep::kReleasedNow);
+            if (freed == 0) freed = SweepLocked(absl::Now(), Sweep::kAll);
+          }
+          if (freed > 0) continue;
           int64_t shed = 0;
           if (reserve_fd_ >= 0) {
             close(reserve_fd_);
