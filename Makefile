@@ -75,22 +75,25 @@ clean:
 # ------------------------------------------------------------------ sanitizers
 # The suite built with AddressSanitizer + UndefinedBehaviorSanitizer (ASAN_DIR) or
 # ThreadSanitizer (TSAN_DIR), run under tests/sanitizers/env.sh (options and third-party
-# suppressions; tests/sanitizers/README.md). Tests that only re-run the same binaries from
-# Python, the docs, packaging, the benchmark smoke and the fault loop are left out, and so is the
-# load campaign, which measures throughput (SAN_EXCLUDE, ctest labels); ThreadSanitizer builds
-# and runs the multi-threaded engine, storage and rpc tests (label "threads") and the binaries
-# they start.
+# suppressions; tests/sanitizers/README.md, which also says what CI runs and what it costs).
+# ASan/UBSan builds every test binary but the load campaign and runs the suite but the labels in
+# SAN_EXCLUDE: tests that only re-run the same binaries from Python, the docs, packaging, the
+# benchmark smoke, the fault loop and the load campaign, which measures throughput.
+# ThreadSanitizer builds and runs the multi-threaded engine and storage tests (TSAN_TARGETS,
+# label "threads"): the tests driving a real ckptd are labelled "threads" too but not built here,
+# because Debian's gRPC is not instrumented and TSan reports every hand-off between a reactor's
+# reactions as a race (README.md).
 ASAN_DIR ?= build-asan
 TSAN_DIR ?= build-tsan
 SAN_EXCLUDE ?= python|docs|deploy|bench|chaos|load
-# ASan builds every test binary the run needs (not the benchmark harness); TSan the
-# multi-threaded ones.
+# A test binary added to the suite is added to ASAN_TARGETS too: otherwise its tests show up in
+# the ASan run as <binary>_NOT_BUILT and fail it. The load campaign is left out on purpose.
 ASAN_TARGETS ?= ckptd ckptctl core_test files_test store_test segment_files_test client_test \
 	service_test job_test ckptctl_test fixture_compat_test server_test jobs_cli_test auth_test \
 	hostile_input_test disk_full_test cli_scripting_test observability_test stall_test \
 	store_maintenance_test storm_test
-TSAN_TARGETS ?= ckptd ckptctl store_test segment_files_test service_test job_test server_test \
-	jobs_cli_test auth_test hostile_input_test stall_test storm_test store_maintenance_test
+ASAN_SKIP ?= ^load_test_NOT_BUILT$$
+TSAN_TARGETS ?= store_test segment_files_test service_test job_test
 SANITIZE_ENV = tests/sanitizers/env.sh
 
 .PHONY: test-asan test-tsan
@@ -98,7 +101,8 @@ SANITIZE_ENV = tests/sanitizers/env.sh
 test-asan: deps
 	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=address,undefined
 	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TARGETS)
-	cd $(ASAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -LE '$(SAN_EXCLUDE)'
+	cd $(ASAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -LE '$(SAN_EXCLUDE)' \
+	  -E '$(ASAN_SKIP)'
 
 test-tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread
