@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -19,10 +21,16 @@
 namespace ckpt::strategy_internal {
 namespace {
 
-// Order-preserving JSON: the first operator item decides a per-stage file's pipeline stage (as
-// in merge_pipeline_strategys), so the file's key order must survive parsing, and export keeps our
-// order too.
-using Json = nlohmann::ordered_json;
+// Parsed JSON. Objects are sorted maps (lookups in O(log n)): nlohmann's order-preserving
+// ordered_json finds keys by a linear scan, which makes parsing an object of n keys O(n^2) (tens
+// of seconds for a strategy of 50,000 parameters). The one order that matters, the key order of
+// the two item objects (the first operator item decides a per-stage file's pipeline stage, as in
+// merge_pipeline_strategys; layout items are reported and merged in file order), is recorded
+// while parsing (ItemOrder).
+using Json = nlohmann::json;
+// Written JSON keeps our order (MindSpore's field order); it is built by appending, never by
+// lookups (see SerializeJson).
+using OrderedJson = nlohmann::ordered_json;
 
 constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -163,14 +171,14 @@ absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item)
   return op;
 }
 
-Json LayoutToJson(const StrategyParam& param) {
+OrderedJson LayoutToJson(const StrategyParam& param) {
   const Layout& layout = param.layout;
-  Json item = Json::object();
+  OrderedJson item = OrderedJson::object();
   item["dev_matrix"] = layout.dev_matrix;
-  Json map = Json::array();
+  OrderedJson map = OrderedJson::array();
   for (const std::vector<int32_t>& axes : layout.tensor_map) {
     if (layout.nested_form) {
-      map.push_back(axes.empty() ? Json::array({-1}) : Json(axes));
+      map.push_back(axes.empty() ? OrderedJson::array({-1}) : OrderedJson(axes));
     } else {
       map.push_back(axes.empty() ? -1 : axes.front());
     }
@@ -183,6 +191,41 @@ Json LayoutToJson(const StrategyParam& param) {
   item["param_split_shape"] = layout.param_split_shape;
   item["indices_offset"] = layout.indices_offset;
   return item;
+}
+
+// The keys of the top-level "parallel_strategy_item" and "parallel_layout_item" objects in file
+// order, recorded by the parser callback: key events at depth 1 name a top-level member, those at
+// depth 2 a member of that member's value when it is an object.
+struct ItemOrder {
+  std::string section;  // the top-level key whose value is being parsed
+  std::vector<std::string> ops;
+  std::vector<std::string> layouts;
+
+  void OnKey(int depth, const Json& key) {
+    if (depth == 1) {
+      section = key.get<std::string>();
+      // A repeated top-level key: the parsed document keeps the last value, so its order counts.
+      if (section == "parallel_strategy_item") ops.clear();
+      if (section == "parallel_layout_item") layouts.clear();
+    } else if (depth == 2) {
+      if (section == "parallel_strategy_item") ops.push_back(key.get<std::string>());
+      if (section == "parallel_layout_item") layouts.push_back(key.get<std::string>());
+    }
+  }
+};
+
+// Calls fn(name, value) for every member of `object` in the recorded `order`, each name once (a
+// repeated key keeps its first position and, as parsed, its last value).
+template <typename Fn>
+absl::Status ForEachInOrder(const Json& object, const std::vector<std::string>& order, Fn&& fn) {
+  std::set<std::string_view> done;
+  for (const std::string& name : order) {
+    if (!done.insert(name).second) continue;
+    auto it = object.find(name);
+    if (it == object.end()) continue;
+    CKPT_RETURN_IF_ERROR(fn(name, *it));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -198,18 +241,22 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
     std::string what;
   };
   int64_t values = 0;
+  ItemOrder order;
   Json doc;
   try {
-    doc = Json::parse(
-        bytes.begin(), bytes.end(), [&values](int depth, Json::parse_event_t event, Json&) {
-          if (depth > kMaxJsonDepth) {
-            throw TooLarge{absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels")};
-          }
-          if (event == Json::parse_event_t::value && ++values > kMaxJsonValues) {
-            throw TooLarge{absl::StrCat("holds more than ", kMaxJsonValues, " values")};
-          }
-          return true;
-        });
+    doc = Json::parse(bytes.begin(), bytes.end(),
+                      [&values, &order](int depth, Json::parse_event_t event, Json& parsed) {
+                        if (depth > kMaxJsonDepth) {
+                          throw TooLarge{
+                              absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels")};
+                        }
+                        if (event == Json::parse_event_t::value && ++values > kMaxJsonValues) {
+                          throw TooLarge{absl::StrCat("holds more than ", kMaxJsonValues,
+                                                      " values")};
+                        }
+                        if (event == Json::parse_event_t::key) order.OnKey(depth, parsed);
+                        return true;
+                      });
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what()));
   } catch (const TooLarge& e) {
@@ -222,10 +269,12 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (auto it = doc.find("parallel_strategy_item"); it != doc.end()) {
     if (!it->is_object()) return JsonTypeError("parallel_strategy_item", "an object");
     ops.reserve(it->size());
-    for (const auto& [name, item] : it->items()) {
-      CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
-      ops.push_back(std::move(op));
-    }
+    CKPT_RETURN_IF_ERROR(
+        ForEachInOrder(*it, order.ops, [&](const std::string& name, const Json& item) {
+          CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
+          ops.push_back(std::move(op));
+          return absl::OkStatus();
+        }));
   }
 
   auto layouts = doc.find("parallel_layout_item");
@@ -233,32 +282,44 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (!layouts->is_object()) return JsonTypeError("parallel_layout_item", "an object");
   std::vector<LayoutItem> items;
   items.reserve(layouts->size());
-  for (const auto& [name, item] : layouts->items()) {
-    CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
-    items.push_back({name, std::move(param)});
-  }
+  CKPT_RETURN_IF_ERROR(
+      ForEachInOrder(*layouts, order.layouts, [&](const std::string& name, const Json& item) {
+        CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
+        items.push_back({name, std::move(param)});
+        return absl::OkStatus();
+      }));
   return BuildStrategy(std::move(items), std::move(ops));
 }
 
 std::string SerializeJson(const Strategy& strategy) {
-  Json doc = Json::object();
+  // Members are appended to the ordered objects' underlying vectors: ordered_json's operator[]
+  // and contains() scan every key, which would make this O(n^2) in the number of parameters.
+  // Keys are unique by construction (checked below for operators; parameter names are unique and
+  // each is written once per stage, or once when the names carry no stage prefix).
+  OrderedJson doc = OrderedJson::object();
   doc["current_stage"] = strategy.stage_prefixed_names() ? 1 : 0;
-  Json ops = Json::object();
+  OrderedJson ops = OrderedJson::object();
+  auto& op_members = ops.get_ref<OrderedJson::object_t&>();
+  std::set<std::string_view> op_names;
   for (const OpStrategy& op : strategy.ops()) {
     // JSON keys operator items by node name; a repeated name keeps its first item, the one that
     // decides a per-stage file's stage.
-    if (ops.contains(op.node_name)) continue;
-    Json item = Json::object();
+    if (!op_names.insert(op.node_name).second) continue;
+    OrderedJson item = OrderedJson::object();
     item["stage"] = op.stage;
     item["parallel_strategy"] = op.inputs;
-    ops[op.node_name] = std::move(item);
+    op_members.emplace_back(op.node_name, std::move(item));
   }
   doc["parallel_strategy_item"] = std::move(ops);
-  Json layouts = Json::object();
+  OrderedJson layouts = OrderedJson::object();
+  auto& layout_members = layouts.get_ref<OrderedJson::object_t&>();
   for (const auto& [name, param] : strategy.params()) {
+    if (!strategy.stage_prefixed_names()) {
+      layout_members.emplace_back(name, LayoutToJson(param));
+      continue;
+    }
     for (int32_t stage : param.layout.stages) {
-      layouts[strategy.stage_prefixed_names() ? absl::StrCat(stage, "-", name) : name] =
-          LayoutToJson(param);
+      layout_members.emplace_back(absl::StrCat(stage, "-", name), LayoutToJson(param));
     }
   }
   doc["parallel_layout_item"] = std::move(layouts);

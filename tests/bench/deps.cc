@@ -63,9 +63,9 @@ absl::StatusOr<Strategy> DepsStrategy(int64_t params, std::vector<int64_t> dev_m
 
 }  // namespace
 
-absl::StatusOr<DepsResult> MeasureDeps() {
+absl::StatusOr<DepsResult> MeasureDeps(int64_t params) {
   DepsResult result;
-  result.params = 1000;
+  result.params = params;
   CKPT_ASSIGN_OR_RETURN(Strategy src, DepsStrategy(result.params, {8, 8, 8}, 2, 0));
   CKPT_ASSIGN_OR_RETURN(Strategy dst, DepsStrategy(result.params, {16, 8, 8}, 4, 3));
   result.src_world = src.world_size();

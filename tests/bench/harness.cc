@@ -82,7 +82,8 @@ void Harness::Cleanup() {
     fs::remove_all(work_, ec);
   } else {
     for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline", "pki",
-                            "disk-write.tmp", "store-write", "transport.port"}) {
+                            "disk-write.tmp", "store-write", "transport.port",
+                            "many-src", "strategy-50k.json"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
   }
@@ -156,6 +157,7 @@ void Harness::MeasureUploaded() {
   StopTransportServer();
   if (server_ && Selected("tls")) MeasureTls();
   if (server_ && Selected("transform")) MeasureTransformPhase();
+  if (server_ && Selected("many_tensors")) MeasureManyTensors();
 }
 
 void Harness::MeasureDependencies() {

@@ -102,6 +102,7 @@ json Harness::Results() const {
   }
   j["upload"] = UploadJson();
   j["python"] = PythonJson();
+  j["many_tensors"] = ManyTensorsJson();
   j["tls"] = {
       {"gibps", Opt(tls_gibps_)},
       {"plaintext_gibps", Opt(plain_gibps_)},
@@ -197,6 +198,7 @@ std::vector<Row> Harness::Table() const {
                     Verdict(ms ? std::optional<bool>(*ms <= 1000.0) : std::nullopt)});
   }
   UploadRows(&rows);
+  if (Selected("many_tensors")) ManyTensorsRows(&rows);
   return rows;
 }
 
