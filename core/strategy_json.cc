@@ -26,7 +26,7 @@ namespace {
 // of seconds for a strategy of 50,000 parameters). The one order that matters, the key order of
 // the two item objects (the first operator item decides a per-stage file's pipeline stage, as in
 // merge_pipeline_strategys; layout items are reported and merged in file order), is recorded
-// while parsing (ItemOrder).
+// while parsing (LimitedDomBuilder).
 using Json = nlohmann::json;
 // Written JSON keeps our order (MindSpore's field order); it is built by appending, never by
 // lookups (see SerializeJson).
@@ -194,24 +194,90 @@ OrderedJson LayoutToJson(const StrategyParam& param) {
 }
 
 // The keys of the top-level "parallel_strategy_item" and "parallel_layout_item" objects in file
-// order, recorded by the parser callback: key events at depth 1 name a top-level member, those at
-// depth 2 a member of that member's value when it is an object.
+// order: keys at depth 1 name a top-level member, those at depth 2 a member of that member's value
+// when it is an object.
 struct ItemOrder {
   std::string section;  // the top-level key whose value is being parsed
   std::vector<std::string> ops;
   std::vector<std::string> layouts;
 
-  void OnKey(int depth, const Json& key) {
+  void OnKey(int depth, const std::string& key) {
     if (depth == 1) {
-      section = key.get<std::string>();
+      section = key;
       // A repeated top-level key: the parsed document keeps the last value, so its order counts.
       if (section == "parallel_strategy_item") ops.clear();
       if (section == "parallel_layout_item") layouts.clear();
     } else if (depth == 2) {
-      if (section == "parallel_strategy_item") ops.push_back(key.get<std::string>());
-      if (section == "parallel_layout_item") layouts.push_back(key.get<std::string>());
+      if (section == "parallel_strategy_item") ops.push_back(key);
+      if (section == "parallel_layout_item") layouts.push_back(key);
     }
   }
+};
+
+// Thrown by LimitedDomBuilder when the document exceeds a bound.
+struct TooLarge {
+  std::string what;
+};
+
+// A SAX handler that builds the document with nlohmann's own DOM builder, bounding its values and
+// depth and recording the item order. (nlohmann's callback parser, the other way to watch a parse,
+// scans an object's members at the end of each member object: O(n^2) for n parameters.)
+class LimitedDomBuilder {
+ public:
+  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
+  // could cost far more memory than its size: both are bounded, far above what a real strategy
+  // holds (tens of values per parameter, 5 levels).
+  static constexpr int64_t kMaxValues = int64_t{1} << 23;
+  static constexpr int kMaxDepth = 32;
+
+  explicit LimitedDomBuilder(Json& root) : dom_(root, /*allow_exceptions_=*/true) {}
+
+  const ItemOrder& order() const { return order_; }
+
+  bool null() { return Value() && dom_.null(); }
+  bool boolean(bool v) { return Value() && dom_.boolean(v); }
+  bool number_integer(Json::number_integer_t v) { return Value() && dom_.number_integer(v); }
+  bool number_unsigned(Json::number_unsigned_t v) { return Value() && dom_.number_unsigned(v); }
+  bool number_float(Json::number_float_t v, const Json::string_t& s) {
+    return Value() && dom_.number_float(v, s);
+  }
+  bool string(Json::string_t& v) { return Value() && dom_.string(v); }
+  bool binary(Json::binary_t& v) { return Value() && dom_.binary(v); }
+  bool start_object(std::size_t n) { return Enter() && dom_.start_object(n); }
+  bool key(Json::string_t& k) {
+    order_.OnKey(depth_, k);
+    return dom_.key(k);
+  }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return Enter() && dom_.start_array(n); }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
+    return dom_.parse_error(position, token, ex);  // throws it
+  }
+
+ private:
+  bool Value() {
+    if (++values_ > kMaxValues) {
+      throw TooLarge{absl::StrCat("holds more than ", kMaxValues, " values")};
+    }
+    return true;
+  }
+  bool Enter() {
+    if (++depth_ > kMaxDepth) throw TooLarge{absl::StrCat("nests deeper than ", kMaxDepth, " levels")};
+    return true;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  ItemOrder order_;
+  int64_t values_ = 0;
+  int depth_ = 0;
 };
 
 // Calls fn(name, value) for every member of `object` in the recorded `order`, each name once (a
@@ -232,37 +298,17 @@ absl::Status ForEachInOrder(const Json& object, const std::vector<std::string>& 
 
 absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (bytes.find_first_not_of(" \t\r\n") == std::string_view::npos) return NoLayoutItems();
-  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
-  // could cost far more memory than its size: both are bounded while parsing, far above what a
-  // real strategy holds (tens of values per parameter, 5 levels).
-  constexpr int64_t kMaxJsonValues = int64_t{1} << 23;
-  constexpr int kMaxJsonDepth = 32;
-  struct TooLarge {
-    std::string what;
-  };
-  int64_t values = 0;
-  ItemOrder order;
   Json doc;
+  LimitedDomBuilder builder(doc);
   try {
-    doc = Json::parse(bytes.begin(), bytes.end(),
-                      [&values, &order](int depth, Json::parse_event_t event, Json& parsed) {
-                        if (depth > kMaxJsonDepth) {
-                          throw TooLarge{
-                              absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels")};
-                        }
-                        if (event == Json::parse_event_t::value && ++values > kMaxJsonValues) {
-                          throw TooLarge{absl::StrCat("holds more than ", kMaxJsonValues,
-                                                      " values")};
-                        }
-                        if (event == Json::parse_event_t::key) order.OnKey(depth, parsed);
-                        return true;
-                      });
+    Json::sax_parse(bytes.begin(), bytes.end(), &builder);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what()));
   } catch (const TooLarge& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("JSON strategy refused: it ", e.what, ", more than any strategy needs"));
   }
+  const ItemOrder& order = builder.order();
   if (!doc.is_object()) return JsonTypeError("a JSON strategy", "an object");
 
   std::vector<OpStrategy> ops;
