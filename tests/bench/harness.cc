@@ -155,9 +155,10 @@ void Harness::MeasureUploaded() {
   if (server_ && Selected("concurrent")) MeasureConcurrent();
   if (server_ && Selected("storm")) MeasureStorm();
   StopTransportServer();
+  // Before the phases that restart ckptd with other options or leave it stopped.
+  if (server_ && Selected("many_tensors")) MeasureManyTensors();
   if (server_ && Selected("tls")) MeasureTls();
   if (server_ && Selected("transform")) MeasureTransformPhase();
-  if (server_ && Selected("many_tensors")) MeasureManyTensors();
 }
 
 void Harness::MeasureDependencies() {
