@@ -32,8 +32,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The API's bound on one data message (proto/ckpt.proto: "At most 1 MiB").
+// The API's bound on one data message (proto/ckpt.proto: "At most 1 MiB"), and so on the bytes of
+// one UploadTensorBatch.
 constexpr size_t kDataMessageBytes = size_t{1} << 20;
+// Tensors of at most this many bytes (in one Value) go in UploadTensorBatch messages, at most
+// kMaxBatchTensors per message: a checkpoint of many small tensors would otherwise cost two
+// messages (and the server two round trips through its executor) per tensor.
+constexpr int64_t kBatchTensorBytes = int64_t{64} << 10;
+constexpr int kMaxBatchTensors = 4096;
 
 // The `source_file` sent with a rank: "rank_<r>/<file>" when the file sits in a rank directory,
 // which identifies it in `describe` without exposing the client's absolute paths.
@@ -120,15 +126,69 @@ class RankFileSender {
     if (!Write()) return absl::OkStatus();
     Report(0);
     while (value.has_value()) {
-      CKPT_ASSIGN_OR_RETURN(value, SendTensor(*std::move(value)));
+      if (Batchable(*value)) {
+        CKPT_ASSIGN_OR_RETURN(value, AddToBatch(*std::move(value)));
+      } else {
+        if (!FlushBatch()) return absl::OkStatus();
+        CKPT_ASSIGN_OR_RETURN(value, SendTensor(*std::move(value)));
+      }
       if (broken_) return absl::OkStatus();
     }
+    FlushBatch();
     return absl::OkStatus();
   }
 
   bool broken() const { return broken_; }
 
  private:
+  // A small non-str tensor whose Value holds all of its bytes (a tensor saved as several Values
+  // is large): it goes in a batch.
+  static bool Batchable(const CkptTensor& value) {
+    if (value.dtype == DType::kStr) return false;
+    absl::StatusOr<int64_t> elements = NumElements(value.shape());
+    if (!elements.ok()) return false;
+    absl::StatusOr<int64_t> bytes = ByteSizeOf(value.dtype, *elements);
+    return bytes.ok() && *bytes <= kBatchTensorBytes &&
+           *bytes == static_cast<int64_t>(value.data.size());
+  }
+
+  // Adds the whole tensor `value` to the batch (sending the batch first when it is full) and
+  // returns the first Value of the next tensor (nullopt at the end of the file).
+  absl::StatusOr<std::optional<CkptTensor>> AddToBatch(CkptTensor value) {
+    const auto size = static_cast<int64_t>(value.data.size());
+    v1::UploadTensorBatch* batch = batch_message_.mutable_batch();
+    if (batch->tensors_size() >= kMaxBatchTensors ||
+        batch_bytes_ + size > static_cast<int64_t>(kDataMessageBytes)) {
+      if (!FlushBatch()) return std::nullopt;
+    }
+    v1::UploadTensor* tensor = batch->add_tensors();
+    v1::UploadTensorHeader* header = tensor->mutable_header();
+    header->set_name(value.name);
+    header->set_dtype(std::string(DTypeName(value.dtype)));
+    header->mutable_dims()->Assign(value.dims.begin(), value.dims.end());
+    header->set_total_bytes(size);
+    *tensor->mutable_data() = std::move(value.data);
+    batch_bytes_ += size;
+    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> next, reader_->NextValue());
+    if (next && next->name == value.name) {
+      return FileError(absl::StrCat("tensor ", value.name, " (", Sv(DTypeName(value.dtype)),
+                                    ", dims ", ShapeToString(value.dims),
+                                    ") has more content than the ", size,
+                                    " bytes its dims need"));
+    }
+    return next;
+  }
+
+  // Sends the batch if it holds tensors; false when the server ended the call.
+  bool FlushBatch() {
+    if (batch_message_.batch().tensors_size() == 0) return !broken_;
+    const bool ok = Write({&batch_message_, nullptr, {}});
+    batch_message_.mutable_batch()->clear_tensors();
+    batch_bytes_ = 0;
+    if (ok) Report(reader_->offset());
+    return ok;
+  }
+
   // Sends the tensor starting with Value `first` and returns the first Value of the next one
   // (nullopt at the end of the file).
   absl::StatusOr<std::optional<CkptTensor>> SendTensor(CkptTensor first) {
@@ -232,7 +292,9 @@ class RankFileSender {
   const std::string& path_;
   const int64_t file_size_;
   const ProgressFn& progress_;
-  v1::UploadRequest message_;  // the current header
+  v1::UploadRequest message_;        // the current header
+  v1::UploadRequest batch_message_;  // small tensors not sent yet (AddToBatch)
+  int64_t batch_bytes_ = 0;          // their bytes
   bool broken_ = false;
 };
 

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -19,10 +21,16 @@
 namespace ckpt::strategy_internal {
 namespace {
 
-// Order-preserving JSON: the first operator item decides a per-stage file's pipeline stage (as
-// in merge_pipeline_strategys), so the file's key order must survive parsing, and export keeps our
-// order too.
-using Json = nlohmann::ordered_json;
+// Parsed JSON. Objects are sorted maps (lookups in O(log n)): nlohmann's order-preserving
+// ordered_json finds keys by a linear scan, which makes parsing an object of n keys O(n^2) (tens
+// of seconds for a strategy of 50,000 parameters). The one order that matters, the key order of
+// the two item objects (the first operator item decides a per-stage file's pipeline stage, as in
+// merge_pipeline_strategys; layout items are reported and merged in file order), is recorded
+// while parsing (LimitedDomBuilder).
+using Json = nlohmann::json;
+// Written JSON keeps our order (MindSpore's field order); it is built by appending, never by
+// lookups (see SerializeJson).
+using OrderedJson = nlohmann::ordered_json;
 
 constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -163,14 +171,14 @@ absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item)
   return op;
 }
 
-Json LayoutToJson(const StrategyParam& param) {
+OrderedJson LayoutToJson(const StrategyParam& param) {
   const Layout& layout = param.layout;
-  Json item = Json::object();
+  OrderedJson item = OrderedJson::object();
   item["dev_matrix"] = layout.dev_matrix;
-  Json map = Json::array();
+  OrderedJson map = OrderedJson::array();
   for (const std::vector<int32_t>& axes : layout.tensor_map) {
     if (layout.nested_form) {
-      map.push_back(axes.empty() ? Json::array({-1}) : Json(axes));
+      map.push_back(axes.empty() ? OrderedJson::array({-1}) : OrderedJson(axes));
     } else {
       map.push_back(axes.empty() ? -1 : axes.front());
     }
@@ -185,47 +193,134 @@ Json LayoutToJson(const StrategyParam& param) {
   return item;
 }
 
+// The keys of the top-level "parallel_strategy_item" and "parallel_layout_item" objects in file
+// order: keys at depth 1 name a top-level member, those at depth 2 a member of that member's value
+// when it is an object.
+struct ItemOrder {
+  std::string section;  // the top-level key whose value is being parsed
+  std::vector<std::string> ops;
+  std::vector<std::string> layouts;
+
+  void OnKey(int depth, const std::string& key) {
+    if (depth == 1) {
+      section = key;
+      // A repeated top-level key: the parsed document keeps the last value, so its order counts.
+      if (section == "parallel_strategy_item") ops.clear();
+      if (section == "parallel_layout_item") layouts.clear();
+    } else if (depth == 2) {
+      if (section == "parallel_strategy_item") ops.push_back(key);
+      if (section == "parallel_layout_item") layouts.push_back(key);
+    }
+  }
+};
+
+// Thrown by LimitedDomBuilder when the document exceeds a bound.
+struct TooLarge {
+  std::string what;
+};
+
+// A SAX handler that builds the document with nlohmann's own DOM builder, bounding its values and
+// depth and recording the item order. (nlohmann's callback parser, the other way to watch a parse,
+// scans an object's members at the end of each member object: O(n^2) for n parameters.)
+class LimitedDomBuilder {
+ public:
+  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
+  // could cost far more memory than its size: both are bounded, far above what a real strategy
+  // holds (tens of values per parameter, 5 levels).
+  static constexpr int64_t kMaxValues = int64_t{1} << 23;
+  static constexpr int kMaxDepth = 32;
+
+  explicit LimitedDomBuilder(Json& root) : dom_(root, /*allow_exceptions_=*/true) {}
+
+  const ItemOrder& order() const { return order_; }
+
+  bool null() { return Value() && dom_.null(); }
+  bool boolean(bool v) { return Value() && dom_.boolean(v); }
+  bool number_integer(Json::number_integer_t v) { return Value() && dom_.number_integer(v); }
+  bool number_unsigned(Json::number_unsigned_t v) { return Value() && dom_.number_unsigned(v); }
+  bool number_float(Json::number_float_t v, const Json::string_t& s) {
+    return Value() && dom_.number_float(v, s);
+  }
+  bool string(Json::string_t& v) { return Value() && dom_.string(v); }
+  bool binary(Json::binary_t& v) { return Value() && dom_.binary(v); }
+  bool start_object(std::size_t n) { return Enter() && dom_.start_object(n); }
+  bool key(Json::string_t& k) {
+    order_.OnKey(depth_, k);
+    return dom_.key(k);
+  }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return Enter() && dom_.start_array(n); }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
+    return dom_.parse_error(position, token, ex);  // throws it
+  }
+
+ private:
+  bool Value() {
+    if (++values_ > kMaxValues) {
+      throw TooLarge{absl::StrCat("holds more than ", kMaxValues, " values")};
+    }
+    return true;
+  }
+  bool Enter() {
+    if (++depth_ > kMaxDepth) throw TooLarge{absl::StrCat("nests deeper than ", kMaxDepth, " levels")};
+    return true;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  ItemOrder order_;
+  int64_t values_ = 0;
+  int depth_ = 0;
+};
+
+// Calls fn(name, value) for every member of `object` in the recorded `order`, each name once (a
+// repeated key keeps its first position and, as parsed, its last value).
+template <typename Fn>
+absl::Status ForEachInOrder(const Json& object, const std::vector<std::string>& order, Fn&& fn) {
+  std::set<std::string_view> done;
+  for (const std::string& name : order) {
+    if (!done.insert(name).second) continue;
+    auto it = object.find(name);
+    if (it == object.end()) continue;
+    CKPT_RETURN_IF_ERROR(fn(name, *it));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (bytes.find_first_not_of(" \t\r\n") == std::string_view::npos) return NoLayoutItems();
-  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
-  // could cost far more memory than its size: both are bounded while parsing, far above what a
-  // real strategy holds (tens of values per parameter, 5 levels).
-  constexpr int64_t kMaxJsonValues = int64_t{1} << 23;
-  constexpr int kMaxJsonDepth = 32;
-  struct TooLarge {
-    std::string what;
-  };
-  int64_t values = 0;
   Json doc;
+  LimitedDomBuilder builder(doc);
   try {
-    doc = Json::parse(
-        bytes.begin(), bytes.end(), [&values](int depth, Json::parse_event_t event, Json&) {
-          if (depth > kMaxJsonDepth) {
-            throw TooLarge{absl::StrCat("nests deeper than ", kMaxJsonDepth, " levels")};
-          }
-          if (event == Json::parse_event_t::value && ++values > kMaxJsonValues) {
-            throw TooLarge{absl::StrCat("holds more than ", kMaxJsonValues, " values")};
-          }
-          return true;
-        });
+    Json::sax_parse(bytes.begin(), bytes.end(), &builder);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what()));
   } catch (const TooLarge& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("JSON strategy refused: it ", e.what, ", more than any strategy needs"));
   }
+  const ItemOrder& order = builder.order();
   if (!doc.is_object()) return JsonTypeError("a JSON strategy", "an object");
 
   std::vector<OpStrategy> ops;
   if (auto it = doc.find("parallel_strategy_item"); it != doc.end()) {
     if (!it->is_object()) return JsonTypeError("parallel_strategy_item", "an object");
     ops.reserve(it->size());
-    for (const auto& [name, item] : it->items()) {
-      CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
-      ops.push_back(std::move(op));
-    }
+    CKPT_RETURN_IF_ERROR(
+        ForEachInOrder(*it, order.ops, [&](const std::string& name, const Json& item) {
+          CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
+          ops.push_back(std::move(op));
+          return absl::OkStatus();
+        }));
   }
 
   auto layouts = doc.find("parallel_layout_item");
@@ -233,32 +328,44 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (!layouts->is_object()) return JsonTypeError("parallel_layout_item", "an object");
   std::vector<LayoutItem> items;
   items.reserve(layouts->size());
-  for (const auto& [name, item] : layouts->items()) {
-    CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
-    items.push_back({name, std::move(param)});
-  }
+  CKPT_RETURN_IF_ERROR(
+      ForEachInOrder(*layouts, order.layouts, [&](const std::string& name, const Json& item) {
+        CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
+        items.push_back({name, std::move(param)});
+        return absl::OkStatus();
+      }));
   return BuildStrategy(std::move(items), std::move(ops));
 }
 
 std::string SerializeJson(const Strategy& strategy) {
-  Json doc = Json::object();
+  // Members are appended to the ordered objects' underlying vectors: ordered_json's operator[]
+  // and contains() scan every key, which would make this O(n^2) in the number of parameters.
+  // Keys are unique by construction (checked below for operators; parameter names are unique and
+  // each is written once per stage, or once when the names carry no stage prefix).
+  OrderedJson doc = OrderedJson::object();
   doc["current_stage"] = strategy.stage_prefixed_names() ? 1 : 0;
-  Json ops = Json::object();
+  OrderedJson ops = OrderedJson::object();
+  auto& op_members = ops.get_ref<OrderedJson::object_t&>();
+  std::set<std::string_view> op_names;
   for (const OpStrategy& op : strategy.ops()) {
     // JSON keys operator items by node name; a repeated name keeps its first item, the one that
     // decides a per-stage file's stage.
-    if (ops.contains(op.node_name)) continue;
-    Json item = Json::object();
+    if (!op_names.insert(op.node_name).second) continue;
+    OrderedJson item = OrderedJson::object();
     item["stage"] = op.stage;
     item["parallel_strategy"] = op.inputs;
-    ops[op.node_name] = std::move(item);
+    op_members.emplace_back(op.node_name, std::move(item));
   }
   doc["parallel_strategy_item"] = std::move(ops);
-  Json layouts = Json::object();
+  OrderedJson layouts = OrderedJson::object();
+  auto& layout_members = layouts.get_ref<OrderedJson::object_t&>();
   for (const auto& [name, param] : strategy.params()) {
+    if (!strategy.stage_prefixed_names()) {
+      layout_members.emplace_back(name, LayoutToJson(param));
+      continue;
+    }
     for (int32_t stage : param.layout.stages) {
-      layouts[strategy.stage_prefixed_names() ? absl::StrCat(stage, "-", name) : name] =
-          LayoutToJson(param);
+      layout_members.emplace_back(absl::StrCat(stage, "-", name), LayoutToJson(param));
     }
   }
   doc["parallel_layout_item"] = std::move(layouts);

@@ -441,7 +441,15 @@ absl::Status RankUpload::FlushBand() {
     }
   }
   if (!writes.empty()) {
-    CKPT_RETURN_IF_ERROR(pending_->store_->PutChunks(writes));
+    if (batching_ && c.mode == Mode::kWrite) {
+      // The chunker's band is reused: the bytes are kept until EndBatch stores them.
+      for (ChunkWrite& w : writes) {
+        w.bytes = batch_bytes_.emplace_back(w.bytes);
+        batch_writes_.push_back(w);
+      }
+    } else {
+      CKPT_RETURN_IF_ERROR(pending_->store_->PutChunks(writes));
+    }
     for (const ChunkWrite& w : writes) bytes_stored_ += static_cast<int64_t>(w.bytes.size());
   }
   if (chunker.band() + 1 < chunker.bands()) chunker.Start(chunker.band() + 1);
@@ -514,31 +522,73 @@ absl::Status RankUpload::FinishTensor() {
   } else if (c.mode == Mode::kVerify) {
     verifications_.push_back({c.name, c.cell, std::move(c.checksums), c.box});
   } else {
-    std::lock_guard<std::mutex> lock(pending_->mu_);
-    PendingCheckpoint::Tensor& t = *pending_->tensors_.at(c.name);
-    PendingCheckpoint::Blob* blob = nullptr;
-    if (t.layout) {
-      blob = &t.cells.at(c.cell);
+    WrittenSlice slice;
+    slice.name = std::move(c.name);
+    slice.cell = c.cell;
+    slice.blob_index = c.blob_index;
+    if (c.chunker) slice.tile = c.chunker->grid().tile();
+    slice.checksums = std::move(c.checksums);
+    slice.total = c.total;
+    if (batching_) {
+      batch_slices_.push_back(std::move(slice));  // complete once EndBatch stored its chunks
     } else {
-      for (auto& v : t.variants) {
-        if (v.record.blob_index() == c.blob_index) blob = &v;
-      }
+      std::lock_guard<std::mutex> lock(pending_->mu_);
+      CKPT_RETURN_IF_ERROR(MarkWrittenLocked(slice));
+      pending_->last_activity_ = absl::Now();
+      pending_->cv_.notify_all();
     }
-    if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", c.name));
-    blob->record.clear_tile();
-    if (c.chunker) {
-      for (int64_t v : c.chunker->grid().tile()) blob->record.add_tile(v);
-    }
-    blob->record.clear_chunk_checksums();
-    for (uint64_t x : c.checksums) blob->record.add_chunk_checksums(x);
-    blob->record.set_total_bytes(c.total);
-    AddHolder(blob->record, rank_);
-    blob->state = PendingCheckpoint::BlobState::kDone;
-    pending_->last_activity_ = absl::Now();
-    pending_->cv_.notify_all();
   }
   current_.reset();
   return absl::OkStatus();
+}
+
+absl::Status RankUpload::MarkWrittenLocked(const WrittenSlice& slice) {
+  PendingCheckpoint::Tensor& t = *pending_->tensors_.at(slice.name);
+  PendingCheckpoint::Blob* blob = nullptr;
+  if (t.layout) {
+    blob = &t.cells.at(slice.cell);
+  } else {
+    for (auto& v : t.variants) {
+      if (v.record.blob_index() == slice.blob_index) blob = &v;
+    }
+  }
+  if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", slice.name));
+  blob->record.clear_tile();
+  for (int64_t v : slice.tile) blob->record.add_tile(v);
+  blob->record.clear_chunk_checksums();
+  for (uint64_t x : slice.checksums) blob->record.add_chunk_checksums(x);
+  blob->record.set_total_bytes(slice.total);
+  AddHolder(blob->record, rank_);
+  blob->state = PendingCheckpoint::BlobState::kDone;
+  return absl::OkStatus();
+}
+
+void RankUpload::BeginBatch() { batching_ = true; }
+
+absl::Status RankUpload::EndBatch() {
+  batching_ = false;
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", current_->name,
+                                                   " is incomplete at the end of a batch"));
+  }
+  absl::Status stored = absl::OkStatus();
+  if (!batch_writes_.empty()) stored = pending_->store_->PutChunks(batch_writes_);
+  batch_writes_.clear();
+  batch_bytes_.clear();
+  if (!stored.ok()) {
+    batch_slices_.clear();  // left unclaimed-on-failure: the caller ends the upload
+    return stored;
+  }
+  std::lock_guard<std::mutex> lock(pending_->mu_);
+  absl::Status marked = absl::OkStatus();
+  for (const WrittenSlice& slice : batch_slices_) {
+    marked = MarkWrittenLocked(slice);
+    if (!marked.ok()) break;
+  }
+  batch_slices_.clear();
+  pending_->last_activity_ = absl::Now();
+  pending_->cv_.notify_all();
+  return marked;
 }
 
 absl::Status RankUpload::CheckStageSent() const {

@@ -4,6 +4,7 @@
 #define CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
 
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -123,10 +124,20 @@ class RankUpload {
 
   absl::Status StartTensor(const v1::UploadTensorHeader& header);
   absl::Status Append(std::string_view data);
+  // A run of whole tensors (an UploadTensorBatch): between BeginBatch and EndBatch the chunks of
+  // the slices this rank writes are collected (copied) instead of written one tensor at a time,
+  // and EndBatch stores them in one PutChunks and only then marks those slices complete, so that
+  // a failed write leaves them unclaimed, as an unfinished slice is. Verbatim values are written
+  // at once (other ranks may count on a stored copy as soon as it is listed). No tensor may be
+  // open at EndBatch.
+  void BeginBatch();
+  absl::Status EndBatch();
   // Validates completeness, waits for replicas being written by other ranks, and commits the
   // checkpoint when this was its last rank.
   absl::StatusOr<v1::UploadResponse> Finish();
 
+  // True between a tensor header and the last of its announced bytes.
+  bool tensor_open() const { return current_.has_value(); }
   int64_t rank() const { return rank_; }
   int64_t bytes_received() const { return bytes_received_; }
 
@@ -147,6 +158,15 @@ class RankUpload {
     std::optional<BandChunker> chunker;  // cuts the slice's bytes into chunks, band by band
     std::string value;  // the whole value, while buffered for a verbatim comparison (kBuffer)
     std::vector<uint64_t> checksums;  // per chunk, in chunk order
+  };
+  // A slice written in a batch, marked complete by EndBatch.
+  struct WrittenSlice {
+    std::string name;
+    int64_t cell = 0;         // sharded: the grid cell
+    uint32_t blob_index = 0;  // verbatim: the variant
+    std::vector<int64_t> tile;
+    std::vector<uint64_t> checksums;
+    int64_t total = 0;
   };
   struct Verification {
     std::string name;
@@ -185,6 +205,8 @@ class RankUpload {
   absl::Status ChunkBands(std::string_view data);
   absl::Status FlushBand();  // checksums and (unless verifying) writes the chunker's full band
   absl::Status FinishTensor();
+  // Records a written slice's tile, checksums and size and marks it complete. pending_->mu_ held.
+  absl::Status MarkWrittenLocked(const WrittenSlice& slice);
   absl::Status StoreVerbatim();
   std::string Where() const;  // "checkpoint X rank R"
 
@@ -195,6 +217,12 @@ class RankUpload {
   std::optional<Current> current_;
   std::set<std::string> sent_;
   std::vector<Verification> verifications_;
+  // Between BeginBatch and EndBatch: chunk writes not stored yet (their bytes owned by
+  // batch_bytes_) and the slices they complete.
+  bool batching_ = false;
+  std::vector<ChunkWrite> batch_writes_;
+  std::deque<std::string> batch_bytes_;
+  std::vector<WrittenSlice> batch_slices_;
   int64_t bytes_received_ = 0;
   int64_t bytes_announced_ = 0;  // total_bytes of the tensor headers accepted so far
   int64_t bytes_stored_ = 0;

@@ -87,6 +87,8 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       case v1::UploadRequest::kTensor:
         if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
         return upload_->StartTensor(request.tensor());
+      case v1::UploadRequest::kBatch:
+        return HandleBatch(request.batch());
       case v1::UploadRequest::kData:
         CKPT_RETURN_IF_ERROR(CheckData(request.data().size()));
         CKPT_RETURN_IF_ERROR(upload_->Append(request.data()));
@@ -96,6 +98,31 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         return absl::InvalidArgumentError("empty upload message");
     }
     return absl::InvalidArgumentError("unknown upload message");
+  }
+
+  // Every tensor of the batch, each whole; the batch's bytes count as one data message's.
+  absl::Status HandleBatch(const v1::UploadTensorBatch& batch) {
+    size_t size = 0;
+    for (const v1::UploadTensor& t : batch.tensors()) size += t.data().size();
+    CKPT_RETURN_IF_ERROR(CheckData(size));
+    if (upload_->tensor_open()) {
+      return absl::InvalidArgumentError(
+          "a tensor batch came while a tensor's bytes were still due");
+    }
+    // On an error the caller drops the upload, and with it what the batch collected.
+    upload_->BeginBatch();
+    for (const v1::UploadTensor& t : batch.tensors()) {
+      CKPT_RETURN_IF_ERROR(upload_->StartTensor(t.header()));
+      if (!t.data().empty()) CKPT_RETURN_IF_ERROR(upload_->Append(t.data()));
+      if (upload_->tensor_open()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batched tensor ", t.header().name(), " carries ", t.data().size(), " of its ",
+            t.header().total_bytes(), " bytes (a batch holds whole tensors)"));
+      }
+    }
+    CKPT_RETURN_IF_ERROR(upload_->EndBatch());
+    service_->CountUploadBytes(static_cast<int64_t>(size));
+    return absl::OkStatus();
   }
 
   // A data message of `size` bytes may come now.

@@ -103,13 +103,37 @@ absl::Status WriteRank(const BenchSpec& spec, const Strategy& source, int64_t ra
   return sink->Commit();
 }
 
+BenchTensor MakeTensor(std::string name, bool opt_sharded, int64_t kind, int64_t rows,
+                       int64_t cols) {
+  static constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  static constexpr int kBytes[] = {4, 2, 2};
+  BenchTensor t;
+  t.opt_sharded = opt_sharded;
+  t.name = std::move(name);
+  t.dtype = kDTypes[kind % 3];
+  t.element_bytes = kBytes[kind % 3];
+  t.cols = cols;
+  t.rows = rows;
+  t.seed = NameSeed(t.name);
+  auto pattern = std::make_shared<std::array<uint64_t, 512>>();
+  for (size_t w = 0; w < pattern->size(); ++w) {
+    (*pattern)[w] = Mix(t.seed + (w + 1) * 0x9E3779B97F4A7C15ull);
+  }
+  t.pattern = std::move(pattern);
+  return t;
+}
+
+void AddTensor(BenchSpec* spec, BenchTensor t) {
+  spec->total_bytes += t.bytes();
+  spec->index.emplace(t.name, spec->tensors.size());
+  spec->tensors.push_back(std::move(t));
+}
+
 }  // namespace
 
 const BenchTensor* BenchSpec::Find(const std::string& name) const {
-  for (const BenchTensor& t : tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+  auto it = index.find(name);
+  return it == index.end() ? nullptr : &tensors[it->second];
 }
 
 std::string BenchSpec::Describe() const {
@@ -136,29 +160,48 @@ BenchSpec MakeSpec(int64_t size_bytes) {
       std::clamp<int64_t>(size_bytes / 64, int64_t{128} << 10, int64_t{48} << 20);
   int64_t count = std::max<int64_t>(8, (size_bytes + target / 2) / target);
   count += count % 2;
-  static constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-  static constexpr int kBytes[] = {4, 2, 2};
   static constexpr int64_t kCols[] = {4096, 2048, 5120, 3072};
   BenchSpec spec;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t k = i / 2;
-    BenchTensor t;
-    t.opt_sharded = (i % 2) == 1;
-    t.name = absl::StrFormat("%s.%03d.weight", t.opt_sharded ? "opt" : "row", i);
-    t.dtype = kDTypes[k % 3];
-    t.element_bytes = kBytes[k % 3];
-    t.cols = kCols[k % 4];
+    const bool opt = (i % 2) == 1;
+    BenchTensor t = MakeTensor(absl::StrFormat("%s.%03d.weight", opt ? "opt" : "row", i), opt, k,
+                               0, kCols[k % 4]);
     const int64_t rows = (target / t.row_bytes() + 12) / 24 * 24;
     t.rows = std::max<int64_t>(24, rows);
-    t.seed = NameSeed(t.name);
-    auto pattern = std::make_shared<std::array<uint64_t, 512>>();
-    for (size_t w = 0; w < pattern->size(); ++w) {
-      (*pattern)[w] = Mix(t.seed + (w + 1) * 0x9E3779B97F4A7C15ull);
-    }
-    t.pattern = std::move(pattern);
-    spec.total_bytes += t.bytes();
-    spec.tensors.push_back(std::move(t));
+    AddTensor(&spec, std::move(t));
   }
+  return spec;
+}
+
+BenchSpec MakeManySpec(int64_t size_bytes, int64_t count) {
+  count = std::max<int64_t>(200, count + count % 2);
+  const int64_t large_count = count / 100;
+  static constexpr int64_t kSmallCols[] = {8, 16, 32, 64};
+  BenchSpec spec;
+  std::vector<int64_t> large;  // positions of the large tensors, sized once the small are known
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t k = i / 2;
+    const bool opt = (i % 2) == 1;
+    std::string name = absl::StrFormat("%s.%05d.weight", opt ? "opt" : "row", i);
+    if (i % 100 == 50) {
+      large.push_back(i);
+      spec.tensors.push_back(MakeTensor(std::move(name), opt, k, 24, 1024));
+    } else {
+      spec.tensors.push_back(MakeTensor(std::move(name), opt, k, 24, kSmallCols[(k / 3) % 4]));
+    }
+  }
+  int64_t small_bytes = 0;
+  for (const BenchTensor& t : spec.tensors) small_bytes += t.bytes();
+  const int64_t per_large =
+      std::max<int64_t>(0, size_bytes - small_bytes) / std::max<int64_t>(1, large_count);
+  for (int64_t i : large) {
+    BenchTensor& t = spec.tensors[static_cast<size_t>(i)];
+    t.rows = std::max<int64_t>(24, (per_large / t.row_bytes() + 12) / 24 * 24);
+  }
+  std::vector<BenchTensor> tensors = std::move(spec.tensors);
+  spec.tensors.clear();
+  for (BenchTensor& t : tensors) AddTensor(&spec, std::move(t));
   return spec;
 }
 
@@ -168,6 +211,11 @@ Strategy SourceStrategy(const BenchSpec& spec) {
 
 Strategy ThreeRankStrategy(const BenchSpec& spec) {
   const Layout rows = MakeLayout({3}, {0, -1});
+  return MakeStrategy(spec, rows, rows);
+}
+
+Strategy SixRankStrategy(const BenchSpec& spec) {
+  const Layout rows = MakeLayout({6}, {0, -1});
   return MakeStrategy(spec, rows, rows);
 }
 

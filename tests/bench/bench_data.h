@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,6 +46,9 @@ struct BenchTensor {
 struct BenchSpec {
   std::vector<BenchTensor> tensors;
   int64_t total_bytes = 0;  // sum of the global tensors' bytes
+  // Name -> index into `tensors`, filled by the Make*Spec functions (Find is looked up once per
+  // delivered tensor, so it must not be linear in a checkpoint of tens of thousands of tensors).
+  std::unordered_map<std::string, size_t> index;
 
   const BenchTensor* Find(const std::string& name) const;
   std::string Describe() const;  // "64 tensors (Float32 x22, ...), 2.00 GiB"
@@ -56,11 +60,19 @@ struct BenchSpec {
 // columns of 8, so every destination below divides them.
 BenchSpec MakeSpec(int64_t size_bytes);
 
+// `count` 2-D tensors (even, at least 200), for the many-tensors case: every 100th a large one
+// (the large ones share what the small ones leave of `size_bytes`, at least 24 rows of 1024
+// columns each), the others small (24 rows of 8 to 64 columns: 384 bytes to 6 KiB), in the dtypes
+// and the row/opt alternation of MakeSpec. Named "row.NNNNN.weight" / "opt.NNNNN.weight".
+BenchSpec MakeManySpec(int64_t size_bytes, int64_t count);
+
 // 8 source ranks, one stage: row.* dev_matrix [8] map [0,-1]; opt.* dev_matrix [4,2] map [1,-1]
 // with opt_weight_shard_size 2 (step 1).
 Strategy SourceStrategy(const BenchSpec& spec);
 // 3 ranks, every tensor row-split (dev_matrix [3], map [0,-1]).
 Strategy ThreeRankStrategy(const BenchSpec& spec);
+// 6 ranks, every tensor row-split (dev_matrix [6], map [0,-1]).
+Strategy SixRankStrategy(const BenchSpec& spec);
 // 8 ranks, every tensor column-split (dev_matrix [8], map [-1,0]).
 Strategy ColumnStrategy(const BenchSpec& spec);
 // The source layouts without the optimizer shard (what inference loads).

@@ -33,7 +33,8 @@ std::optional<std::set<std::string>> ParseCases(const std::string& cases) {
   static const std::set<std::string> kKnown = {"all",        "transport",  "storage",      "fetch",
                                                "8to3",       "row_to_col", "opt_to_plain", "merged",
                                                "concurrent", "transform",  "deps",         "upload",
-                                               "python",     "tls",        "storm",      "growth"};
+                                               "python",     "tls",        "storm",
+                                               "many_tensors", "growth"};
   for (const std::string& c : selected) {
     if (!kKnown.contains(c)) {
       std::fprintf(stderr, "ckpt_bench: unknown case '%s'\n", c.c_str());
@@ -62,8 +63,8 @@ int main(int argc, char** argv) {
   app.add_flag("--keep", keep, "Keep the work directory");
   app.add_option("--cases", cases,
                  "Comma-separated: all, transport, storage, fetch (or 8to3, row_to_col, "
-                 "opt_to_plain, merged), python, concurrent, storm, tls, transform, deps, growth. "
-                 "Upload always runs.")
+                 "opt_to_plain, merged), python, concurrent, storm, tls, transform, deps, "
+                 "many_tensors, growth. Upload always runs.")
       ->capture_default_str();
   // Internal modes: the harness re-executes itself.
   std::string transport_port_file, server, fetch_strategy, src_dir, baseline_out;

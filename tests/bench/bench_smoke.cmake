@@ -25,7 +25,7 @@ function(require)
 endfunction()
 
 foreach(key transport_gibps storage_gibps fetch concurrent storm transform deps_all_ranks_ms upload
-            tls growth)
+            tls many_tensors growth)
   require(${key})
 endforeach()
 foreach(key workers gibps server_peak_rss_mib warmup_gibps)
@@ -70,7 +70,10 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
              "storm;server_peak_rss_mib"
              "python;gibps" "python;ratio_to_cpp" "python;peak_rss_bytes" "python;max_rank_bytes"
              "python;server_cpu_s_per_gib" "python;cpu_bound_ratio"
-             "tls;ratio" "tls;aes_256_gcm_gibps")
+             "tls;ratio" "tls;aes_256_gcm_gibps"
+             "many_tensors;tensors" "many_tensors;ttfb_ms" "many_tensors;ratio"
+             "many_tensors;deps_ms" "many_tensors;upload_ratio"
+             "many_tensors;strategy_register_s")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
     message(FATAL_ERROR "${path} is ${type}, expected a number")

@@ -65,14 +65,17 @@ absl::StatusOr<Strategy> DepsStrategy(int64_t params, std::vector<int64_t> dev_m
 
 }  // namespace
 
-absl::StatusOr<DepsResult> MeasureDeps() { return MeasureDepsTo({16, 8, 8}, 4); }
+absl::StatusOr<DepsResult> MeasureDeps(int64_t params) {
+  return MeasureDepsTo({16, 8, 8}, 4, params);
+}
 
-absl::StatusOr<DepsResult> MeasureDepsTo(std::vector<int64_t> dst_dev_matrix, int32_t dst_stages) {
+absl::StatusOr<DepsResult> MeasureDepsTo(std::vector<int64_t> dst_dev_matrix, int32_t dst_stages,
+                                         int64_t params) {
   if (dst_dev_matrix.size() != 3) {
     return absl::InvalidArgumentError("the destination dev_matrix must have 3 axes");
   }
   DepsResult result;
-  result.params = 1000;
+  result.params = params;
   CKPT_ASSIGN_OR_RETURN(Strategy src, DepsStrategy(result.params, {8, 8, 8}, 2, 0));
   CKPT_ASSIGN_OR_RETURN(Strategy dst,
                         DepsStrategy(result.params, std::move(dst_dev_matrix), dst_stages, 3));

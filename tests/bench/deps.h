@@ -18,13 +18,14 @@ struct DepsResult {
   int64_t max_sources = 0;  // the most source ranks any destination rank needs
 };
 
-// Three runs of planning 1000 parameters from 1024 ranks (2 pipeline stages) to 4096 ranks (4
+// Three runs of planning `params` parameters from 1024 ranks (2 pipeline stages) to 4096 ranks (4
 // stages), a mix of row, column, nested, 2-D, optimizer-sharded and replicated layouts, and of
 // listing every destination rank's source ranks.
-absl::StatusOr<DepsResult> MeasureDeps();
+absl::StatusOr<DepsResult> MeasureDeps(int64_t params = 1000);
 // The same source, to a destination of `dst_dev_matrix` (3 axes) per stage over `dst_stages`
 // pipeline stages (the growth case's destination-rank series).
-absl::StatusOr<DepsResult> MeasureDepsTo(std::vector<int64_t> dst_dev_matrix, int32_t dst_stages);
+absl::StatusOr<DepsResult> MeasureDepsTo(std::vector<int64_t> dst_dev_matrix, int32_t dst_stages,
+                                         int64_t params = 1000);
 
 }  // namespace ckpt::bench
 

@@ -83,7 +83,7 @@ void Harness::Cleanup() {
   } else {
     for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline", "pki",
                             "disk-write.tmp", "store-write", "transport.port",
-                            "growth-src", "growth-export"}) {
+                            "growth-src", "growth-export", "many-src", "strategy-50k.json"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
   }
@@ -155,6 +155,8 @@ void Harness::MeasureUploaded() {
   if (server_ && Selected("concurrent")) MeasureConcurrent();
   if (server_ && Selected("storm")) MeasureStorm();
   StopTransportServer();
+  // Before the phases that restart ckptd with other options or leave it stopped.
+  if (server_ && Selected("many_tensors")) MeasureManyTensors();
   if (server_ && Selected("tls")) MeasureTls();
   if (server_ && Selected("transform")) MeasureTransformPhase();
 }

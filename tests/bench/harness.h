@@ -6,7 +6,8 @@
 // Its member functions live in one file per phase: harness.cc (set-up, the order of the phases),
 // harness_upload.cc (disk and store write limits, upload, first fetch), harness_limits.cc
 // (transport limit, verified-read ceiling, storage limit), harness_fetch.cc (the fetch cases),
-// harness_concurrent.cc (concurrent workers), harness_storm.cc (64 workers of data-parallel
+// harness_concurrent.cc (concurrent workers), harness_many_tensors.cc (a checkpoint of
+// kManyTensors tensors, a 50,000-parameter strategy), harness_storm.cc (64 workers of data-parallel
 // replicas at once), harness_growth.cc (cost against bytes, tensors and destination ranks),
 // harness_transform.cc (export job against the
 // baseline), harness_python.cc (the Python client against the C++ one) and harness_report.cc
@@ -58,6 +59,9 @@ struct FetchResult {
   std::vector<double> passes_gibps;    // each measured pass, in the order run
   std::optional<double> warmup_gibps;  // the unmeasured pass before them
 };
+
+// The many-tensors phase's checkpoint: this many tensors (and as many parameters planned).
+inline constexpr int64_t kManyTensors = 20000;
 
 // One line of the printed table (and, with a result, of the JSON's "targets").
 struct Row {
@@ -201,6 +205,17 @@ class Harness {
   nlohmann::json PythonJson() const;
   void PythonRows(std::vector<Row>* rows) const;
 
+  // harness_many_tensors.cc: a checkpoint of kManyTensors tensors uploaded (kRepeats passes) and
+  // fetched 8 -> 6 ranks in passes alternating with the main checkpoint's 8 -> 6 fetch; the time
+  // to first byte of each rank; deps --all over 4096 ranks of kManyTensors parameters; and
+  // registering a 50,000-parameter JSON strategy file.
+  void MeasureManyTensors();
+  struct ManyResult;
+  // PutStrategyFile of a 50,000-parameter JSON strategy file, kRepeats passes, into `result`.
+  void MeasureStrategyRegistration(ManyResult* result);
+  nlohmann::json ManyTensorsJson() const;
+  void ManyTensorsRows(std::vector<Row>* rows) const;
+
   // harness_transform.cc.
   // kRepeats alternating passes of the export job and the baseline, then their medians.
   void MeasureTransformPhase();
@@ -339,6 +354,33 @@ class Harness {
     std::string load_average;      // when the phase ended
   };
   std::optional<StormResult> storm_;
+  // The many-tensors phase (harness_many_tensors.cc); nullopt: not measured.
+  struct ManyResult {
+    BenchSpec spec;
+    int64_t tensors = 0;
+    int64_t file_bytes = 0;      // of the source rank files
+    int64_t fetch_bytes = 0;     // one pass, every destination rank
+    int64_t verified_bytes = 0;  // checked against the generator, over every pass
+    // Time from the Fetch call to its first tensor byte, per rank: the measured passes' (the
+    // target is on their largest) and the warm-up pass's (the plan not built yet).
+    std::vector<double> ttfb_runs_ms, cold_ttfb_ms;
+    double ttfb_ms = 0, ttfb_median_ms = 0, cold_ttfb_max_ms = 0;
+    double gibps = 0, large_gibps = 0, ratio = 0;  // medians, and gibps / large_gibps
+    std::vector<double> passes_gibps, large_passes_gibps;
+    double warmup_gibps = 0;
+    double upload_gibps = 0;  // median of the passes
+    std::vector<double> upload_passes_gibps;
+    std::optional<double> upload_ratio;  // to upload_gibps_
+    DepsResult deps;
+    double deps_ms = 0;
+    // PutStrategyFile of the 50,000-parameter JSON file: median seconds (nullopt: it failed), the
+    // passes, and the client-side parse alone (LoadStrategyPath).
+    std::optional<double> strategy_register_s;
+    std::vector<double> strategy_register_runs_s;
+    double strategy_parse_s = 0;
+    int64_t strategy_file_bytes = 0;
+  };
+  std::optional<ManyResult> many_;
   std::optional<DepsResult> deps_;
   std::vector<GrowthEntry> growth_;  // in the order measured
   std::optional<double> upload_gibps_;

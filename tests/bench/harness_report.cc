@@ -103,6 +103,7 @@ json Harness::Results() const {
   j["upload"] = UploadJson();
   j["growth"] = GrowthJson();
   j["python"] = PythonJson();
+  j["many_tensors"] = ManyTensorsJson();
   j["tls"] = {
       {"gibps", Opt(tls_gibps_)},
       {"plaintext_gibps", Opt(plain_gibps_)},
@@ -201,6 +202,7 @@ std::vector<Row> Harness::Table() const {
                     Verdict(ms ? std::optional<bool>(*ms <= 1000.0) : std::nullopt)});
   }
   UploadRows(&rows);
+  if (Selected("many_tensors")) ManyTensorsRows(&rows);
   if (Selected("growth")) GrowthRows(&rows);
   return rows;
 }

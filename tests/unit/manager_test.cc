@@ -3,6 +3,7 @@
 #include "service/engine/manager.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -106,8 +107,11 @@ class CorruptingStore final : public testing::ForwardingStore {
       hook = on_put_;
     }
     if (hook) hook(chunks);
+    if (fail_puts_) return absl::ResourceExhaustedError("injected: disk full");
     return base().PutChunks(chunks);
   }
+  // Every PutChunks fails from now on (until called with false).
+  void FailPuts(bool fail) { fail_puts_ = fail; }
 
   // Corrupts reads of `address` from now on (none: an address no chunk has).
   void Corrupt(std::optional<ChunkAddress> address) {
@@ -122,6 +126,7 @@ class CorruptingStore final : public testing::ForwardingStore {
 
  private:
   std::mutex mu_;
+  std::atomic<bool> fail_puts_{false};
   ChunkAddress corrupt_{~uint64_t{0}, 0, 0, 0};
   std::vector<ChunkAddress> reads_;
   std::function<void(const std::vector<ChunkWrite>&)> on_put_;
@@ -180,6 +185,7 @@ class ManagerTest : public ::testing::Test {
     const v1::UploadHeader h = Header(id, strategy_name, rank);
     auto upload = manager_->BeginUpload(h);
     if (!upload.ok()) return upload.status();
+    if (batched_) (*upload)->BeginBatch();
     for (const SampleTensor& t : tensors) {
       Box box = Box::Whole(t.global_shape);
       if (strategy) {
@@ -204,6 +210,9 @@ class ManagerTest : public ::testing::Test {
           return s;
         }
       }
+    }
+    if (batched_) {
+      if (auto s = (*upload)->EndBatch(); !s.ok()) return s;
     }
     auto r = (*upload)->Finish();
     if (!r.ok()) return r.status();
@@ -403,6 +412,8 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
   FetchReader reader_ = FetchReader::kClient;  // of Fetch's streams
+  // UploadRank sends each rank's tensors as one batch (RankUpload::BeginBatch / EndBatch).
+  bool batched_ = false;
   int64_t part_messages_ = 0;         // data messages of rows checked that had several parts
   int64_t tile_messages_ = 0;         // data messages of tiles
   v1::UploadResponse last_response_;  // of UploadRank's last successful rank
@@ -420,6 +431,74 @@ TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
   for (int64_t r = 0; r < src.world_size(); ++r) {
     ExpectRankMatches("ck", "src", src, r, DemoTensors());
   }
+}
+
+// Ranks sent as batches of whole tensors: the slices a rank writes are stored in one PutChunks at
+// the batch's end (verbatim values at once), and every byte comes back.
+TEST_F(ManagerTest, BatchedRanksStoreTheirSlicesTogetherAndEveryByteComesBack) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  batched_ = true;
+  int puts = 0;
+  size_t largest = 0;
+  corrupting_->OnPutChunks([&](const std::vector<ChunkWrite>& writes) {
+    ++puts;
+    largest = std::max(largest, writes.size());
+  });
+  ASSERT_TRUE(UploadRank("ck", "src", &src, 0, DemoTensors()).ok());
+  // Rank 0's sharded slices in one put, and one put per verbatim value.
+  int verbatim = 0;
+  for (const SampleTensor& t : DemoTensors()) {
+    if (ResolveLayout(src, t.name, true) == nullptr) ++verbatim;
+  }
+  EXPECT_EQ(puts, 1 + verbatim);
+  EXPECT_GT(largest, 1u);
+  corrupting_->OnPutChunks(nullptr);
+  for (int64_t r = 1; r < src.world_size(); ++r) {
+    ASSERT_TRUE(UploadRank("ck", "src", &src, r, DemoTensors()).ok()) << "rank " << r;
+  }
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+}
+
+// A batch whose store write fails leaves its slices unclaimed: the rank's retry writes them (a
+// slice marked complete without its bytes would make the retry only verify it).
+TEST_F(ManagerTest, FailedBatchWriteLeavesItsSlicesToTheRetry) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  batched_ = true;
+  corrupting_->FailPuts(true);
+  const absl::Status failed = UploadRank("ck", "src", &src, 0, DemoTensors());
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  corrupting_->FailPuts(false);
+  for (int64_t r = 0; r < src.world_size(); ++r) {
+    ASSERT_TRUE(UploadRank("ck", "src", &src, r, DemoTensors()).ok()) << "rank " << r;
+  }
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+}
+
+TEST_F(ManagerTest, BatchEndingInsideATensorIsRefused) {
+  const Strategy src = DemoSourceStrategy();
+  PutStrategy("src", src);
+  auto u = manager_->BeginUpload(Header("ck", "src", 7));
+  ASSERT_TRUE(u.ok());
+  (*u)->BeginBatch();
+  v1::UploadTensorHeader th;
+  th.set_name(DemoTensors()[0].name);
+  th.set_dtype("Float32");
+  th.add_dims(48);  // rank 7 holds rows 48-96 of the [96, 24] embedding
+  th.add_dims(24);
+  th.set_total_bytes(48 * 24 * 4);
+  ASSERT_TRUE((*u)->StartTensor(th).ok());
+  ASSERT_TRUE((*u)->Append(std::string(100, 'x')).ok());
+  const absl::Status s = (*u)->EndBatch();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("incomplete at the end of a batch"));
 }
 
 // Messages may be whole stored chunks sent with their stored checksum, and bands then end at

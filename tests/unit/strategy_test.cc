@@ -783,6 +783,75 @@ TEST(StrategyJsonTest, MergedNamesAndSharedParameters) {
               {"parameter e: pipeline stage 0 has", "tensor_shape [16]", "tensor_shape [32]"});
 }
 
+TEST(StrategyJsonTest, ItemsKeepTheirFileOrder) {
+  // Operator items in file order, not name order: the first one decides a per-stage file's stage.
+  const std::string json = R"({"parallel_strategy_item": {
+      "z_op": {"stage": 1, "parallel_strategy": [[2]]},
+      "a_op": {"stage": 0, "parallel_strategy": [[1]]}},
+    "parallel_layout_item": {
+      "1-w": {"dev_matrix": [4], "tensor_map": [0]},
+      "0-w": {"dev_matrix": [4], "tensor_map": [0]}}})";
+  const Strategy s = ParseOrDie(json, StrategyFormat::kJson);
+  ASSERT_EQ(s.ops().size(), 2u);
+  EXPECT_EQ(s.ops()[0].node_name, "z_op");
+  EXPECT_EQ(s.ops()[1].node_name, "a_op");
+  // Written back in the same order.
+  const std::string written = SerializeStrategy(s, StrategyFormat::kJson);
+  EXPECT_LT(written.find("z_op"), written.find("a_op")) << written;
+  ExpectRoundTrip(s, StrategyFormat::kJson);
+
+  // Layout items too: the item met first is the one a conflict names first.
+  const std::string conflicting = R"({"parallel_layout_item": {
+      "1-e": {"dev_matrix": [4], "tensor_map": [-1], "tensor_shape": [32]},
+      "0-e": {"dev_matrix": [4], "tensor_map": [-1], "tensor_shape": [16]}}})";
+  ExpectError(ParseStrategy(conflicting, StrategyFormat::kJson).status(),
+              absl::StatusCode::kInvalidArgument,
+              {"parameter e: pipeline stage 1 has", "tensor_shape [32]", "but stage 0 has"});
+}
+
+TEST(StrategyJsonTest, RepeatedKeysKeepTheLastValue) {
+  const std::string json = R"({"parallel_strategy_item": {
+      "op": {"stage": 0}, "other": {"stage": 0}, "op": {"stage": 0, "parallel_strategy": [[4]]}},
+    "parallel_layout_item": {
+      "w": {"dev_matrix": [4], "tensor_map": [0]},
+      "w": {"dev_matrix": [4], "tensor_map": [-1]}},
+    "parallel_layout_item": {
+      "v": {"dev_matrix": [2], "tensor_map": [0]},
+      "u": {"dev_matrix": [2], "tensor_map": [-1]}}})";
+  const Strategy s = ParseOrDie(json, StrategyFormat::kJson);
+  // The repeated top-level key: only its last object counts.
+  EXPECT_EQ(s.Find("w"), nullptr);
+  ASSERT_NE(s.Find("v"), nullptr);
+  ASSERT_NE(s.Find("u"), nullptr);
+  EXPECT_EQ(s.devices_per_stage(), 2);
+  // A repeated operator keeps its first position and its last value.
+  ASSERT_EQ(s.ops().size(), 2u);
+  EXPECT_EQ(s.ops()[0].node_name, "op");
+  EXPECT_EQ(s.ops()[0].inputs, (std::vector<std::vector<uint32_t>>{{4}}));
+  EXPECT_EQ(s.ops()[1].node_name, "other");
+
+  const std::string repeated_param = R"({"parallel_layout_item": {
+      "w": {"dev_matrix": [4], "tensor_map": [0]},
+      "w": {"dev_matrix": [4], "tensor_map": [-1]}}})";
+  const Strategy r = ParseOrDie(repeated_param, StrategyFormat::kJson);
+  EXPECT_EQ(ParamOf(r, "w").layout.tensor_map, (std::vector<std::vector<int32_t>>{{}}));
+}
+
+TEST(StrategyJsonTest, FiftyThousandParametersRoundTrip) {
+  // Large models' strategies: every parameter survives, in both directions.
+  std::map<std::string, StrategyParam> params;
+  for (int i = 0; i < 50000; ++i) {
+    StrategyParam& p = params[absl::StrCat("model.layers.", i / 6, ".param_", i % 6)];
+    p.layout.dev_matrix = {8, 8};
+    p.layout.tensor_map = i % 2 == 0 ? std::vector<std::vector<int32_t>>{{0}, {}}
+                                     : std::vector<std::vector<int32_t>>{{}, {1}};
+    p.tensor_shape = Shape{64, 64};
+  }
+  absl::StatusOr<Strategy> s = Strategy::Create(std::move(params), 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectRoundTrip(*s, StrategyFormat::kJson);
+}
+
 TEST(StrategyJsonTest, TypeErrorsNameTheKey) {
   const auto layout_error = [](const std::string& item) {
     return ParseStrategy(absl::StrCat(R"({"parallel_layout_item": {"w": )", item, "}}"),
