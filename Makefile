@@ -91,7 +91,7 @@ SAN_EXCLUDE ?= python|docs|deploy|bench|chaos|load
 ASAN_TARGETS ?= ckptd ckptctl core_test files_test store_test segment_files_test client_test \
 	service_test job_test ckptctl_test fixture_compat_test server_test jobs_cli_test auth_test \
 	hostile_input_test disk_full_test cli_scripting_test observability_test stall_test \
-	store_maintenance_test storm_test
+	store_maintenance_test storm_test many_tensors_test
 ASAN_SKIP ?= ^load_test_NOT_BUILT$$
 TSAN_TARGETS ?= store_test segment_files_test service_test job_test
 SANITIZE_ENV = tests/sanitizers/env.sh
