@@ -255,3 +255,29 @@ def test_iter_fetch_dropped_mid_stream_stops_the_fetch(demo, client):
         time.sleep(0.05)
     assert not any(t.name == "ckptd-native-fetch" for t in threading.enumerate())
     assert len(client.fetch("demo", merged=True)) == len(client.describe("demo").tensors)
+
+
+def test_fetch_to_file_aborted_by_its_progress_callback_leaves_no_file(demo, client, tmp_path):
+    class Stop(Exception):
+        pass
+
+    def progress(done, total):
+        if done > 0:
+            raise Stop(f"stop at {done} of {total}")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Stop):
+        client.fetch_to_file("demo", merged=True, path=out / "m.ckpt", progress=progress)
+    assert os.listdir(out) == []
+    assert len(client.fetch("demo", merged=True)) == len(client.describe("demo").tensors)
+
+
+def test_an_exception_in_iteration_cancels_and_the_client_stays_usable(demo, client):
+    names = []
+    with pytest.raises(ZeroDivisionError):
+        for name, _ in client.iter_fetch("demo", "d3", 0):
+            names.append(name)
+            1 / 0
+    assert len(names) == 1
+    assert list(client.fetch("demo", "d3", 0))[0] == names[0]

@@ -324,7 +324,9 @@ class Client:
             response_deserializer=pb.UploadResponse.FromString)
 
     def close(self) -> None:
-        """Closes the channel; calls in progress are cancelled."""
+        """Closes the channel; calls in progress are cancelled (native fetches in progress run
+        to their end)."""
+        self._native = None  # later fetches fail as the closed grpcio channel makes them
         self._channel.close()
 
     def __enter__(self) -> "Client":

@@ -85,6 +85,7 @@ class ArrayVisitor final : public TensorVisitor {
 
   ~ArrayVisitor() override {
     py::gil_scoped_acquire gil;
+    signal_error_.reset();
     target_ = py::object();
     on_summary_ = on_begin_ = on_end_ = py::object();
   }
@@ -142,8 +143,22 @@ class ArrayVisitor final : public TensorVisitor {
     }
     std::memcpy(data_ + offset_, data.data(), data.size());
     offset_ += static_cast<int64_t>(data.size());
+    // Python runs signal handlers (Ctrl-C's KeyboardInterrupt) only while it runs Python code;
+    // a long tensor gives it that chance every kSignalCheckBytes (on the main thread only).
+    since_signal_check_ += static_cast<int64_t>(data.size());
+    if (since_signal_check_ >= kSignalCheckBytes) {
+      since_signal_check_ = 0;
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        signal_error_.emplace();  // takes the exception the handler raised
+        return absl::CancelledError("fetch interrupted by a signal");
+      }
+    }
     return absl::OkStatus();
   }
+
+  // The exception a signal handler raised during the fetch, if any; re-raised by the caller.
+  std::optional<py::error_already_set>& signal_error() { return signal_error_; }
 
   absl::Status OnTensorEnd() override {
     py::gil_scoped_acquire gil;
@@ -161,7 +176,11 @@ class ArrayVisitor final : public TensorVisitor {
   py::object on_begin_;
   py::object on_end_;
   const StopFlag* const stop_;
+  static constexpr int64_t kSignalCheckBytes = 64 << 20;
+
   py::object target_;  // the current tensor's buffer
+  std::optional<py::error_already_set> signal_error_;
+  int64_t since_signal_check_ = 0;
   char* data_ = nullptr;
   int64_t size_ = 0;
   int64_t offset_ = 0;
@@ -238,11 +257,16 @@ class NativeClient {
       return {static_cast<int>(absl::StatusCode::kInvalidArgument), "malformed FetchRequest"};
     }
     absl::Status status;
+    std::optional<py::error_already_set> signal_error;
     {
       ArrayVisitor visitor(std::move(on_summary), std::move(on_begin), std::move(on_end), stop);
-      py::gil_scoped_release unlocked;
-      status = client_->Fetch(request, visitor);
+      {
+        py::gil_scoped_release unlocked;
+        status = client_->Fetch(request, visitor);
+      }
+      signal_error = std::move(visitor.signal_error());
     }
+    if (signal_error) throw std::move(*signal_error);
     return ToOutcome(status);
   }
 
