@@ -176,8 +176,15 @@ absl::StatusOr<std::unique_ptr<CkptClient>> CkptClient::Connect(const std::strin
   if (options.max_receive_message_bytes <= 0) {
     return absl::InvalidArgumentError("max_receive_message_bytes must be positive");
   }
+  if (options.stream_window_bytes < 0) {
+    return absl::InvalidArgumentError("stream_window_bytes must not be negative");
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  if (options.stream_window_bytes > 0) {
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       ChannelCredentials(options);
   if (!credentials.ok()) return credentials.status();

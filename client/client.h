@@ -57,6 +57,10 @@ struct ClientOptions {
   // File holding a bearer token ($CKPT_TOKEN_FILE), sent as "authorization: Bearer <token>"
   // with every call. Read once by Connect(); surrounding whitespace is ignored.
   std::string token_file;
+  // When positive, each stream's HTTP/2 flow-control window is fixed at this many bytes (what
+  // the server may send ahead of what the client has read, and so what the client may buffer)
+  // instead of growing with gRPC's bandwidth-delay probing. Default 0: gRPC's probing.
+  int stream_window_bytes = 0;
 };
 
 struct UploadDirectoryOptions {

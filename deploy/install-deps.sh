@@ -16,6 +16,7 @@ PACKAGES=(
   python3-grpcio python3-xxhash python3-pytest python3-pip python3-venv openssl
   python3-yaml
   python3-matplotlib
+  pybind11-dev python3-dev
   clang libclang-rt-14-dev
 )
 # kubectl, for the offline checks of deploy/k8s: Debian's kubernetes-client, unless a kubectl is

@@ -333,6 +333,7 @@ class Harness {
     // and ckptd's and the C++ library's (this process) while the library fetched.
     std::optional<double> server_cpu_s_per_gib;
     std::optional<CpuPerGib> cpp_cpu;
+    std::string path;  // the Python fetch path measured: "native" or "grpcio"
   };
   std::optional<PythonResult> python_;
   // The storm phase (harness_storm.cc); nullopt: not measured.

@@ -6,7 +6,8 @@
 // pass of the child: one warm-up pair, then kRepeats measured pairs. The two are so measured over
 // the same seconds of a machine whose speed drifts, and their medians compared. The child keeps
 // one rank's arrays at a time; its peak resident set (the kernel's ru_maxrss) is compared with
-// the most tensor bytes it held at once, its largest rank.
+// the most tensor bytes it held at once, its largest rank. The rows name the fetch path the
+// package took (python_fetch_bench.py reports it): "native" (ckptd._native) or "grpcio".
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -143,6 +144,7 @@ void Harness::MeasurePython() {
   }
   const json& j = *summary;
   r.max_rank_bytes = j["max_rank_bytes"].get<int64_t>();
+  r.path = j.contains("path") && j["path"].is_string() ? j["path"].get<std::string>() : "unknown";
   r.baseline_rss_bytes = j["baseline_rss_bytes"].get<int64_t>();
   if (j["cpu_seconds_per_gib"].is_number())
     r.cpu_s_per_gib = j["cpu_seconds_per_gib"].get<double>();
@@ -152,9 +154,9 @@ void Harness::MeasurePython() {
   r.gibps = Median(r.passes_gibps);
   r.cpp_gibps = Median(r.cpp_passes_gibps);
   Progress(absl::StrFormat(
-      "python fetch 8to3: %.3f GiB per pass, median %.2f GiB/s against C++ %.2f GiB/s, peak RSS "
-      "%.0f MiB for %.0f MiB held",
-      r.bytes / kGiB, r.gibps, r.cpp_gibps, r.peak_rss_bytes / kMiB, r.max_rank_bytes / kMiB));
+      "python fetch 8to3 (%s path): %.3f GiB per pass, median %.2f GiB/s against C++ %.2f "
+      "GiB/s, peak RSS %.0f MiB for %.0f MiB held",
+      r.path, r.bytes / kGiB, r.gibps, r.cpp_gibps, r.peak_rss_bytes / kMiB, r.max_rank_bytes / kMiB));
   python_ = std::move(r);
 }
 
@@ -162,6 +164,7 @@ json Harness::PythonJson() const {
   if (!python_) return nullptr;
   const PythonResult& p = *python_;
   return {{"case", "8to3"},
+          {"path", p.path},
           {"gibps", p.gibps},
           {"cpp_gibps", p.cpp_gibps},
           {"ratio_to_cpp", p.cpp_gibps > 0 ? json(p.gibps / p.cpp_gibps) : json(nullptr)},
@@ -189,7 +192,9 @@ void Harness::PythonRows(std::vector<Row>* rows) const {
     cpp = python_->cpp_gibps;
     if (*cpp > 0) ratio = *gibps / *cpp;
   }
-  rows->push_back({"python fetch 8to3 vs C++ library, median",
+  rows->push_back({python_ ? absl::StrCat("python fetch 8to3 (", python_->path,
+                                          " path) vs C++ library, median")
+                           : std::string("python fetch 8to3 vs C++ library, median"),
                    absl::StrCat(Fmt(gibps, ""), " / ", Fmt(cpp, " GiB/s"), " = ", Fmt(ratio, "")),
                    absl::StrFormat("ratio >= %.1f", kMinRatio),
                    Verdict(ratio ? std::optional<bool>(*ratio >= kMinRatio) : std::nullopt)});

@@ -14,7 +14,8 @@ arrays at a time, and prints one JSON object on stdout:
    "cpu_seconds_per_gib": this process's CPU (user + system) per GiB over the measured passes,
    "baseline_rss_bytes":  resident set after importing and connecting, before any fetch,
    "peak_rss_bytes":      peak resident set of the process (getrusage ru_maxrss),
-   "malloc_tuning":       whether ckptd.malloc_tuning.tune_malloc_for_streaming() was applied}
+   "malloc_tuning":       whether ckptd.malloc_tuning.tune_malloc_for_streaming() was applied,
+   "path":                the fetch path measured: "native" (ckptd._native) or "grpcio"}
 
 The allocator policy the C++ client's ckptctl applies (ckptd.malloc_tuning) is applied first,
 as a program that fetches repeatedly would; `--no-malloc-tuning` leaves glibc's defaults.
@@ -25,7 +26,7 @@ measures Client.fetch_to_file into --out (default /dev/null).
 
 `--stdin-passes` lets another program interleave its own passes with these (the bench harness
 alternates them with the C++ library's): the script prints `ready` once connected, then runs one
-pass per `go` line on stdin, printing `{"gibps", "bytes", "seconds"}` for it, and on `quit` (or end
+pass per `go` line on stdin, printing `{"gibps", "bytes", "seconds", "path"}` for it, and on `quit` (or end
 of input) prints the JSON object above, the first pass counting as the warm-up, and exits.
 
 Usage: python_fetch_bench.py --server HOST:PORT --checkpoint ID
@@ -87,6 +88,7 @@ def main():
     if not ranks:
         parser.error("--ranks is empty")
     client = ckptd.Client(args.server)
+    path = "native" if client.native_fetch else "grpcio"
 
     def fetch_rank(rank):
         kwargs = {"merged": True} if args.merged else {"dst_strategy": args.dst_strategy,
@@ -122,7 +124,7 @@ def main():
         sizes, seconds = one_pass()
         if args.stdin_passes:
             print(json.dumps({"gibps": sum(sizes) / seconds / (1 << 30), "bytes": sum(sizes),
-                              "seconds": seconds}), flush=True)
+                              "seconds": seconds, "path": path}), flush=True)
         return sizes, seconds
 
     if not more():
@@ -151,6 +153,7 @@ def main():
         "baseline_rss_bytes": baseline_rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "malloc_tuning": bool(tuned),
+        "path": path,
     }, sys.stdout)
     sys.stdout.write("\n")
     client.close()

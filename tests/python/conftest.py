@@ -33,6 +33,25 @@ def _sample_layouts():
     return {"d2col": d2col, "d6opt": d6opt}
 
 
+# ctest runs the fetching suites once per fetch path: CKPTD_PY_NATIVE=0 (grpcio) and =1 (the
+# native module ckptd._native). The native run skips when the module was not built: pytest exits
+# with SKIP_EXIT_CODE, which ctest reports as "Skipped" with this message; it fails instead when
+# CKPTD_PY_EXPECT_NATIVE=1 (CMake built it: it must import).
+NATIVE_RUN = os.environ.get("CKPTD_PY_NATIVE", "1").strip() != "0"
+SKIP_EXIT_CODE = 77  # tests/CMakeLists.txt: SKIP_RETURN_CODE of the native runs
+
+
+def pytest_collection_modifyitems(config, items):
+    from ckptd import _native_fetch
+    if not NATIVE_RUN or _native_fetch.available():
+        return
+    if os.environ.get("CKPTD_PY_EXPECT_NATIVE") == "1":
+        raise pytest.UsageError("CKPTD_PY_NATIVE=1 but ckptd._native does not import although "
+                                "CMake built it")
+    pytest.exit("native fetch path: ckptd._native was not built (needs pybind11-dev and "
+                "python3-dev); skipping this suite", returncode=SKIP_EXIT_CODE)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def environment():
     T.require_environment()

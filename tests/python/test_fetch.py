@@ -54,11 +54,13 @@ def test_fetch_equals_ckptctl_for_every_rank(demo, client, tmp_path, strategy):
             assert tuple(h - l for l, h in zip(info.box_lo, info.box_hi)) == info.local_shape
 
 
-def test_sample_covers_every_layout_kind(demo, client):
+def test_sample_covers_every_layout_kind(demo, client, monkeypatch):
     """The sample's dtypes and the three destinations exercise what the tests claim: bf16, fp16,
     fp32 and int32 scalars; an 8 -> 3 reshard with an optimizer-sharded source weight; a
-    destination with optimizer sharding; tiles assembled by the client."""
+    destination with optimizer sharding; tiles assembled by the client. The tiles are counted
+    in the grpcio path's receiver (the stream is the same on both paths)."""
     from ckptd import _fetch
+    monkeypatch.setenv("CKPTD_PY_NATIVE", "0")
     tiles = []
     original = _fetch.FetchReceiver._add_tiles
 
@@ -220,3 +222,62 @@ def test_python_fetch_bench_reports_what_it_fetched(demo, client):
         assert report["gibps"] > 0 and len(report["passes_gibps"]) == 1
         assert report["peak_rss_bytes"] >= report["baseline_rss_bytes"] > 0
         assert report["malloc_tuning"] is True
+
+
+def test_the_selected_fetch_path_is_the_one_taken(demo, client, tmp_path):
+    """CKPTD_PY_NATIVE picks the path (ctest runs this suite with 0 and 1): with 1 every fetch
+    method runs in ckptd._native (its counter moves), with 0 none does, so a silent fallback to
+    grpcio cannot pass the native run."""
+    from ckptd import _native_fetch
+    native = os.environ.get("CKPTD_PY_NATIVE", "1").strip() != "0"
+    assert client.native_fetch == native
+    before = _native_fetch.fetch_count()
+    client.fetch("demo", "d3", 1)
+    for _ in client.iter_fetch("demo", "d3", 2):
+        pass
+    client.fetch_to_file("demo", "d3", 0, path=tmp_path / "r0.ckpt")
+    assert _native_fetch.fetch_count() - before == (3 if native else 0)
+
+
+def test_iter_fetch_dropped_mid_stream_stops_the_fetch(demo, client):
+    """Dropping an iterator that still has tensors to deliver cancels its stream (on the
+    native path: its thread ends) and the client stays usable."""
+    import gc
+    import threading
+    stream = client.iter_fetch("demo", merged=True)
+    next(stream)
+    del stream
+    gc.collect()
+    for _ in range(100):
+        if not any(t.name == "ckptd-native-fetch" for t in threading.enumerate()):
+            break
+        import time
+        time.sleep(0.05)
+    assert not any(t.name == "ckptd-native-fetch" for t in threading.enumerate())
+    assert len(client.fetch("demo", merged=True)) == len(client.describe("demo").tensors)
+
+
+def test_fetch_to_file_aborted_by_its_progress_callback_leaves_no_file(demo, client, tmp_path):
+    class Stop(Exception):
+        pass
+
+    def progress(done, total):
+        if done > 0:
+            raise Stop(f"stop at {done} of {total}")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Stop):
+        client.fetch_to_file("demo", merged=True, path=out / "m.ckpt", progress=progress)
+    assert os.listdir(out) == []
+    assert len(client.fetch("demo", merged=True)) == len(client.describe("demo").tensors)
+
+
+def test_an_exception_in_iteration_cancels_and_the_client_stays_usable(demo, client):
+    names = []
+    with pytest.raises(ZeroDivisionError):
+        for name, _ in client.iter_fetch("demo", "d3", 0):
+            names.append(name)
+            1 / 0
+    assert len(names) == 1
+    assert list(client.fetch("demo", "d3", 0))[0] == names[0]

@@ -30,13 +30,19 @@ def test_pip_installs_the_package_with_generated_stubs(tmp_path):
         capture_output=True, text=True)
     assert install.returncode == 0, install.stdout + install.stderr
     # Outside the build tree: PYTHONPATH must not point at build/python.
+    # The pip-installed package has no native module: its fetches take the grpcio path even
+    # when the environment asks for the native one.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["CKPTD_PY_NATIVE"] = "1"
     probe = subprocess.run(
         [python, "-c",
          "import ckptd, ckptd.mindspore, ckptd._proto.ckpt_pb2_grpc as g, sys;"
+         "from ckptd import _native_fetch as n;"
          "print(ckptd.__file__); print(ckptd.__version__);"
-         "print(g.CheckpointServiceStub.__name__)"],
+         "print(g.CheckpointServiceStub.__name__);"
+         "print(n.available(), ckptd.Client('127.0.0.1:1').native_fetch)"],
         capture_output=True, text=True, env=env, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
-    path, version, stub = probe.stdout.split()
+    path, version, stub, available, native = probe.stdout.split()
     assert path.startswith(str(venv)) and version == "0.1.0" and stub == "CheckpointServiceStub"
+    assert available == "False" and native == "False"

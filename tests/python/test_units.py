@@ -214,7 +214,7 @@ def test_checksum_mismatch_names_tensor_and_byte_range():
     with pytest.raises(ckptd.DataLoss) as error:
         receive([summary(1, 200), header("w", "UInt8", [200], 200), rows_message(raw[:100]), bad],
                 checkpoint="run-1")
-    assert "checkpoint run-1 tensor w: bytes [140, 200) failed their XXH3_64 checksum" in \
+    assert "checkpoint run-1 tensor w: bytes [140, 200) failed their XXH3-64 checksum" in \
         error.value.message
     flipped = bytearray(rows_message(raw))
     flipped[10] ^= 0xFF  # inside the data
@@ -241,7 +241,7 @@ def test_tile_checksum_mismatch_fails_the_band_before_the_sink_sees_it(tmp_path)
                            band_rows=8)
         with pytest.raises(ckptd.DataLoss,
                            match=rf"tensor t: bytes \[{i * tile_bytes}, {(i + 1) * tile_bytes}\)"
-                                 r" failed their XXH3_64 checksum"):
+                                 r" failed their XXH3-64 checksum"):
             receive(start + [bad])
         # One tile per message: the single-part path.
         single = [tiles_message(values, [box], band_rows=8) for box in boxes]
@@ -251,7 +251,7 @@ def test_tile_checksum_mismatch_fails_the_band_before_the_sink_sees_it(tmp_path)
         single[i] = T.fetch_data(bytes(corrupt), part_bytes=one.part_bytes,
                                  part_checksums=one.part_checksums, tile_box=one.tile_box,
                                  band_rows=8)
-        with pytest.raises(ckptd.DataLoss, match=r"tensor t: .* failed their XXH3_64 checksum"):
+        with pytest.raises(ckptd.DataLoss, match=r"tensor t: .* failed their XXH3-64 checksum"):
             receive(start + single)
         # The file holds what the tensor's start wrote and nothing of the band.
         sizes = []

@@ -438,7 +438,7 @@ class FetchReceiver:
         # Whole stored chunks are checked only here (the server sends their stored checksum
         # without hashing them), so a mismatch may be corruption in the store or in transit.
         raise DataLoss(f"checkpoint {self._checkpoint} tensor {c.info.name}: bytes [{begin}, "
-                       f"{begin + size}) failed their XXH3_64 checksum (received {actual:x}, "
+                       f"{begin + size}) failed their XXH3-64 checksum (received {actual:x}, "
                        f"expected {expected:x}): corrupted in the server's store or in transit")
 
     def _end_tensor(self, where: str) -> None:

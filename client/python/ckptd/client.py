@@ -13,6 +13,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 
+from ckptd import _native_fetch
 from ckptd import _wire
 from ckptd import dtypes
 from ckptd._ckpt_file import AtomicFile, CkptFileSink, CkptReader, TensorStart, upload_stream
@@ -303,6 +304,15 @@ class Client:
             self._channel = grpc.secure_channel(self.address, credentials, options)
         else:
             self._channel = grpc.insecure_channel(self.address, options)
+        # The native fetch path (ckptd/_native_fetch.py): a C++ channel with the same options.
+        self._native = None
+        if _native_fetch.available():
+            self._native = _native_fetch.Connection(
+                self.address, None if token_file is None else os.fspath(token_file),
+                None if tls_ca is None else os.fspath(tls_ca),
+                None if tls_cert is None else os.fspath(tls_cert),
+                None if tls_key is None else os.fspath(tls_key), self.timeout,
+                _STREAM_WINDOW_BYTES)
         self._stub = ckpt_pb2_grpc.CheckpointServiceStub(self._channel)
         # Fetch and Upload bypass the generated (de)serializers: data messages are read in
         # place and written around the file's bytes.
@@ -314,7 +324,9 @@ class Client:
             response_deserializer=pb.UploadResponse.FromString)
 
     def close(self) -> None:
-        """Closes the channel; calls in progress are cancelled."""
+        """Closes the channel; calls in progress are cancelled (native fetches in progress run
+        to their end)."""
+        self._native = None  # later fetches fail as the closed grpcio channel makes them
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -326,6 +338,13 @@ class Client:
 
     def __repr__(self) -> str:
         return f"ckptd.Client({self.address!r})"
+
+    @property
+    def native_fetch(self) -> bool:
+        """Whether fetches take the native path (ckptd._native built and $CKPTD_PY_NATIVE not
+        "0"); see docs/python.md."""
+        return (self._native is not None and _native_fetch.enabled() and
+                self._native.client() is not None)
 
     def _unary(self, method, request):
         try:
@@ -524,6 +543,9 @@ class Client:
         is held besides what the caller keeps."""
         request = self._fetch_request(checkpoint, dst_strategy, rank, merged, include, exclude,
                                       strict)
+        if self.native_fetch:
+            return _native_fetch.NativeFetchIterator(self._native, request.SerializeToString(),
+                                                     upcast)
         call = _Prefetcher(self._fetch(request, metadata=self._metadata), _PREFETCH_MESSAGES)
         return FetchIterator(call, lambda sink: FetchReceiver(checkpoint, sink), self.address,
                              upcast)
@@ -544,6 +566,13 @@ class Client:
         from the destination strategy instead of delivering them whole.
         """
         result = FetchedRank()
+        if self.native_fetch:
+            request = self._fetch_request(checkpoint, dst_strategy, rank, merged, include,
+                                          exclude, strict)
+            result.info = {}
+            result.summary = _native_fetch.fetch(self._native, request.SerializeToString(),
+                                                 upcast, result, result.info)
+            return result
         with self.iter_fetch(checkpoint, dst_strategy, rank, merged=merged, include=include,
                              exclude=exclude, strict=strict, upcast=upcast) as stream:
             for name, array in stream:
@@ -566,6 +595,9 @@ class Client:
         Returns the plan summary."""
         request = self._fetch_request(checkpoint, dst_strategy, rank, merged, include, exclude,
                                       strict)
+        if self.native_fetch and _native_fetch.file_supported(os.fspath(path)):
+            return _native_fetch.fetch_to_file(self._native, request.SerializeToString(),
+                                               os.fspath(path), progress)
         with AtomicFile(path) as out:
             sink = CkptFileSink(out)
             receiver = FetchReceiver(checkpoint, sink, progress)
