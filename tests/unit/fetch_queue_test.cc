@@ -164,8 +164,10 @@ TEST(FetchAdmissionTest, AdmitsInArrivalOrderAndPassesFreedSlotsToTheOldestWaite
 }
 
 // Many more streams than slots, each run by a pool of threads that holds its slot for a while:
-// every one is admitted, in about the order they arrived, and never more than the limit at once.
-TEST(FetchAdmissionTest, ManyMoreStreamsThanSlotsAllRunInArrivalOrder) {
+// every one is admitted, and never more than the limit at once. (The order of admission is
+// checked by the test above, deterministically: here a thread that frees a slot may be
+// descheduled before the next waiter's callback records it, however FIFO the hand-over is.)
+TEST(FetchAdmissionTest, ManyMoreStreamsThanSlotsAllRunNeverMoreThanTheLimitAtOnce) {
   constexpr int kLimit = 4, kStreams = 200, kRunners = 8;
   FetchAdmission admission(kLimit);
   std::mutex mu;
@@ -207,12 +209,9 @@ TEST(FetchAdmissionTest, ManyMoreStreamsThanSlotsAllRunInArrivalOrder) {
   EXPECT_EQ(finished, kStreams);
   EXPECT_LE(peak, kLimit);
   EXPECT_GT(admission.waited_total(), 0);
-  // Slots are handed out in arrival order; the callbacks of slots freed at the same moment on
-  // different threads may run in either order, so a stream is overtaken by fewer than the limit.
   ASSERT_EQ(order.size(), static_cast<size_t>(kStreams));
-  for (int p = 0; p < kStreams; ++p) {
-    EXPECT_LT(std::abs(order[p] - p), kLimit) << "stream " << order[p] << " admitted " << p << "th";
-  }
+  std::sort(order.begin(), order.end());
+  for (int p = 0; p < kStreams; ++p) EXPECT_EQ(order[p], p) << "admitted twice or never";
   EXPECT_EQ(admission.active(), 0);
 }
 
