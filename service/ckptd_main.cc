@@ -60,7 +60,7 @@ struct Flags {
   }
 };
 
-// Where ckptd listens and keeps its data, and how much memory and disk it uses.
+// Where ckptd listens and keeps its data, and how much memory and disk its store uses.
 void AddServerFlags(CLI::App& app, Flags& f) {
   app.add_option("--listen", f.options.listen, "Address to listen on (port 0: any free port)")
       ->envname("CKPTD_LISTEN")
@@ -92,6 +92,11 @@ void AddServerFlags(CLI::App& app, Flags& f) {
       ->envname("CKPTD_MAP_BUDGET_MIB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+}
+
+// Streams and connections: fetch send budgets, sharing and admission, upload limits, stalls,
+// shutdown and idle connections.
+void AddStreamFlags(CLI::App& app, Flags& f) {
   app.add_option("--stream-inflight-mib", f.stream_mib,
                  "Fetch bytes a lone stream queues (MiB); open streams share it equally")
       ->envname("CKPTD_STREAM_INFLIGHT_MIB")
@@ -243,6 +248,7 @@ int main(int argc, char** argv) {
   // CKPT_VERSION is the CMake project version (service/CMakeLists.txt).
   app.set_version_flag("--version", "ckptd " CKPT_VERSION, "Print the version and exit");
   AddServerFlags(app, flags);
+  AddStreamFlags(app, flags);
   AddJobFlags(app, flags);
   AddSecurityFlags(app, flags);
   AddLogFlags(app, flags);
