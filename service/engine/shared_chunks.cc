@@ -48,44 +48,64 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
                                                                const FetchCohort* cohort,
                                                                const void* taker) {
   const Key key{address.data_id, address.tensor, address.blob, address.chunk, checksum};
-  std::shared_ptr<Read> read;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++stats_.requests;
-    Entry& entry = entries_[key];
-    if (std::shared_ptr<StreamChunk> live = entry.live.lock(); live && !live->corrupt()) {
-      if (entry.cached) {
-        ++stats_.cache_hits;
-        TakenLocked(entry, taker);
-      } else {
-        ++stats_.live_hits;
-      }
-      lock.unlock();
-      if (absl::Status s = VerifyShared(key, live); !s.ok()) return s;
-      return live;
-    }
-    if (entry.in_flight) {
-      // Another stream is reading it: wait for that read. The Read stays valid through our
-      // reference even after the reader has erased it from the entry.
-      std::shared_ptr<Read> joined = entry.in_flight;
-      ++stats_.joined_reads;
-      read_done_.wait(lock, [&] { return joined->done; });
-      if (!joined->status.ok()) return joined->status;
-      std::shared_ptr<StreamChunk> chunk = joined->chunk;
-      // The table may have changed while waiting: find the entry again.
-      if (auto it = entries_.find(key);
-          it != entries_.end() && it->second.cached && it->second.live.lock() == chunk) {
-        TakenLocked(it->second, taker);
-      }
-      lock.unlock();
-      if (absl::Status s = VerifyShared(key, chunk); !s.ok()) return s;
-      return chunk;
-    }
-    read = std::make_shared<Read>();
-    entry.in_flight = read;
-    MaybeSweepLocked();
+  Shared shared = Share(key, taker, /*count=*/true);
+  if (shared.kept_copy_damaged) {
+    // The copy kept from an earlier read is damaged (and now forgotten): the store may hold
+    // good bytes (the damage was mended, or was in memory only). Read once more rather than fail.
+    shared = Share(key, taker, /*count=*/false);
   }
+  if (!shared.status.ok()) return shared.status;
+  if (shared.chunk) return shared.chunk;
+  return ReadForAll(key, address, std::move(shared.to_fill), cohort, taker);
+}
 
+SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool count) {
+  Shared out;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (count) ++stats_.requests;
+  Entry& entry = entries_[key];
+  if (std::shared_ptr<StreamChunk> live = entry.live.lock(); live && !live->corrupt()) {
+    if (entry.cached) {
+      ++stats_.cache_hits;
+      TakenLocked(entry, taker);
+    } else {
+      ++stats_.live_hits;
+    }
+    lock.unlock();
+    out.status = VerifyShared(key, live);
+    out.kept_copy_damaged = !out.status.ok();
+    if (out.status.ok()) out.chunk = std::move(live);
+    return out;
+  }
+  if (entry.in_flight) {
+    // Another stream is reading it: wait for that read. The Read stays valid through our
+    // reference even after the reader has erased it from the entry.
+    std::shared_ptr<Read> joined = entry.in_flight;
+    ++stats_.joined_reads;
+    read_done_.wait(lock, [&] { return joined->done; });
+    out.status = joined->status;
+    if (!out.status.ok()) return out;
+    std::shared_ptr<StreamChunk> chunk = joined->chunk;
+    // The table may have changed while waiting: find the entry again.
+    if (auto it = entries_.find(key);
+        it != entries_.end() && it->second.cached && it->second.live.lock() == chunk) {
+      TakenLocked(it->second, taker);
+    }
+    lock.unlock();
+    // Bytes just read from the store: damage is the store's, and reading again would not help.
+    out.status = VerifyShared(key, chunk);
+    if (out.status.ok()) out.chunk = std::move(chunk);
+    return out;
+  }
+  out.to_fill = std::make_shared<Read>();
+  entry.in_flight = out.to_fill;
+  MaybeSweepLocked();
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(
+    const Key& key, const ChunkAddress& address, std::shared_ptr<Read> read,
+    const FetchCohort* cohort, const void* taker) {
   // This thread reads for every requester of the chunk. Nothing here depends on the stream that
   // asked first: the result goes to the Read, which the waiters hold.
   auto data = store_->ReadChunkUnverified(address);
@@ -94,7 +114,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
     chunk = std::make_shared<StreamChunk>();
     chunk->address = address;
     chunk->data = *std::move(data);
-    chunk->checksum = checksum;
+    chunk->checksum = key.checksum;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -48,7 +48,10 @@
 // chunk costs one hash for all its sharers. A chunk that fails verification is DATA_LOSS for every
 // stream that holds it or asks for it while it is shared, and is dropped from the cache and the
 // in-flight and live tables at once: failures are never cached, a later request reads the chunk
-// from the store again (and fails again if the stored bytes are damaged). Read errors (NOT_FOUND,
+// from the store again (and fails again if the stored bytes are damaged). A chunk kept in the
+// cache after a lone stream sent it whole (its client, not the server, found the damage) is found
+// damaged only when the next stream asks for it: that stream forgets it and reads the store once
+// more, so mended bytes are served rather than the old damage. Read errors (NOT_FOUND,
 // I/O) are returned to the streams that waited for that read and not remembered either.
 //
 // Thread-safe: every method may be called from any thread. Get may block while another thread
@@ -202,7 +205,8 @@ class SharedChunks {
   // The chunk at `address` whose manifest checksum is `checksum`: shared with every other stream
   // that holds it or is reading it, read from the store otherwise. A chunk that another stream
   // also has is verified before it is returned (DATA_LOSS when damaged); a chunk read for this
-  // caller alone is returned unverified. Errors of the store read are returned as the store gave
+  // caller alone is returned unverified. A damaged copy kept from an earlier read is forgotten
+  // and the chunk read again from the store, once, before DATA_LOSS is returned. Errors of the store read are returned as the store gave
   // them, to every caller that waited for that read.
   // `cohort`: the caller's cohort (null: none), whose open members are the takers the chunk is
   // kept for; `taker` identifies the calling stream, so that a stream asking again for a chunk
@@ -257,6 +261,24 @@ class SharedChunks {
     List::iterator lru_it;
   };
 
+  // What Share found for a key: an error, a chunk to share, or (neither) a Read the caller is
+  // to fill from the store.
+  struct Shared {
+    absl::Status status;
+    std::shared_ptr<StreamChunk> chunk;
+    std::shared_ptr<Read> to_fill;
+    bool kept_copy_damaged = false;  // status: DATA_LOSS of a copy kept from an earlier read
+  };
+  // Looks `key` up: a live or cached copy (verified), another stream's read in flight (waited
+  // for, verified), or else registers a Read in flight for the caller. `count`: counts a request.
+  Shared Share(const Key& key, const void* taker, bool count);
+  // Reads `key` from the store for every requester waiting on `read`, keeps it for the cohort,
+  // and returns it unverified.
+  absl::StatusOr<std::shared_ptr<StreamChunk>> ReadForAll(const Key& key,
+                                                          const ChunkAddress& address,
+                                                          std::shared_ptr<Read> read,
+                                                          const FetchCohort* cohort,
+                                                          const void* taker);
   // Verifies `chunk` as the second or later sharer: counts the bytes hashed, and on DATA_LOSS
   // forgets the chunk so that nobody else is handed it.
   absl::Status VerifyShared(const Key& key, const std::shared_ptr<StreamChunk>& chunk);
