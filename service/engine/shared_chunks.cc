@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 
 namespace ckpt {
 
@@ -49,14 +50,25 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
                                                                const void* taker) {
   const Key key{address.data_id, address.tensor, address.blob, address.chunk, checksum};
   Shared shared = Share(key, taker, /*count=*/true);
-  if (shared.kept_copy_damaged) {
-    // The copy kept from an earlier read is damaged (and now forgotten): the store may hold
-    // good bytes (the damage was mended, or was in memory only). Read once more rather than fail.
-    shared = Share(key, taker, /*count=*/false);
+  if (!shared.kept_copy_damaged) {
+    if (!shared.status.ok()) return shared.status;
+    if (shared.chunk) return shared.chunk;
+    return ReadForAll(key, address, std::move(shared.to_fill), cohort, taker);
   }
+  // The copy kept from an earlier read is damaged (and now forgotten): the store may hold good
+  // bytes (the damage was mended, or was in memory only). Ask once more; what comes back is
+  // verified here, so damage still in the store is DATA_LOSS from the server.
+  shared = Share(key, taker, /*count=*/false);
   if (!shared.status.ok()) return shared.status;
-  if (shared.chunk) return shared.chunk;
-  return ReadForAll(key, address, std::move(shared.to_fill), cohort, taker);
+  std::shared_ptr<StreamChunk> chunk = std::move(shared.chunk);
+  if (!chunk) {
+    absl::StatusOr<std::shared_ptr<StreamChunk>> read =
+        ReadForAll(key, address, std::move(shared.to_fill), cohort, taker);
+    if (!read.ok()) return read.status();
+    chunk = *std::move(read);
+    CKPT_RETURN_IF_ERROR(VerifyShared(key, chunk));
+  }
+  return chunk;
 }
 
 SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool count) {
