@@ -149,6 +149,12 @@ void AddStreamFlags(CLI::App& app, Flags& f) {
       ->envname("CKPTD_MAX_STREAMS_PER_CONNECTION")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app.add_option("--max-connections", f.options.max_connections,
+                 "Client TCP connections served at once; one more is closed at accept and its "
+                 "client retries (0: no maximum)")
+      ->envname("CKPTD_MAX_CONNECTIONS")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24))
+      ->capture_default_str();
 }
 
 // Transform jobs.

@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
   if (std::optional<TcpListenAddress> tcp = ParseTcpListenAddress(options.listen)) {
     CKPT_ASSIGN_OR_RETURN(s->acceptor_, TcpAcceptor::Listen(*tcp, options.drain_timeout));
     s->port_ = s->acceptor_->port();
+    s->acceptor_->set_max_connections(options.max_connections);
     s->connections_ = builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
   } else {

@@ -50,11 +50,13 @@ struct ServerOptions {
   // Connections: the server pings a connection silent for keepalive_time and closes it when no
   // answer comes within keepalive_timeout (a peer that vanished); a connection without calls
   // for max_connection_idle is closed (clients reconnect on their next call; zero: never); at
-  // most max_streams_per_connection calls run at once on one connection.
+  // most max_streams_per_connection calls run at once on one connection; at most
+  // max_connections TCP connections are served at once (0: no maximum; tcp_acceptor.h).
   absl::Duration keepalive_time = absl::Seconds(60);
   absl::Duration keepalive_timeout = absl::Seconds(20);
   absl::Duration max_connection_idle = absl::Minutes(5);
   int max_streams_per_connection = 1024;
+  int64_t max_connections = 4096;
   StoreOptions store;
   ManagerOptions manager;
   ServiceOptions service;

@@ -240,6 +240,7 @@ bool TcpAcceptor::Hold(int fd) {
   c.ino = st.st_ino;
   std::lock_guard<std::mutex> lock(mu_);
   held_.push_back(c);
+  ++in_grpc_;
   KeptSockets& kept = Kept();
   std::lock_guard<std::mutex> kept_lock(kept.mu);
   kept.by_fd[fd] = KeptSocket{st.st_dev, st.st_ino, reaper_wake_fd_};
@@ -302,6 +303,7 @@ int TcpAcceptor::SweepLocked(absl::Time now, Sweep sweep) {
         // gRPC closed its descriptor: the socket is TcpAcceptor's alone from now on.
         c.released = true;
         c.released_at = now;
+        --in_grpc_;
         KeptSockets& kept = Kept();
         {
           std::lock_guard<std::mutex> lock(kept.mu);
@@ -327,6 +329,7 @@ int TcpAcceptor::SweepLocked(absl::Time now, Sweep sweep) {
       if (!done && now - c.released_at >= linger_) done = expired = true;
     }
     if (done) {
+      if (!c.released) --in_grpc_;
       Release(c, now, expired);
       held_[i] = held_.back();
       held_.pop_back();
@@ -404,6 +407,26 @@ void TcpAcceptor::Stop() {
   listeners_.clear();
 }
 
+bool TcpAcceptor::RefusedOverMaximum(int fd) {
+  if (max_connections_ <= 0) return false;
+  int64_t in_use = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_use = in_grpc_;
+  }
+  if (in_use < max_connections_) return false;
+  close(fd);
+  const int64_t refused = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // One line for the first refusal and then one per 1000, so a flood cannot flood the log.
+  if (refused % 1000 == 1) {
+    spdlog::warn(
+        "event=accept action=refuse reason=max_connections connections={} "
+        "max_connections={} refused={} (raise --max-connections, or add replicas)",
+        in_use, max_connections_, refused);
+  }
+  return true;
+}
+
 void TcpAcceptor::Loop(grpc::experimental::ExternalConnectionAcceptor* handler) {
   std::vector<pollfd> fds;
   for (int fd : listeners_) fds.push_back({fd, POLLIN, 0});
@@ -428,6 +451,7 @@ void TcpAcceptor::Loop(grpc::experimental::ExternalConnectionAcceptor* handler) 
       while (true) {
         const int fd = accept4(fds[i].fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
+          if (RefusedOverMaximum(fd)) continue;
           const int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           Hold(fd);  // not held when dup() fails: gRPC alone ends it

@@ -84,9 +84,16 @@ class TcpAcceptor {
   // Stops accepting and closes the listening sockets; held connections are still seen to their
   // end (held()). Idempotent.
   void Stop();
-  // Connections accepted, and connections closed at once for want of descriptors.
+  // At most `max` connections that gRPC still uses at once (0: no maximum). A connection beyond
+  // it is closed as soon as it is accepted, before gRPC sees it: its client gets UNAVAILABLE and
+  // retries with its backoff. Connections gRPC has let go (ending, above) do not count. Call
+  // before Start().
+  void set_max_connections(int64_t max) { max_connections_ = max; }
+  // Connections accepted, connections closed at once for want of descriptors, and connections
+  // refused for being over the maximum.
   int64_t accepted() const { return accepted_.load(); }
   int64_t shed() const { return shed_.load(); }
+  int64_t refused() const { return refused_.load(); }
 
   // Connections whose socket TcpAcceptor still holds: `open` in all, `released` of them closed
   // by gRPC (ending), and `unacknowledged` of them with `unacknowledged_bytes` sent but not yet
@@ -117,6 +124,8 @@ class TcpAcceptor {
 
   TcpAcceptor() = default;
   void Loop(grpc::experimental::ExternalConnectionAcceptor* handler);
+  // Closes `fd` at once when gRPC already uses max_connections_ connections; true when it did.
+  bool RefusedOverMaximum(int fd);
   // Duplicates `fd` (gRPC's, about to be handed over) and holds it; false when dup() failed.
   bool Hold(int fd);
   // The reaper thread: waits for events and sweeps the held connections.
@@ -145,9 +154,12 @@ class TcpAcceptor {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> shed_{0};
+  std::atomic<int64_t> refused_{0};
+  int64_t max_connections_ = 0;  // set before Start()
 
   mutable std::mutex mu_;
   std::vector<Connection> held_;  // guarded by mu_
+  int64_t in_grpc_ = 0;           // held_ entries not released; guarded by mu_
   bool reaper_stopping_ = false;  // guarded by mu_
 };
 

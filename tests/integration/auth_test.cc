@@ -376,31 +376,36 @@ TEST_F(TlsServerTest, WritersCancelOnlyTheirOwnJobsAndLimitsArePerPrincipal) {
   }
   EXPECT_TRUE(again.ok()) << again;
 
-  // Uploads: an open upload stream of the writer blocks its second.
-  grpc::ClientContext upload_ctx;
-  upload_ctx.AddMetadata("authorization", "Bearer " + Token(pki_, "writer"));
-  v1::UploadResponse upload_response;
-  auto upload = stub->Upload(&upload_ctx, &upload_response);
-  v1::UploadRequest header;
-  header.mutable_header()->set_checkpoint_id("partial");
-  header.mutable_header()->set_source_strategy("src");
-  header.mutable_header()->set_rank(0);
-  ASSERT_TRUE(upload->Write(header));
+  // Uploads: an open upload stream of the writer blocks its second. The held stream and the
+  // probe travel on different channels, so the probe may reach the server first and take the
+  // writer's one slot (the held stream is then the one refused): each round holds a fresh stream
+  // and probes a checkpoint of its own, until a probe meets the held stream.
   absl::Status second_upload;
-  // Until the server has seen the first stream (its header may still be on its way): each try
-  // uploads to a checkpoint of its own, so that one that got through does not spoil the next.
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < 50; ++i) {
+    grpc::ClientContext upload_ctx;
+    upload_ctx.AddMetadata("authorization", "Bearer " + Token(pki_, "writer"));
+    v1::UploadResponse upload_response;
+    auto upload = stub->Upload(&upload_ctx, &upload_response);
+    v1::UploadRequest header;
+    header.mutable_header()->set_checkpoint_id("partial");
+    header.mutable_header()->set_source_strategy("src");
+    header.mutable_header()->set_rank(0);
+    // Refused while the previous round's stream still held the slot: a new round.
+    if (!upload->Write(header)) {
+      (void)upload->Finish();
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * i));
     second_upload =
         (*writer)
             ->UploadRank(absl::StrCat("probe", i), "src", 1, dir_ / "big/rank_1/sample-1_10.ckpt")
             .status();
+    upload_ctx.TryCancel();
+    (void)upload->Finish();
     if (second_upload.code() == absl::StatusCode::kResourceExhausted) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(second_upload.code(), absl::StatusCode::kResourceExhausted) << second_upload;
   EXPECT_THAT(second_upload.message(), HasSubstr("--max-uploads-per-principal"));
-  upload_ctx.TryCancel();
-  (void)upload->Finish();
   EXPECT_THAT(server_->Log(), HasSubstr("method=CancelJob"));
 }
 

@@ -271,5 +271,50 @@ TEST_F(StallTest, RunningOutOfDescriptorsDoesNotCostTheListener) {
   EXPECT_EQ(response.checkpoints_size(), 1);
 }
 
+// Beyond --max-connections, a new connection is closed at once: its call fails UNAVAILABLE
+// without reaching a handler, the connections already served go on, the log says why, and a
+// connection is accepted again once one of the others has gone.
+TEST_F(StallTest, ConnectionsBeyondTheMaximumAreRefusedAndServedAgainOnceOthersGo) {
+  // client_ (Start's own) and one more fill the maximum of 2.
+  Start({{"CKPTD_MAX_CONNECTIONS", "2"}}, 1);
+  ASSERT_FALSE(HasFailure());
+  auto list = [](v1::CheckpointService::Stub& stub) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListCheckpointsResponse response;
+    return stub.ListCheckpoints(&context, v1::ListCheckpointsRequest(), &response);
+  };
+  auto second = NarrowStub();
+  ASSERT_TRUE(list(*second).ok());
+  {
+    auto third = NarrowStub();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::ListCheckpointsResponse response;
+    const grpc::Status refused =
+        third->ListCheckpoints(&context, v1::ListCheckpointsRequest(), &response);
+    EXPECT_FALSE(refused.ok());
+    EXPECT_THAT(refused.error_code(), ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE,
+                                                       grpc::StatusCode::DEADLINE_EXCEEDED))
+        << refused.error_message();
+  }
+  EXPECT_THAT(server_->Log(), HasSubstr("reason=max_connections connections=2 max_connections=2"));
+  EXPECT_THAT(server_->Log(), Not(HasSubstr("method=ListCheckpoints status=UNAVAILABLE")));
+  // The connections already served are not affected.
+  EXPECT_TRUE(list(*second).ok());
+  EXPECT_TRUE(client_->ListCheckpoints().ok());
+  // One of them goes: a new connection is served (within the acceptor's once-a-second look at
+  // which connections gRPC still uses).
+  second.reset();
+  grpc::Status again;
+  for (int i = 0; i < 50; ++i) {
+    auto fourth = NarrowStub();
+    again = list(*fourth);
+    if (again.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_code() << " " << again.error_message();
+}
+
 }  // namespace
 }  // namespace ckpt

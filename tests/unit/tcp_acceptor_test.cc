@@ -82,10 +82,11 @@ int64_t FillSocket(int fd) {
 
 class TcpAcceptorTest : public ::testing::Test {
  protected:
-  void Start(absl::Duration linger) {
+  void Start(absl::Duration linger, int64_t max_connections = 0) {
     auto a = TcpAcceptor::Listen(TcpListenAddress{"127.0.0.1", 0}, linger);
     ASSERT_TRUE(a.ok()) << a.status();
     acceptor_ = std::move(*a);
+    acceptor_->set_max_connections(max_connections);
     acceptor_->Start(&grpc_);
   }
   // A connected client socket (blocking); `receive_buffer` > 0 sets SO_RCVBUF before connecting,
@@ -248,10 +249,33 @@ TEST_F(TcpAcceptorTest, AClientWithEveryByteThatNeverClosesIsLetGoAfterTheAckedL
   ASSERT_GE(server, 0);
   EndAsGrpc(server);
   EXPECT_TRUE(Eventually([&] { return acceptor_->held().released == 1; }, absl::Seconds(3)));
-  EXPECT_EQ(acceptor_->held().unacknowledged, 0);
+  // The client's kernel acknowledges the FIN late (a socket that receives a FIN delays its ACK,
+  // hoping to send it with its own FIN): until then the FIN is the one unacknowledged byte.
+  EXPECT_TRUE(Eventually([&] { return acceptor_->held().unacknowledged == 0; }, absl::Seconds(1)));
   EXPECT_EQ(acceptor_->held().open, 1);
   EXPECT_TRUE(Eventually([&] { return acceptor_->held().open == 0; },
                          TcpAcceptor::kAckedLinger + absl::Seconds(3)));
+}
+
+// Beyond the maximum, a connection is closed before gRPC sees it; once gRPC lets go of one of
+// its connections, the next is handed over again.
+TEST_F(TcpAcceptorTest, ConnectionsBeyondTheMaximumAreClosedBeforeGrpcSeesThem) {
+  Start(absl::Seconds(30), /*max_connections=*/2);
+  Connect();
+  Connect();
+  const int first = grpc_.Next();
+  ASSERT_GE(first, 0);
+  ASSERT_GE(grpc_.Next(), 0);
+  const int third = Connect();
+  EXPECT_TRUE(ReadsEndOfStream(third, absl::Seconds(3)));
+  EXPECT_TRUE(Eventually([&] { return acceptor_->refused() == 1; }, absl::Seconds(3)));
+  EXPECT_EQ(acceptor_->accepted(), 2);
+  EndAsGrpc(first);
+  // gRPC's shutdown() wakes the acceptor, which sees the descriptor closed within a sweep.
+  EXPECT_TRUE(Eventually([&] { return acceptor_->held().released == 1; }, absl::Seconds(3)));
+  Connect();
+  EXPECT_GE(grpc_.Next(), 0);
+  EXPECT_EQ(acceptor_->refused(), 1);
 }
 
 }  // namespace
