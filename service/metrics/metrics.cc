@@ -218,6 +218,12 @@ class StatsCollectable final : public prometheus::Collectable {
             s.fetch_replicas_left_behind());
     Gauge(out, "ckptd_fetch_in_flight_bytes", "Fetch bytes queued for sending now, server-wide",
           s.fetch_bytes_in_flight());
+    Gauge(out, "ckptd_connections", "TCP connections served now", s.connections());
+    Counter(out, "ckptd_connections_refused_total",
+            "Connections closed at accept for being over --max-connections",
+            s.connections_refused());
+    Counter(out, "ckptd_connections_shed_total",
+            "Connections closed at accept for want of file descriptors", s.connections_shed());
     Gauge(out, "ckptd_upload_streams", "Upload streams open now", s.upload_streams());
     Gauge(out, "ckptd_pending_uploads", "Checkpoints being uploaded, not committed yet",
           s.pending_uploads());

@@ -328,6 +328,7 @@ v1::ServerStats CheckpointServiceImpl::Stats() {
   const SharedChunkStats shared = manager_->shared_chunks()->stats();
   out.set_fetch_pace_waits(shared.pace_waits);
   out.set_fetch_replicas_left_behind(shared.left_behind);
+  if (connection_source_) connection_source_(&out);
   const ProcessMemory memory = ReadProcessMemory();
   out.set_rss_bytes(memory.rss_bytes);
   out.set_peak_rss_bytes(memory.peak_rss_bytes);

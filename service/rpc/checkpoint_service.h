@@ -138,6 +138,11 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   // What GetStats returns: the service's, the engine's and the store's counters and gauges now.
   // Cheap enough to call per metrics scrape (CheckpointManager::Summarize). Thread-safe.
   v1::ServerStats Stats();
+  // Where Stats() takes the connection counts from (fills connections*). Call before the server
+  // starts; `source` must stay valid while the service is used. Unset: zeros.
+  void SetConnectionSource(std::function<void(v1::ServerStats*)> source) {
+    connection_source_ = std::move(source);
+  }
 
   CheckpointManager* manager() const { return manager_; }
   JobRunner* jobs() const { return jobs_; }
@@ -158,6 +163,7 @@ class CheckpointServiceImpl final : public v1::CheckpointService::WithRawCallbac
   }
 
  private:
+  std::function<void(v1::ServerStats*)> connection_source_;  // set before serving
   // Authorizes the call, then runs `fn` (taking no argument, or the caller's const Principal&)
   // on the executor and finishes with its status. Mutating methods (auth_policy.h) are audited
   // with what `target` returns after `fn` ran (e.g. "checkpoint=ID").

@@ -170,6 +170,11 @@ absl::StatusOr<std::unique_ptr<CkptServer>> CkptServer::Start(ServerOptions opti
     CKPT_ASSIGN_OR_RETURN(s->acceptor_, TcpAcceptor::Listen(*tcp, options.drain_timeout));
     s->port_ = s->acceptor_->port();
     s->acceptor_->set_max_connections(options.max_connections);
+    s->service_->SetConnectionSource([acceptor = s->acceptor_.get()](v1::ServerStats* out) {
+      out->set_connections(acceptor->connections());
+      out->set_connections_refused(acceptor->refused());
+      out->set_connections_shed(acceptor->shed());
+    });
     s->connections_ = builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
   } else {

@@ -382,6 +382,11 @@ void TcpAcceptor::Reap() {
   }
 }
 
+int64_t TcpAcceptor::connections() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_grpc_;
+}
+
 TcpAcceptor::Held TcpAcceptor::held() const {
   Held h;
   std::lock_guard<std::mutex> lock(mu_);

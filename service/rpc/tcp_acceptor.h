@@ -94,6 +94,8 @@ class TcpAcceptor {
   int64_t accepted() const { return accepted_.load(); }
   int64_t shed() const { return shed_.load(); }
   int64_t refused() const { return refused_.load(); }
+  // Connections gRPC uses now (held and not released; counted against the maximum).
+  int64_t connections() const;
 
   // Connections whose socket TcpAcceptor still holds: `open` in all, `released` of them closed
   // by gRPC (ending), and `unacknowledged` of them with `unacknowledged_bytes` sent but not yet

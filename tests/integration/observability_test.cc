@@ -270,6 +270,9 @@ TEST_F(ObservabilityTest, MetricsEndpointPassesPromtoolAndPrometheusScrapesIt) {
   EXPECT_GT(Sample(m, "ckptd_disk_free_bytes"), 0) << m;
   EXPECT_EQ(Sample(m, "ckptd_fetch_streams"), 0) << m;
   EXPECT_EQ(Sample(m, "ckptd_upload_streams"), 0) << m;
+  EXPECT_GE(Sample(m, "ckptd_connections"), 0) << m;  // present (-1: missing)
+  EXPECT_EQ(Sample(m, "ckptd_connections_refused_total"), 0) << m;
+  EXPECT_EQ(Sample(m, "ckptd_connections_shed_total"), 0) << m;
   EXPECT_EQ(Sample(m, "ckptd_jobs{state=\"running\"}"), 0) << m;
   EXPECT_EQ(Sample(m, "ckptd_data_loss_total{source=\"rpc\"}"), 0) << m;
   EXPECT_GE(Sample(m, "ckptd_store_mapped_bytes"), 0) << m;

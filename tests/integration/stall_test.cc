@@ -300,6 +300,11 @@ TEST_F(StallTest, ConnectionsBeyondTheMaximumAreRefusedAndServedAgainOnceOthersG
   }
   EXPECT_THAT(server_->Log(), HasSubstr("reason=max_connections connections=2 max_connections=2"));
   EXPECT_THAT(server_->Log(), Not(HasSubstr("method=ListCheckpoints status=UNAVAILABLE")));
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->connections(), 2);
+  EXPECT_GE(stats->connections_refused(), 1);
+  EXPECT_EQ(stats->connections_shed(), 0);
   // The connections already served are not affected.
   EXPECT_TRUE(list(*second).ok());
   EXPECT_TRUE(client_->ListCheckpoints().ok());
