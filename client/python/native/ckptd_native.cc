@@ -204,15 +204,7 @@ class FileVisitor final : public TensorVisitor {
     return Report();
   }
   absl::Status OnTensor(const v1::FetchTensorHeader& header) override {
-    absl::StatusOr<DType> dtype = ParseDType(header.dtype());
-    if (!dtype.ok()) {
-      return absl::InternalError(
-          absl::StrCat("tensor ", header.name(), " from the server: ", dtype.status().message()));
-    }
-    // MindSpore stores scalars with empty dims and str values with dims [0].
-    std::vector<int64_t> dims(header.local_shape().begin(), header.local_shape().end());
-    if (*dtype == DType::kStr) dims = {0};
-    return writer_.BeginTensor(header.name(), *dtype, dims, header.total_bytes());
+    return BeginFetchedTensor(header, writer_);
   }
   absl::Status OnData(std::string_view data) override {
     absl::Status status = writer_.Append(data);
