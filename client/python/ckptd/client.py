@@ -15,7 +15,6 @@ import numpy as np
 
 from ckptd import _native_fetch
 from ckptd import _wire
-from ckptd import dtypes
 from ckptd._ckpt_file import AtomicFile, CkptFileSink, CkptReader, TensorStart, upload_stream
 from ckptd._fetch import ArraySink, FetchReceiver, FetchSummary, IteratorBase, TensorInfo
 from ckptd._proto import ckpt_pb2 as pb
