@@ -139,6 +139,14 @@ class TensorVisitor {
   virtual absl::Status OnTensorEnd() = 0;
 };
 
+class CkptWriter;  // core/ckpt_format.h
+
+// Starts the tensor `header` announces in `writer` as MindSpore stores it (str values with dims
+// [0], scalars with empty dims), for a visitor that writes a fetch as a .ckpt (FetchToFile's,
+// and the Python client's native fetch_to_file). INTERNAL naming the tensor for a dtype this
+// client does not know; the writer's error otherwise.
+absl::Status BeginFetchedTensor(const v1::FetchTensorHeader& header, CkptWriter& writer);
+
 // One tensor of FetchAll.
 struct FetchedTensor {
   v1::FetchTensorHeader header;

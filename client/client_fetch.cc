@@ -73,15 +73,7 @@ class CkptFileVisitor final : public TensorVisitor {
     return absl::OkStatus();
   }
   absl::Status OnTensor(const v1::FetchTensorHeader& header) override {
-    absl::StatusOr<DType> dtype = ParseDType(header.dtype());
-    if (!dtype.ok()) {
-      return absl::InternalError(
-          absl::StrCat("tensor ", header.name(), " from the server: ", dtype.status().message()));
-    }
-    // MindSpore stores scalars with empty dims and str values with dims [0].
-    std::vector<int64_t> dims(header.local_shape().begin(), header.local_shape().end());
-    if (*dtype == DType::kStr) dims = {0};
-    return writer_.BeginTensor(header.name(), *dtype, dims, header.total_bytes());
+    return BeginFetchedTensor(header, writer_);
   }
   absl::Status OnData(std::string_view data) override {
     CKPT_RETURN_IF_ERROR(writer_.Append(data));
@@ -166,6 +158,18 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
 }
 
 }  // namespace
+
+absl::Status BeginFetchedTensor(const v1::FetchTensorHeader& header, CkptWriter& writer) {
+  absl::StatusOr<DType> dtype = ParseDType(header.dtype());
+  if (!dtype.ok()) {
+    return absl::InternalError(
+        absl::StrCat("tensor ", header.name(), " from the server: ", dtype.status().message()));
+  }
+  // MindSpore stores scalars with empty dims and str values with dims [0].
+  std::vector<int64_t> dims(header.local_shape().begin(), header.local_shape().end());
+  if (*dtype == DType::kStr) dims = {0};
+  return writer.BeginTensor(header.name(), *dtype, dims, header.total_bytes());
+}
 
 int OutputDescriptor(std::string_view path) {
   if (path == "-" || path == "/dev/stdout") return STDOUT_FILENO;

@@ -17,8 +17,8 @@ arrays at a time, and prints one JSON object on stdout:
    "malloc_tuning":       whether ckptd.malloc_tuning.tune_malloc_for_streaming() was applied,
    "path":                the fetch path measured: "native" (ckptd._native) or "grpcio"}
 
-The allocator policy the C++ client's ckptctl applies (ckptd.malloc_tuning) is applied first,
-as a program that fetches repeatedly would; `--no-malloc-tuning` leaves glibc's defaults.
+The allocator policy of ckptd.malloc_tuning (freed arrays kept for the next fetch) is applied
+first, as a program that fetches repeatedly would; `--no-malloc-tuning` leaves glibc's defaults.
 
 `--mode fetch` (default) measures Client.fetch (one pre-allocated array per tensor);
 `--mode iter` measures Client.iter_fetch, dropping each array as it completes; `--mode file`

@@ -281,3 +281,41 @@ def test_an_exception_in_iteration_cancels_and_the_client_stays_usable(demo, cli
             1 / 0
     assert len(names) == 1
     assert list(client.fetch("demo", "d3", 0))[0] == names[0]
+
+
+def test_tensors_of_several_mib_arrive_whole_in_every_layout(server, tmp_path):
+    # Slices of several MiB (the native path copies them into their arrays with streaming
+    # stores) with rows of a size no power of two divides beyond 4, so that the pieces and the
+    # bands of tiles start and end off any cache line: row-split at the source, fetched merged
+    # (whole), column-split (tiles) and row-split into three.
+    from ckptd._ckpt_file import CkptWriter
+    rng = np.random.default_rng(7)
+    tensors = {"big.f32": rng.integers(0, 1 << 30, (2412, 1002), dtype=np.uint32).view(np.float32),
+               "big.f16": rng.integers(0, 1 << 16, (2106, 1006), dtype=np.uint16).view(np.float16)}
+    dtype_names = {"big.f32": "Float32", "big.f16": "Float16"}
+    T.write_strategy(tmp_path / "src.json", {n: T.layout([2], [0, -1]) for n in tensors})
+    T.write_strategy(tmp_path / "cols.json", {n: T.layout([2], [-1, 0]) for n in tensors})
+    T.write_strategy(tmp_path / "rows3.json", {n: T.layout([3], [0, -1]) for n in tensors})
+    for rank in range(2):
+        (tmp_path / "src" / f"rank_{rank}").mkdir(parents=True)
+        with open(tmp_path / "src" / f"rank_{rank}" / "big.ckpt", "wb") as f:
+            writer = CkptWriter(f)
+            for name, array in tensors.items():
+                part = np.ascontiguousarray(np.array_split(array, 2, axis=0)[rank])
+                writer.begin_tensor(name, dtype_names[name], part.shape, part.nbytes)
+                writer.append(part.data)
+    with ckptd.Client(server.address) as client:
+        client.put_strategy("big-src", tmp_path / "src.json")
+        client.put_strategy("big-cols", tmp_path / "cols.json")
+        client.put_strategy("big-rows3", tmp_path / "rows3.json")
+        client.upload_dir("big", "big-src", tmp_path / "src")
+        merged = client.fetch("big", merged=True)
+        for name, array in tensors.items():
+            assert merged[name].tobytes() == array.tobytes(), name
+        for strategy, world, axis in (("big-cols", 2, 1), ("big-rows3", 3, 0)):
+            for rank in range(world):
+                fetched = client.fetch("big", strategy, rank=rank)
+                for name, array in tensors.items():
+                    expected = np.array_split(array, world, axis=axis)[rank]
+                    assert fetched[name].shape == expected.shape, (strategy, rank, name)
+                    assert fetched[name].tobytes() == expected.tobytes(), (strategy, rank, name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import xxhash
@@ -119,6 +119,46 @@ class Sink:
 
     def end(self) -> None:
         """The current tensor got all its bytes."""
+
+
+class IteratorBase:
+    """What Client.iter_fetch's iterators share (ckptd.client.FetchIterator on the grpcio path,
+    ckptd._native_fetch.NativeFetchIterator on the native one): `info`, the TensorInfo of every
+    tensor yielded so far; `close()`, which a subclass implements to cancel the fetch and which
+    is also called on leaving a `with` block and when the iterator is dropped; and `_yielded`,
+    which a subclass's __next__ returns its tensors through."""
+
+    def __init__(self, upcast: bool):
+        self._upcast = upcast
+        self.info: Dict[str, TensorInfo] = {}
+
+    def close(self) -> None:
+        """Cancels the fetch if it is still running."""
+        raise NotImplementedError
+
+    def _yielded(self, info: TensorInfo, array: np.ndarray) -> Tuple[str, np.ndarray]:
+        """Records `info` and returns the (name, array) pair to yield, upcast if asked for."""
+        if self._upcast:
+            array = dtypes.upcast(info.dtype, array)
+        self.info[info.name] = info
+        return info.name, array
+
+    def __iter__(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __del__(self):
+        # An iterator whose __init__ failed may lack what close() needs: nothing to cancel then.
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 class ArraySink(Sink):

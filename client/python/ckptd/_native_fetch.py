@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 
 from ckptd import dtypes
-from ckptd._fetch import ArraySink, FetchSummary, TensorInfo
+from ckptd._fetch import ArraySink, FetchSummary, IteratorBase, TensorInfo
 from ckptd._proto import ckpt_pb2 as pb
 from ckptd.errors import Internal, error_for_code
 
@@ -204,21 +204,21 @@ class _IterState:
             self.put(e)
 
 
-class NativeFetchIterator:
+class NativeFetchIterator(IteratorBase):
     """Client.iter_fetch on the native path: the same interface as ckptd.client.FetchIterator.
 
     The fetch runs on a thread of its own (the C++ library, GIL released) and hands each
-    completed tensor over, receiving the next one while the consumer works on it; closing the iterator (close(), leaving a
-    `with` block, or dropping it) stops the fetch at the next message the server sends.
+    completed tensor over, receiving the next one while the consumer works on it; closing the
+    iterator (close(), leaving a `with` block, or dropping it) stops the fetch at the next
+    message the server sends.
     """
 
     def __init__(self, connection: Connection, request: bytes, upcast: bool):
+        super().__init__(upcast)
         client = connection.client()
-        self._upcast = upcast
         self._state = _IterState()
         self._done = False
         self._started = False
-        self.info: Dict[str, TensorInfo] = {}
         self._thread = threading.Thread(target=self._state.run, args=(client, request),
                                         name="ckptd-native-fetch", daemon=True)
         self._thread.start()
@@ -228,9 +228,6 @@ class NativeFetchIterator:
         # As FetchIterator: known from the first next() on.
         callbacks = self._state.callbacks
         return None if callbacks is None or not self._started else callbacks.summary
-
-    def __iter__(self) -> "NativeFetchIterator":
-        return self
 
     def __next__(self) -> Tuple[str, np.ndarray]:
         self._started = True
@@ -243,29 +240,12 @@ class NativeFetchIterator:
         if isinstance(item, BaseException):
             self._done = True
             raise item
-        info, array = item
-        if self._upcast:
-            array = dtypes.upcast(info.dtype, array)
-        self.info[info.name] = info
-        return info.name, array
+        return self._yielded(*item)
 
     def close(self) -> None:
         """Cancels the fetch if it is still running."""
         self._done = True
         self._state.stop.set()
-
-    def __enter__(self) -> "NativeFetchIterator":
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def file_supported(path: str) -> bool:

@@ -15,9 +15,8 @@ import numpy as np
 
 from ckptd import _native_fetch
 from ckptd import _wire
-from ckptd import dtypes
 from ckptd._ckpt_file import AtomicFile, CkptFileSink, CkptReader, TensorStart, upload_stream
-from ckptd._fetch import ArraySink, FetchReceiver, FetchSummary, TensorInfo
+from ckptd._fetch import ArraySink, FetchReceiver, FetchSummary, IteratorBase, TensorInfo
 from ckptd._proto import ckpt_pb2 as pb
 from ckptd._proto import ckpt_pb2_grpc
 from ckptd._rank_files import resolve_rank_files
@@ -111,7 +110,7 @@ class _Prefetcher:
         self._call.cancel()
 
 
-class FetchIterator:
+class FetchIterator(IteratorBase):
     """Iterates a fetch: yields (name, array) as each tensor completes (see Client.iter_fetch).
 
     `summary` is the plan once the first tensor arrived (None before), `info` the TensorInfo of
@@ -120,9 +119,9 @@ class FetchIterator:
     """
 
     def __init__(self, call, receiver_factory, address: str, upcast: bool):
+        super().__init__(upcast)
         self._call = call
         self._address = address
-        self._upcast = upcast
         self._ready = collections.deque()
         # The sink holds the deque, not the iterator: dropping the iterator then frees it (and
         # cancels the stream) at once rather than at the next garbage collection.
@@ -130,14 +129,10 @@ class FetchIterator:
         self._receiver: FetchReceiver = receiver_factory(
             ArraySink(lambda info, array: ready.append((info, array))))
         self._done = False
-        self.info: Dict[str, TensorInfo] = {}
 
     @property
     def summary(self) -> Optional[FetchSummary]:
         return self._receiver.summary
-
-    def __iter__(self) -> "FetchIterator":
-        return self
 
     def __next__(self) -> Tuple[str, np.ndarray]:
         while not self._ready:
@@ -157,11 +152,7 @@ class FetchIterator:
             except BaseException:
                 self.close()
                 raise
-        info, array = self._ready.popleft()
-        if self._upcast:
-            array = dtypes.upcast(info.dtype, array)
-        self.info[info.name] = info
-        return info.name, array
+        return self._yielded(*self._ready.popleft())
 
     def close(self) -> None:
         """Cancels the stream if it is still running."""
@@ -169,19 +160,6 @@ class FetchIterator:
             self._done = True
             self._call.cancel()
         self._ready.clear()
-
-    def __enter__(self) -> "FetchIterator":
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _read_file(path: Optional[PathLike], what: str) -> Optional[bytes]:
