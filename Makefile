@@ -92,11 +92,8 @@ ASAN_TARGETS ?= ckptd ckptctl core_test files_test store_test segment_files_test
 	service_test job_test ckptctl_test fixture_compat_test server_test jobs_cli_test auth_test \
 	hostile_input_test disk_full_test cli_scripting_test observability_test stall_test \
 	store_maintenance_test storm_test many_tensors_test
-# Two tests fail under ASan alone, deterministically, and pass in the Release build: after a damaged
-# chunk is mended, SharedReadsTest.DamagedSharedChunk... still gets DATA_LOSS, and the acceptor
-# lets a client that acknowledged everything go sooner than TcpAcceptorTest.AClientWithEveryByte...
-# expects. Both are open defects, left out here until they are fixed.
-ASAN_SKIP ?= ^(load_test_NOT_BUILT|SharedReadsTest.DamagedSharedChunkIsDataLossOnEveryStreamThatNeedsIt|TcpAcceptorTest.AClientWithEveryByteThatNeverClosesIsLetGoAfterTheAckedLinger)$$
+# The load campaign's binary is not built for ASan (above): its placeholder test is skipped.
+ASAN_SKIP ?= ^load_test_NOT_BUILT$$
 TSAN_TARGETS ?= store_test segment_files_test service_test job_test
 SANITIZE_ENV = tests/sanitizers/env.sh
 
