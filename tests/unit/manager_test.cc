@@ -580,7 +580,9 @@ TEST_F(ManagerTest, BatchesCarryEveryByteOfSmallTensors) {
       tile_messages_ = 0;
       UploadDemoAndExpectEveryReSplit();
       EXPECT_GT(batch_messages_, 0);
-      if (max_message_bytes == 512) EXPECT_GT(tile_messages_, 0);
+      if (max_message_bytes == 512) {
+        EXPECT_GT(tile_messages_, 0);
+      }
     }
   }
 }
