@@ -1,8 +1,10 @@
 #include "client/fetch_checker.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/absl_compat.h"
 #include "core/checksum.h"
 #include "core/status_macros.h"
@@ -23,6 +25,8 @@ absl::Status FetchChecker::Consume(const v1::FetchResponse& message) {
       return OnTensor(message.tensor());
     case v1::FetchResponse::kData:
       return OnData(message.data());
+    case v1::FetchResponse::kBatch:
+      return OnBatch(message.batch());
     case v1::FetchResponse::KIND_NOT_SET:
       break;
   }
@@ -80,6 +84,83 @@ absl::Status FetchChecker::OnData(const v1::FetchData& data) {
                 absl::MakeConstSpan(data.part_checksums().data(), data.part_checksums_size()),
                 absl::MakeConstSpan(data.tile_box().data(), data.tile_box_size()),
                 data.band_rows());
+}
+
+// Verifies every part of the batch's data, then delivers each tensor as its header and one data
+// message of its total_bytes bytes.
+absl::Status FetchChecker::OnBatch(const v1::FetchTensorBatch& batch) {
+  static const std::string kNone = "(none)";
+  if (!summary_) return absl::InternalError("fetch stream sent a batch before its plan summary");
+  if (current_ && current_->band) {
+    return absl::DataLossError(
+        absl::StrCat("tensor ", current_->name, ": a batch inside a band of tiles"));
+  }
+  const std::string_view data = batch.data();
+  const std::string& first = batch.tensors_size() > 0 ? batch.tensors(0).name() : kNone;
+  auto fail = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("a batch of ", batch.tensors_size(),
+                                            " tensors from tensor ", first, ": ", what));
+  };
+  if (batch.tensors_size() == 0) return fail("it holds no tensor");
+  if (batch.part_bytes_size() != batch.part_checksums_size()) {
+    return fail(absl::StrCat("it lists ", batch.part_bytes_size(), " part sizes and ",
+                             batch.part_checksums_size(), " part checksums"));
+  }
+  uint64_t offset = 0;
+  for (int i = 0; i < batch.part_bytes_size(); ++i) {
+    const uint64_t part = batch.part_bytes(i);
+    if (part == 0 || part > data.size() - offset) {
+      return fail(absl::StrCat("of ", data.size(), " bytes, it lists part ", i, " of ", part,
+                               " bytes at offset ", offset));
+    }
+    const uint64_t actual = Checksum(data.substr(offset, part));
+    if (actual != batch.part_checksums(i)) {
+      // The tensors whose bytes the part holds.
+      std::vector<std::string> names;
+      uint64_t at = 0;
+      for (const v1::FetchTensorHeader& h : batch.tensors()) {
+        const auto n = static_cast<uint64_t>(std::max<int64_t>(0, h.total_bytes()));
+        if (at < offset + part && at + n > offset) names.push_back(h.name());
+        at += n;
+      }
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", checkpoint_, " tensor ", absl::StrJoin(names, ", "), ": bytes [", offset,
+          ", ", offset + part, ") of a batch of ", batch.tensors_size(), " tensors from tensor ",
+          first, " failed their ", kChecksumName, " checksum (received ", absl::Hex(actual),
+          ", expected ", absl::Hex(batch.part_checksums(i)),
+          "): corrupted in the server's store or in transit"));
+    }
+    offset += part;
+  }
+  if (offset != data.size()) {
+    return fail(absl::StrCat("its parts cover ", offset, " of its ", data.size(), " bytes"));
+  }
+  uint64_t announced = 0;
+  for (const v1::FetchTensorHeader& header : batch.tensors()) {
+    if (header.total_bytes() < 0 ||
+        static_cast<uint64_t>(header.total_bytes()) > data.size() - announced) {
+      announced = data.size() + 1;  // more than it holds, however much
+      break;
+    }
+    announced += static_cast<uint64_t>(header.total_bytes());
+  }
+  if (announced != data.size()) {
+    return fail(absl::StrCat("its tensors announce ",
+                             announced > data.size() ? "more" : std::to_string(announced),
+                             " bytes but it holds ", data.size()));
+  }
+  offset = 0;
+  for (const v1::FetchTensorHeader& header : batch.tensors()) {
+    CKPT_RETURN_IF_ERROR(OnTensor(header));
+    const auto n = static_cast<uint64_t>(header.total_bytes());
+    if (n > 0) {
+      current_->received = static_cast<int64_t>(n);
+      bytes_ += static_cast<int64_t>(n);
+      CKPT_RETURN_IF_ERROR(visitor_->OnData(data.substr(offset, n)));
+    }
+    offset += n;
+  }
+  return absl::OkStatus();
 }
 
 // A data message of `size` bytes, the concatenated `views`.

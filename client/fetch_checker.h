@@ -1,5 +1,6 @@
 // Checking and assembling a Fetch stream on the client: message order, sizes, every part checksum
-// of each data message, and bands of tiles assembled into rows before a TensorVisitor sees them.
+// of each data message and batch, and bands of tiles assembled into rows before a TensorVisitor
+// sees them.
 #ifndef CKPT_CLIENT_FETCH_CHECKER_H_
 #define CKPT_CLIENT_FETCH_CHECKER_H_
 
@@ -60,6 +61,7 @@ class FetchChecker {
   absl::Status OnSummary(const v1::FetchPlanSummary& summary);
   absl::Status OnTensor(const v1::FetchTensorHeader& header);
   absl::Status OnData(const v1::FetchData& data);
+  absl::Status OnBatch(const v1::FetchTensorBatch& batch);
   // A data message of `size` bytes, the concatenated `views`.
   absl::Status OnData(const std::vector<std::string_view>& views, uint64_t size,
                       absl::Span<const uint64_t> part_bytes,

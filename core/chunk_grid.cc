@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
@@ -57,6 +58,12 @@ absl::StatusOr<ChunkGrid> ChunkGrid::Make(const Shape& shape, int elem_bits,
 
 absl::StatusOr<ChunkGrid> ChunkGrid::FromTile(const Shape& shape, const Shape& tile,
                                               int elem_bits) {
+  ChunkGrid g;
+  CKPT_RETURN_IF_ERROR(g.Reset(shape, tile, elem_bits));
+  return g;
+}
+
+absl::Status ChunkGrid::Reset(const Shape& shape, const Shape& tile, int elem_bits) {
   if (tile.size() != shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat("tile ", ShapeToString(tile),
                                                    " does not match slice shape ",
@@ -65,7 +72,9 @@ absl::StatusOr<ChunkGrid> ChunkGrid::FromTile(const Shape& shape, const Shape& t
   if (elem_bits != 4 && (elem_bits < 8 || elem_bits % 8 != 0)) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported element size ", elem_bits, " bits"));
   }
-  ChunkGrid g;
+  ChunkGrid& g = *this;
+  g.chunk_count_ = 1;
+  g.total_bytes_ = 0;
   g.shape_ = shape;
   g.tile_ = tile;
   g.elem_bits_ = elem_bits;
@@ -91,7 +100,7 @@ absl::StatusOr<ChunkGrid> ChunkGrid::FromTile(const Shape& shape, const Shape& t
   CKPT_ASSIGN_OR_RETURN(int64_t elements, NumElements(shape));
   CKPT_RETURN_IF_ERROR(CheckedMul(elements, 8, "slice bytes").status());
   g.total_bytes_ = BytesOf(elements, elem_bits);
-  return g;
+  return absl::OkStatus();
 }
 
 int64_t ChunkGrid::chunks_per_band() const {
@@ -139,24 +148,39 @@ int64_t ChunkGrid::ChunkBytes(int64_t index) const {
 
 std::vector<int64_t> ChunkGrid::ChunksOverlapping(const Box& region) const {
   std::vector<int64_t> out;
+  ChunksOverlapping(region, &out);
+  return out;
+}
+
+void ChunkGrid::ChunksOverlapping(const Box& region, std::vector<int64_t>* out) const {
+  out->clear();
   const size_t rank = shape_.size();
-  if (rank == 0) return {0};
-  if (region.rank() != rank || region.empty()) return out;
-  std::vector<int64_t> lo(rank), end(rank);  // tile index range [lo, end) per dim
+  if (rank == 0) {
+    out->push_back(0);
+    return;
+  }
+  if (region.rank() != rank || region.empty()) return;
+  absl::InlinedVector<int64_t, 8> lo(rank), end(rank);  // tile index range [lo, end) per dim
   for (size_t i = 0; i < rank; ++i) {
     const int64_t a = std::max<int64_t>(0, region.lo[i]);
     const int64_t b = std::min(shape_[i], region.hi[i]);
-    if (b <= a) return out;
+    if (b <= a) return;
     lo[i] = a / tile_[i];
     end[i] = (b - 1) / tile_[i] + 1;
   }
-  std::vector<int64_t> idx = lo;
-  do {
+  absl::InlinedVector<int64_t, 8> idx = lo;
+  while (true) {
     int64_t id = 0;
     for (size_t i = 0; i < rank; ++i) id = id * tiles_per_dim_[i] + idx[i];
-    out.push_back(id);
-  } while (NextIndex(idx, lo, end));
-  return out;
+    out->push_back(id);
+    // The next index, row-major (the last dim fastest).
+    size_t i = rank;
+    while (i-- > 0) {
+      if (++idx[i] < end[i]) break;
+      idx[i] = lo[i];
+    }
+    if (i == static_cast<size_t>(-1)) return;
+  }
 }
 
 }  // namespace ckpt

@@ -40,6 +40,9 @@ class ChunkGrid {
                                         const ChunkGridOptions& options = {});
   // Rebuilds a grid recorded in a manifest (shape + tile shape).
   static absl::StatusOr<ChunkGrid> FromTile(const Shape& shape, const Shape& tile, int elem_bits);
+  // FromTile into this grid, reusing its storage (hot loops). On an error the grid is left
+  // unusable until the next successful Reset.
+  absl::Status Reset(const Shape& shape, const Shape& tile, int elem_bits);
 
   const Shape& shape() const { return shape_; }
   const Shape& tile() const { return tile_; }
@@ -62,6 +65,8 @@ class ChunkGrid {
   int64_t total_bytes() const { return total_bytes_; }
   // Indexes of the chunks overlapping `region` (slice-local coordinates), ascending.
   std::vector<int64_t> ChunksOverlapping(const Box& region) const;
+  // The same into `*out` (cleared first), reusing its storage (hot loops).
+  void ChunksOverlapping(const Box& region, std::vector<int64_t>* out) const;
 
  private:
   Shape shape_;

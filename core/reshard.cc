@@ -83,6 +83,7 @@ struct Entry {
   TensorKind kind = TensorKind::kResharded;
   int32_t geometry = 0;
   std::vector<int32_t> dst_stages;  // destination stages receiving it
+  int64_t catalog_index = -1;       // TensorPlan::catalog_index
 };
 
 // Destination parameter that the checkpoint does not have.
@@ -139,7 +140,7 @@ struct Resharder::Impl {
   absl::flat_hash_map<std::vector<int64_t>, int32_t> holder_set_ids;
   absl::flat_hash_map<std::string, int32_t> geometry_ids;
   // Destination stage -> the distinct geometries of the entries it receives, in order of first
-  // appearance (so that an error is the one ForEachPiece would report first).
+  // appearance (so that an error is the one planning the rank's tensors would report first).
   std::vector<std::vector<int32_t>> stage_geometries;
   int32_t InternHolders(std::vector<int64_t> ranks) {
     std::sort(ranks.begin(), ranks.end());
@@ -211,34 +212,10 @@ struct Resharder::Impl {
     return absl::OkStatus();
   }
 
-  // Calls on_tensor(entry, geometry, dst_box) for every tensor the rank receives, in output
-  // order, then fn(entry, geometry, dst_box, src_cell, src_cell_id) for every source cell
-  // overlapping its destination slice in row-major order of source cells (= ascending
-  // destination position). A tensor with no elements has no pieces.
-  template <typename TensorFn, typename Fn>
-  absl::Status ForEachPiece(int64_t dst_rank, TensorFn&& on_tensor, Fn&& fn) const {
-    CKPT_RETURN_IF_ERROR(CheckRank(dst_rank));
-    const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
-    const int64_t local = dst_rank % dst.devices();
-    OverlapWalker walker;
-    for (size_t e = 0; e < entries.size(); ++e) {
-      const Entry& entry = entries[e];
-      if (!Contains(entry.dst_stages, stage)) continue;
-      const Geometry& g = geometries[entry.geometry];
-      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, g.global.size()));
-      const Box dst_box = CellBox(g.global, g.dst_grid, dst_cell);
-      on_tensor(e, g, dst_box);
-      walker.ForEach(g, dst_box, [&](const std::vector<int64_t>& src_cell, int64_t cell_id) {
-        fn(e, g, dst_box, src_cell, cell_id);
-      });
-    }
-    return absl::OkStatus();
-  }
-
   // Replaces `sets` by the distinct holder sets the rank needs, sorted. Tensors sharing a
   // geometry need the same source cells, so each distinct geometry of the rank's stage is walked
   // once (stage_geometries) instead of once per tensor: the union, hence the result, is the same
-  // as walking every tensor with ForEachPiece.
+  // as walking every tensor.
   absl::Status NeededHolderSets(int64_t dst_rank, std::vector<int32_t>& sets) const {
     CKPT_RETURN_IF_ERROR(CheckRank(dst_rank));
     const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
@@ -292,7 +269,8 @@ struct Resharder::Impl {
 absl::Status Resharder::Impl::AddCatalogEntries(std::vector<TensorInfo> tensors) {
   absl::flat_hash_set<std::string> seen;
   std::vector<Entry> verbatim;
-  for (TensorInfo& t : tensors) {
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    const TensorInfo& t = tensors[index];
     if (!seen.insert(t.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor ", t.name, " appears twice in the checkpoint"));
@@ -308,6 +286,7 @@ absl::Status Resharder::Impl::AddCatalogEntries(std::vector<TensorInfo> tensors)
     }
     const std::vector<int64_t>& holders = t.holders.empty() ? all_src : t.holders;
     CKPT_ASSIGN_OR_RETURN(Entry entry, CatalogEntry(t, src_layout, dst_layout, holders));
+    entry.catalog_index = static_cast<int64_t>(index);
     if (entry.kind == TensorKind::kVerbatim) {
       verbatim.push_back(std::move(entry));
     } else {
@@ -485,27 +464,33 @@ int64_t Resharder::dst_world() const { return impl_->dst.world(); }
 
 absl::StatusOr<RankPlan> Resharder::Plan(int64_t dst_rank) const {
   std::vector<int32_t> sets;
-  CKPT_RETURN_IF_ERROR(impl_->NeededHolderSets(dst_rank, sets));
+  CKPT_RETURN_IF_ERROR(impl_->NeededHolderSets(dst_rank, sets));  // checks the rank too
   RankPlan plan;
   plan.dst_rank = dst_rank;
   CKPT_ASSIGN_OR_RETURN(plan.source_ranks, impl_->CoverOf(sets));
   absl::flat_hash_set<int64_t> cover(plan.source_ranks.begin(), plan.source_ranks.end());
-  CKPT_RETURN_IF_ERROR(impl_->ForEachPiece(
-      dst_rank,
-      [&](size_t e, const Geometry& g, const Box& dst_box) {
-        const Entry& entry = impl_->entries[e];
-        TensorPlan t;
-        t.name = entry.name;
-        t.dtype = entry.dtype;
-        t.kind = entry.kind;
-        t.global_shape = g.global;
-        t.dst_box = dst_box;
-        t.src_layout = g.src;
-        plan.tensors.push_back(std::move(t));
-      },
-      [&](size_t, const Geometry& g, const Box& dst_box, const std::vector<int64_t>& src_cell,
-          int64_t cell_id) {
-        TensorPlan& t = plan.tensors.back();
+  const Side& dst = impl_->dst;
+  const int32_t stage = static_cast<int32_t>(dst_rank / dst.devices());
+  const int64_t local = dst_rank % dst.devices();
+  // The destination box and the copy ops depend on the tensor's geometry only (and the cover,
+  // the same for the whole plan): they are planned once per geometry and copied into each of
+  // its tensors, which for checkpoints of many tensors of a few shapes is most of the work.
+  struct Planned {
+    bool done = false;
+    Box dst_box;
+    CopyOps ops;
+  };
+  std::vector<Planned> planned(impl_->geometries.size());
+  OverlapWalker walker;
+  for (const Entry& entry : impl_->entries) {
+    if (!Contains(entry.dst_stages, stage)) continue;
+    const Geometry& g = impl_->geometries[entry.geometry];
+    Planned& p = planned[entry.geometry];
+    if (!p.done) {
+      CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> dst_cell, g.dst.CellOf(local, g.global.size()));
+      p.dst_box = CellBox(g.global, g.dst_grid, dst_cell);
+      std::vector<CopyOp> ops;
+      walker.ForEach(g, p.dst_box, [&](const std::vector<int64_t>& src_cell, int64_t cell_id) {
         CopyOp op;
         op.src_box_id = cell_id;
         for (int64_t r : impl_->holder_sets[g.cell_holders[cell_id]]) {
@@ -515,17 +500,29 @@ absl::StatusOr<RankPlan> Resharder::Plan(int64_t dst_rank) const {
           }
         }
         op.src_box = CellBox(g.global, g.src_grid, src_cell);
-        const Box region = *Intersect(op.src_box, dst_box);
+        const Box region = *Intersect(op.src_box, p.dst_box);
         const size_t rank = region.rank();
         op.src_offset.resize(rank);
         op.dst_offset.resize(rank);
         for (size_t i = 0; i < rank; ++i) {
           op.src_offset[i] = region.lo[i] - op.src_box.lo[i];
-          op.dst_offset[i] = region.lo[i] - dst_box.lo[i];
+          op.dst_offset[i] = region.lo[i] - p.dst_box.lo[i];
         }
         op.extent = region.shape();
-        t.ops.push_back(std::move(op));
-      }));
+        ops.push_back(std::move(op));
+      });
+      p.ops = CopyOps(std::move(ops));
+      p.done = true;
+    }
+    TensorPlan& t = plan.tensors.emplace_back();
+    t.name = entry.name;
+    t.dtype = entry.dtype;
+    t.kind = entry.kind;
+    t.global_shape = g.global;
+    t.dst_box = p.dst_box;
+    t.ops = p.ops;
+    t.catalog_index = entry.catalog_index;
+  }
   for (const TensorPlan& t : plan.tensors) {
     if (t.kind == TensorKind::kWhole) {
       plan.warnings.push_back(absl::StrCat("parameter ", t.name,

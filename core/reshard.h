@@ -70,14 +70,35 @@ struct CopyOp {
   Shape extent;                     // region shape
 };
 
+// The copy ops of one tensor's destination slice: immutable, and shared by the tensors of a plan
+// that have the same geometry (global shape, layouts and holders), so that a plan of many tensors
+// of a few shapes neither computes nor copies them per tensor. Copies share; thread-safe to read.
+class CopyOps {
+ public:
+  CopyOps() = default;
+  explicit CopyOps(std::vector<CopyOp> ops)
+      : ops_(std::make_shared<const std::vector<CopyOp>>(std::move(ops))) {}
+
+  size_t size() const { return ops_ ? ops_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  const CopyOp& operator[](size_t i) const { return (*ops_)[i]; }
+  const CopyOp* begin() const { return ops_ ? ops_->data() : nullptr; }
+  const CopyOp* end() const { return ops_ ? ops_->data() + ops_->size() : nullptr; }
+
+ private:
+  std::shared_ptr<const std::vector<CopyOp>> ops_;
+};
+
 struct TensorPlan {
   std::string name;
   DType dtype = DType::kFloat32;
   TensorKind kind = TensorKind::kResharded;
   Shape global_shape;
-  Box dst_box;             // global coordinates of the destination slice
-  Layout src_layout;       // as used for planning (replicated when absent from the source)
-  std::vector<CopyOp> ops;  // disjoint, exactly tiling dst_box, ordered by destination position
+  Box dst_box;  // global coordinates of the destination slice
+  CopyOps ops;  // disjoint, exactly tiling dst_box, ordered by destination position
+  // Index of the tensor in the catalog the planner was created with (Resharder::Create's
+  // `tensors`); -1 for a plan from layouts alone.
+  int64_t catalog_index = -1;
 };
 
 struct RankPlan {

@@ -154,27 +154,60 @@ std::optional<ChunkLocation> SegmentStore::ScanBlobLocations(const ChunkAddress&
   ChunkAddress first = address;
   first.chunk = 0;
   const std::string from = ChunkKey(first);
-  const rocksdb::Slice blob(from.data(), kChunkKeyBytes - 4);
+  const rocksdb::Slice data_prefix(from.data(), 8);  // the data id (ChunkKey)
+  // The scan goes on past the blob asked for, over the blobs after it in key order (the next
+  // ones of the tensor, then the next tensors), until about kScanAheadLocations are read: fetches
+  // read blobs in about that order, and an iterator step costs far less than the seek of a scan
+  // of its own, which for checkpoints of many small tensors (a blob of one chunk each) would be
+  // most of the cost of reading them the first time. Each blob scanned whole is kept.
+  constexpr size_t kScanAheadLocations = 4096;
+  uint32_t tensor = address.tensor, blob = address.blob;  // the blob being scanned
+  bool asked = true;  // it is the blob of `address`
   LocationCache::Locations locations;
+  std::optional<ChunkLocation> found;
+  // The blob being scanned is complete: keep it (an empty one too: it has no chunk).
+  auto keep = [&] {
+    if (asked && address.chunk < locations.size() &&
+        locations[address.chunk].offset != LocationCache::kNoChunk.offset) {
+      found = locations[address.chunk];
+    }
+    location_cache_->Insert({address.data_id, tensor, blob, 0}, std::move(locations));
+    locations.clear();
+    asked = false;
+  };
+  size_t scanned = 0;
+  bool complete = true;  // the scan ended at the end of a blob
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
-  for (it->Seek(from); it->Valid() && it->key().starts_with(blob); it->Next()) {
-    if (it->key().size() != kChunkKeyBytes) return std::nullopt;
+  for (it->Seek(from); it->Valid() && it->key().starts_with(data_prefix); it->Next()) {
+    const char* key = it->key().data();
+    if (it->key().size() != kChunkKeyBytes) {
+      complete = false;  // not a chunk key: the blob being scanned is looked up alone
+      break;
+    }
+    const auto key_tensor = static_cast<uint32_t>(DecodeBigEndian(key + 8, 4));
+    const auto key_blob = static_cast<uint32_t>(DecodeBigEndian(key + 12, 4));
+    if (key_tensor != tensor || key_blob != blob) {
+      keep();
+      if (scanned >= kScanAheadLocations) break;
+      tensor = key_tensor;
+      blob = key_blob;
+    }
     // The key's last 4 bytes (ChunkKey).
-    const uint64_t chunk = DecodeBigEndian(it->key().data() + kChunkKeyBytes - 4, 4);
+    const uint64_t chunk = DecodeBigEndian(key + kChunkKeyBytes - 4, 4);
+    if (chunk >= kMaxCachedLocations) {  // too large to keep
+      complete = false;
+      break;
+    }
     // A damaged record stays out: its chunk is then looked up alone, which reports it.
     const std::optional<ChunkLocation> location =
         DecodeLocation(std::string_view(it->value().data(), it->value().size()));
-    if (chunk >= kMaxCachedLocations) return std::nullopt;  // too large to keep
     if (chunk >= locations.size()) locations.resize(size_t{chunk} + 1, LocationCache::kNoChunk);
     locations[chunk] = location.value_or(LocationCache::kNoChunk);
+    ++scanned;
   }
-  if (!it->status().ok()) return std::nullopt;  // the lookup alone reports the error
-  std::optional<ChunkLocation> found;
-  if (address.chunk < locations.size() &&
-      locations[address.chunk].offset != LocationCache::kNoChunk.offset) {
-    found = locations[address.chunk];
-  }
-  location_cache_->Insert(address, std::move(locations));
+  if (!it->status().ok()) return found;  // the blob being scanned is looked up alone
+  // Out of keys of the data id, or stopped at the bound (the blob being scanned kept already).
+  if (complete && (asked || !locations.empty())) keep();
   return found;
 }
 

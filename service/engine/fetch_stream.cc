@@ -12,10 +12,6 @@
 namespace ckpt {
 namespace {
 
-Box BoxOf(const records::BlobRecord& b) {
-  return Box{{b.box_lo().begin(), b.box_lo().end()}, {b.box_hi().begin(), b.box_hi().end()}};
-}
-
 // Moves `box` by `sign` * `by` in place.
 void ShiftInPlace(Box* box, const std::vector<int64_t>& by, int sign) {
   for (size_t i = 0; i < by.size(); ++i) {
@@ -146,7 +142,13 @@ FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, Ran
 }
 
 const records::TensorRecord& FetchStream::Record(const TensorPlan& t) const {
-  return checkpoint_->manifest.tensors(checkpoint_->tensor_by_name.at(t.name));
+  // The planner's catalog is the manifest's tensors in order (LoadedCheckpoint::catalog).
+  const records::CheckpointManifest& m = checkpoint_->manifest;
+  if (t.catalog_index >= 0 && t.catalog_index < m.tensors_size()) {
+    const records::TensorRecord& r = m.tensors(static_cast<int>(t.catalog_index));
+    if (r.name() == t.name) return r;
+  }
+  return m.tensors(checkpoint_->tensor_by_name.at(t.name));
 }
 
 int64_t FetchStream::TensorBytes(const TensorPlan& t) const {
@@ -217,11 +219,14 @@ absl::Status FetchStream::ResolveSources() {
   if (sources_tensor_ == tensor_) return absl::OkStatus();
   const TensorPlan& t = plan_.tensors[tensor_];
   const records::TensorRecord& r = Record(t);
-  sources_.clear();
   sources_tensor_ = std::numeric_limits<size_t>::max();  // until every op is resolved
-  sources_.reserve(t.ops.size());
+  // The Source objects are kept from tensor to tensor (source_count_ of them in use), so that
+  // their vectors keep their storage: many small tensors would otherwise allocate all of it
+  // again for each.
+  if (sources_.size() < t.ops.size()) sources_.resize(t.ops.size());
+  source_count_ = 0;
   for (const CopyOp& op : t.ops) {
-    Source& s = sources_.emplace_back();
+    Source& s = sources_[source_count_];
     s.region.lo.resize(op.extent.size());
     s.region.hi.resize(op.extent.size());
     for (size_t i = 0; i < op.extent.size(); ++i) {
@@ -233,12 +238,20 @@ absl::Status FetchStream::ResolveSources() {
       return Annotate(absl::InternalError(absl::StrCat(
           "no stored slice for source box ", op.src_box.ToString(), " of rank ", op.src_rank)));
     }
-    const Box blob_box = BoxOf(*s.blob);
-    auto grid = ChunkGrid::FromTile(
-        blob_box.shape(), {s.blob->tile().begin(), s.blob->tile().end()}, ElementBits(t.dtype));
-    if (!grid.ok()) return Annotate(absl::DataLossError(grid.status().message()));
-    s.grid = *std::move(grid);
-    s.blob_lo = blob_box.lo;
+    const auto& lo = s.blob->box_lo();
+    const auto& hi = s.blob->box_hi();
+    s.blob_lo.assign(lo.begin(), lo.end());
+    blob_shape_.resize(static_cast<size_t>(lo.size()));
+    for (int i = 0; i < lo.size() && i < hi.size(); ++i) blob_shape_[i] = hi[i] - lo[i];
+    blob_tile_.assign(s.blob->tile().begin(), s.blob->tile().end());
+    if (hi.size() != lo.size()) {
+      return Annotate(absl::DataLossError(absl::StrCat("a stored slice records a box of ", lo.size(),
+                                                       " and ", hi.size(), " coordinates")));
+    }
+    if (absl::Status st = s.grid.Reset(blob_shape_, blob_tile_, ElementBits(t.dtype)); !st.ok()) {
+      return Annotate(absl::DataLossError(st.message()));
+    }
+    ++source_count_;
   }
   sources_tensor_ = tensor_;
   return absl::OkStatus();
@@ -254,11 +267,13 @@ absl::Status FetchStream::CollectPieces(const Box& band_box) {
   const records::TensorRecord& r = Record(t);
   const uint64_t data_id = checkpoint_->manifest.data_id();
   ReleasePieces();
-  for (const Source& s : sources_) {
+  for (size_t k = 0; k < source_count_; ++k) {
+    const Source& s = sources_[k];
     if (!IntersectInto(s.region, band_box, &part_)) continue;
     local_ = part_;
     ShiftInPlace(&local_, s.blob_lo, -1);
-    for (int64_t chunk : s.grid.ChunksOverlapping(local_)) {
+    s.grid.ChunksOverlapping(local_, &overlapping_);
+    for (int64_t chunk : overlapping_) {
       if (chunk >= s.blob->chunk_checksums_size()) {
         return Annotate(
             absl::DataLossError(absl::StrCat("manifest lists ", s.blob->chunk_checksums_size(),
@@ -481,14 +496,74 @@ void FetchStream::SummaryPiece(FetchPiece* out) const {
   for (const std::string& w : plan_.warnings) s->add_warnings(w);
 }
 
-void FetchStream::HeaderPiece(const TensorPlan& t, FetchPiece* out) {
+void FetchStream::StartTensor() {
   next_row_ = 0;
   next_chunk_ = 0;
   tensor_done_ = false;
   band_.clear();
   band_tiles_.clear();
   band_left_ = 0;
-  v1::FetchTensorHeader* h = out->message.mutable_tensor();
+}
+
+void FetchStream::HeaderPiece(const TensorPlan& t, FetchPiece* out) {
+  StartTensor();
+  FillHeader(t, out->message.mutable_tensor());
+}
+
+bool FetchStream::Batchable(int64_t bytes) const {
+  return options_.batches && bytes <= options_.batch_tensor_bytes &&
+         bytes <= options_.max_message_bytes;
+}
+
+absl::Status FetchStream::BatchPiece(FetchPiece* out) {
+  v1::FetchTensorBatch* batch = out->message.mutable_batch();
+  // A batch's tensors come as rows: bands that stored chunks do not stack into are assembled here.
+  const bool tiles = tiles_;
+  tiles_ = false;
+  absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
+  if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
+  while (tensor_ < plan_.tensors.size() && batch->tensors_size() < batch_tensors_) {
+    const TensorPlan& t = plan_.tensors[tensor_];
+    const int64_t bytes = TensorBytes(t);
+    if (!Batchable(bytes) ||
+        (batch->tensors_size() > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
+      break;
+    }
+    StartTensor();
+    FillHeader(t, batch->add_tensors());
+    int64_t produced = 0;
+    while (!tensor_done_) {
+      CKPT_RETURN_IF_ERROR(BuildBand());
+      for (DataSegment& s : band_) {
+        if (s.bytes.empty()) continue;
+        // Verified now, while errors still name this tensor; whole chunks that become parts of
+        // their own leave with their stored checksum for the client to verify.
+        if (s.chunk && !(s.stored_checksum && static_cast<int64_t>(s.bytes.size()) >=
+                                                  options_.min_part_bytes)) {
+          CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
+        }
+        produced += static_cast<int64_t>(s.bytes.size());
+        out->segments.push_back(std::move(s));
+      }
+      band_.clear();
+      band_tiles_.clear();
+      band_left_ = 0;
+    }
+    if (produced != bytes) {
+      return Annotate(absl::InternalError(
+          absl::StrCat("assembled ", produced, " bytes of ", bytes, " for a batch")));
+    }
+    out->data_bytes += bytes;
+    ++tensor_;
+  }
+  header_sent_ = false;
+  batch_tensors_ = std::min(2 * batch_tensors_, std::max(1, options_.batch_max_tensors));
+  CKPT_RETURN_IF_ERROR(ChecksumMessage(FetchReader::kClient, out));
+  bytes_produced_ += out->data_bytes;
+  return absl::OkStatus();
+}
+
+void FetchStream::FillHeader(const TensorPlan& t, v1::FetchTensorHeader* h) const {
   h->set_name(t.name);
   h->set_dtype(std::string(DTypeName(t.dtype)));
   for (int64_t d : t.dst_box.shape()) h->add_local_shape(d);
@@ -581,8 +656,13 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader)
   }
   while (tensor_ < plan_.tensors.size()) {
     if (!header_sent_) {
+      const TensorPlan& t = plan_.tensors[tensor_];
+      if (reader == FetchReader::kClient && Batchable(TensorBytes(t))) {
+        CKPT_RETURN_IF_ERROR(BatchPiece(out));
+        return true;
+      }
       header_sent_ = true;
-      HeaderPiece(plan_.tensors[tensor_], out);
+      HeaderPiece(t, out);
       return true;
     }
     if (band_left_ == 0 && !tensor_done_) CKPT_RETURN_IF_ERROR(BuildBand());

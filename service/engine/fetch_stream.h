@@ -46,6 +46,15 @@ struct FetchOptions {
   // FetchReader::kClient: a whole stored chunk at least this large in a combined message is a
   // part of its own with its stored checksum; smaller ones are hashed with their neighbours.
   int64_t min_part_bytes = int64_t{4} << 10;
+  // FetchReader::kClient, for a client that reads batches (FetchRequest.accept_batches): runs of
+  // tensors of at most batch_tensor_bytes each go whole in FetchTensorBatch messages of at most
+  // max_message_bytes of data. A stream's first batch holds at most batch_first_tensors tensors
+  // (its first bytes leave early), each next one twice as many as the one before, up to
+  // batch_max_tensors.
+  bool batches = false;
+  int64_t batch_tensor_bytes = int64_t{64} << 10;
+  int batch_first_tensors = 16;
+  int batch_max_tensors = 2048;
 };
 
 // Who reads a stream's data messages, which decides how they are checksummed and laid out. Every
@@ -80,8 +89,9 @@ struct ChecksumPart {
   uint64_t checksum = 0;
 };
 
-// One Fetch message: `message` (the plan summary or a tensor header) when `segments` is empty,
-// otherwise a data message whose bytes are the concatenated segments.
+// One Fetch message: `message` (the plan summary, a tensor header, or a batch without its data)
+// when `segments` is empty; otherwise a data message whose bytes are the concatenated segments,
+// or, when `message` holds a batch (FetchTensorBatch: its headers only), that batch's data.
 struct FetchPiece {
   v1::FetchResponse message;
   std::vector<DataSegment> segments;
@@ -172,6 +182,15 @@ class FetchStream {
   // the next tiles of a band of tiles; the next data message of any other band.
   void SummaryPiece(FetchPiece* out) const;
   void HeaderPiece(const TensorPlan& t, FetchPiece* out);
+  // Resets the per-tensor state for the next tensor, and fills `h` with its header.
+  void StartTensor();
+  void FillHeader(const TensorPlan& t, v1::FetchTensorHeader* h) const;
+  // Whether a tensor of `bytes` bytes may go in a batch (options_.batches).
+  bool Batchable(int64_t bytes) const;
+  // A FetchTensorBatch of the tensors from the current one on (the current one batchable): each
+  // tensor's bands as rows, its chunks verified unless they leave whole with their stored
+  // checksum, then the batch's parts.
+  absl::Status BatchPiece(FetchPiece* out);
   void TilePiece(FetchPiece* out);
   absl::Status DataPiece(FetchReader reader, FetchPiece* out);
   // Fills sources_ for the current tensor (unless done): errors name a copy op without a stored
@@ -223,10 +242,16 @@ class FetchStream {
   int64_t band_rows_ = 0;
   size_t band_segment_ = 0;
   size_t band_offset_ = 0;
+  // The most tensors the next batch may hold (FetchOptions::batch_first_tensors, doubling).
+  int batch_tensors_ = 0;
 
-  // The current tensor's resolved copy ops (for plan_.tensors[sources_tensor_]).
+  // The current tensor's resolved copy ops (for plan_.tensors[sources_tensor_]): the first
+  // source_count_ of sources_ (kept with their storage from tensor to tensor).
   std::vector<Source> sources_;
+  size_t source_count_ = 0;
   size_t sources_tensor_ = std::numeric_limits<size_t>::max();
+  Shape blob_shape_, blob_tile_;          // scratch of ResolveSources
+  std::vector<int64_t> overlapping_;      // scratch of CollectPieces
   // BuildBand's pieces: the first piece_count_ are the current band's. Kept from band to band
   // so that their boxes keep their storage instead of being allocated again for every band;
   // their chunk references are dropped when each band is built.

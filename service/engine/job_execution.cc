@@ -265,6 +265,8 @@ absl::Status JobRunner::Pump(Entry* e, const v1::FetchRequest& fetch, JobTensorS
         CKPT_RETURN_IF_ERROR(Throttle(e, n));
         break;
       }
+      case v1::FetchResponse::kBatch:  // sent only to clients that accept batches
+        return absl::InternalError("a tensor batch in an in-process fetch stream");
       case v1::FetchResponse::KIND_NOT_SET:
         return absl::InternalError("empty fetch message");
     }

@@ -429,8 +429,10 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
       shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint),
                                 absl::StrCat(ckpt->manifest.data_id(), "/", job),
                                 static_cast<int>(ranks));
-  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_,
-                                       options_.fetch, std::move(member));
+  FetchOptions options = options_.fetch;
+  options.batches = request.accept_batches();
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_, options,
+                                       std::move(member));
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "google/protobuf/io/coded_stream.h"
 
@@ -11,6 +12,11 @@ namespace {
 
 // Releases the reference a grpc::Slice held on a data segment's owner.
 void ReleaseSegment(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+// Releases a buffer a grpc::Slice owned.
+void ReleaseString(void* owned) { delete static_cast<std::string*>(owned); }
+
+// Segments smaller than this are copied into the message rather than referenced.
+constexpr size_t kCopiedSegmentBytes = size_t{4} << 10;
 
 }  // namespace
 
@@ -23,14 +29,19 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   // Field numbers and wire types of ckpt.proto: FetchResponse.data = 3, FetchData.data = 1
   // (length-delimited), FetchData.part_bytes = 2 (packed varints), FetchData.part_checksums = 3
   // (packed fixed64), FetchData.tile_box = 4 (packed varints) and FetchData.band_rows = 5
-  // (varint).
+  // (varint). A batch: FetchResponse.batch = 4, its headers (FetchTensorBatch.tensors = 1,
+  // serialised by protobuf) first, then FetchTensorBatch.data = 2, part_bytes = 3 and
+  // part_checksums = 4, packed as above.
   using google::protobuf::io::CodedOutputStream;
-  constexpr uint8_t kResponseData = (3 << 3) | 2;
-  constexpr uint8_t kDataBytes = (1 << 3) | 2;
-  constexpr uint8_t kPartBytes = (2 << 3) | 2;
-  constexpr uint8_t kPartChecksums = (3 << 3) | 2;
+  const bool batch = piece.message.has_batch();
+  const uint8_t kResponseData = batch ? (4 << 3) | 2 : (3 << 3) | 2;
+  const uint8_t kDataBytes = batch ? (2 << 3) | 2 : (1 << 3) | 2;
+  const uint8_t kPartBytes = batch ? (3 << 3) | 2 : (2 << 3) | 2;
+  const uint8_t kPartChecksums = batch ? (4 << 3) | 2 : (3 << 3) | 2;
   constexpr uint8_t kTileBox = (4 << 3) | 2;
   constexpr uint8_t kBandRows = (5 << 3) | 0;
+  // A batch's headers, as protobuf writes FetchTensorBatch{tensors} (field 1 of each).
+  const std::string headers = batch ? piece.message.batch().SerializeAsString() : std::string();
   const auto length = static_cast<uint64_t>(piece.data_bytes);
   // The fields after the bytes: the parts' sizes and checksums, then the tiles.
   uint64_t sizes_length = 0;
@@ -67,22 +78,50 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
                                                        tail_end);
   }
   const auto tail_size = static_cast<size_t>(tail_end - tail.data());
-  const uint64_t inner = 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;
+  const uint64_t inner =
+      headers.size() + 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;
   uint8_t head[2 * (1 + 10)];
   uint8_t* head_end = head;
   *head_end++ = kResponseData;
   head_end = CodedOutputStream::WriteVarint64ToArray(inner, head_end);
-  *head_end++ = kDataBytes;
-  head_end = CodedOutputStream::WriteVarint64ToArray(length, head_end);
+  uint8_t data_head[1 + 10];
+  uint8_t* data_head_end = data_head;
+  *data_head_end++ = kDataBytes;
+  data_head_end = CodedOutputStream::WriteVarint64ToArray(length, data_head_end);
 
   std::vector<grpc::Slice> slices;
-  slices.reserve(piece.segments.size() + 2);
-  slices.emplace_back(head, static_cast<size_t>(head_end - head));  // copied
+  slices.reserve(piece.segments.size() + 3);
+  if (!batch) {
+    head_end = std::copy(data_head, data_head_end, head_end);
+    slices.emplace_back(head, static_cast<size_t>(head_end - head));  // copied
+  } else {
+    std::string first(reinterpret_cast<const char*>(head), static_cast<size_t>(head_end - head));
+    first.append(headers);
+    first.append(reinterpret_cast<const char*>(data_head),
+                 static_cast<size_t>(data_head_end - data_head));
+    slices.emplace_back(first);  // copied
+  }
+  // Runs of small segments (a batch's tensors) are copied into one buffer: a slice per segment
+  // would cost gRPC more than copying them does.
+  std::string run;
+  auto end_run = [&] {
+    if (run.empty()) return;
+    auto* owned = new std::string(std::move(run));
+    slices.emplace_back(owned->data(), owned->size(), &ReleaseString, owned);
+    run = std::string();
+  };
   for (DataSegment& s : piece.segments) {
+    if (s.bytes.size() < kCopiedSegmentBytes) {
+      if (run.empty()) run.reserve(std::min<size_t>(length, size_t{1} << 20));
+      run.append(s.bytes);
+      continue;
+    }
+    end_run();
     // gRPC only reads the bytes; the owner keeps them alive until gRPC drops the slice.
     slices.emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
                         new std::shared_ptr<const void>(std::move(s.owner)));
   }
+  end_run();
   slices.emplace_back(tail.data(), tail_size);  // copied
   return grpc::ByteBuffer(slices.data(), slices.size());
 }

@@ -211,6 +211,7 @@ void Harness::MeasureManyTensors() {
       request.set_checkpoint_id(id);
       request.set_destination_strategy(strategy);
       request.set_rank(r);
+      request.set_accept_batches(true);  // the client library reads batches (FetchChecker)
       TimedVisitor visitor(&spec, &destination, r);
       const auto rank_start = Clock::now();
       absl::Status s = client_->Fetch(request, visitor);

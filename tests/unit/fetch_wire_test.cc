@@ -249,5 +249,121 @@ TEST(FetchCheckerTest, BandOfTilesWithinTheAnnouncedBytesIsDelivered) {
   EXPECT_TRUE(checker.End().ok());
 }
 
+// Records what a FetchChecker delivers: per tensor its name and bytes.
+class RecordingVisitor final : public TensorVisitor {
+ public:
+  absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+  absl::Status OnTensor(const v1::FetchTensorHeader& h) override {
+    tensors.push_back({h.name(), ""});
+    return absl::OkStatus();
+  }
+  absl::Status OnData(std::string_view data) override {
+    tensors.back().second += data;
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override {
+    ++ended;
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, std::string>> tensors;
+  int ended = 0;
+};
+
+// A batch of tensors named t0, t1, ... holding `bytes[i]` each, with `data` cut into parts of
+// `part` bytes.
+v1::FetchResponse Batch(const std::vector<std::string>& bytes, size_t part) {
+  v1::FetchResponse m;
+  v1::FetchTensorBatch* b = m.mutable_batch();
+  std::string data;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    v1::FetchTensorHeader* h = b->add_tensors();
+    h->set_name("t" + std::to_string(i));
+    h->set_dtype("Int8");
+    h->add_local_shape(static_cast<int64_t>(bytes[i].size()));
+    h->set_total_bytes(static_cast<int64_t>(bytes[i].size()));
+    data += bytes[i];
+  }
+  for (size_t at = 0; at < data.size(); at += part) {
+    const std::string_view p = std::string_view(data).substr(at, part);
+    b->add_part_bytes(p.size());
+    b->add_part_checksums(Checksum(p));
+  }
+  b->set_data(data);
+  return m;
+}
+
+// A batch delivers each of its tensors whole, in order, whatever its parts (one spanning several
+// tensors, or one per few bytes), zero-byte tensors too, and the stream may go on with tensors
+// of their own after it.
+TEST(FetchCheckerTest, BatchDeliversEachTensorWhole) {
+  for (size_t part : {1, 3, 1000}) {
+    SCOPED_TRACE(part);
+    RecordingVisitor visitor;
+    FetchChecker checker(&visitor, "ck");
+    ASSERT_TRUE(checker.Consume(Summary(5, 12)).ok());
+    const std::vector<std::string> bytes = {"abc", "", "defgh", "i"};
+    ASSERT_TRUE(checker.Consume(Batch(bytes, part)).ok());
+    v1::FetchResponse after = TensorHeader("Int8", {3}, 3);
+    after.mutable_tensor()->set_name("t4");
+    ASSERT_TRUE(checker.Consume(after).ok());
+    v1::FetchResponse data;
+    data.mutable_data()->set_data("jkl");
+    data.mutable_data()->add_part_bytes(3);
+    data.mutable_data()->add_part_checksums(Checksum(std::string_view("jkl")));
+    ASSERT_TRUE(checker.Consume(data).ok());
+    ASSERT_TRUE(checker.End().ok());
+    ASSERT_EQ(visitor.tensors.size(), 5u);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      EXPECT_EQ(visitor.tensors[i].first, "t" + std::to_string(i));
+      EXPECT_EQ(visitor.tensors[i].second, bytes[i]);
+    }
+    EXPECT_EQ(visitor.tensors[4].second, "jkl");
+    EXPECT_EQ(visitor.ended, 5);
+  }
+}
+
+// A batch is checked whole before any of its tensors is delivered: a damaged byte anywhere is
+// DATA_LOSS naming the tensor it belongs to, and so are parts or tensors that do not add up to
+// its data; data after a batch's last tensor is refused like any data beyond a tensor's bytes.
+TEST(FetchCheckerTest, DamagedOrInconsistentBatchesAreRefused) {
+  auto refused = [](const v1::FetchResponse& batch, const std::string& what) {
+    SCOPED_TRACE(what);
+    RecordingVisitor visitor;
+    FetchChecker checker(&visitor, "ck");
+    EXPECT_TRUE(checker.Consume(Summary(3, 9)).ok());
+    const absl::Status s = checker.Consume(batch);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(what), std::string_view::npos) << s;
+    EXPECT_TRUE(visitor.tensors.empty()) << "a tensor of a refused batch was delivered";
+  };
+  const std::vector<std::string> bytes = {"abc", "def", "ghi"};
+  v1::FetchResponse damaged = Batch(bytes, 2);
+  (*damaged.mutable_batch()->mutable_data())[4] ^= 1;  // a byte of t1
+  refused(damaged, "tensor t1: bytes [4, 6) of a batch of 3 tensors");
+  v1::FetchResponse short_parts = Batch(bytes, 4);
+  short_parts.mutable_batch()->mutable_part_bytes()->RemoveLast();
+  short_parts.mutable_batch()->mutable_part_checksums()->RemoveLast();
+  refused(short_parts, "its parts cover 8 of its 9 bytes");
+  v1::FetchResponse uneven = Batch(bytes, 4);
+  uneven.mutable_batch()->mutable_part_checksums()->RemoveLast();
+  refused(uneven, "part checksums");
+  v1::FetchResponse too_few = Batch(bytes, 9);
+  too_few.mutable_batch()->mutable_tensors(2)->set_total_bytes(2);
+  refused(too_few, "its tensors announce 8 bytes but it holds 9");
+  v1::FetchResponse too_many = Batch(bytes, 9);
+  too_many.mutable_batch()->mutable_tensors(1)->set_total_bytes(7);
+  refused(too_many, "its tensors announce more bytes but it holds 9");
+
+  RecordingVisitor visitor;
+  FetchChecker checker(&visitor, "ck");
+  ASSERT_TRUE(checker.Consume(Summary(3, 9)).ok());
+  ASSERT_TRUE(checker.Consume(Batch(bytes, 9)).ok());
+  v1::FetchResponse more;
+  more.mutable_data()->set_data("x");
+  more.mutable_data()->add_part_bytes(1);
+  more.mutable_data()->add_part_checksums(Checksum(std::string_view("x")));
+  EXPECT_EQ(checker.Consume(more).code(), absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace ckpt

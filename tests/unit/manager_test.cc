@@ -235,7 +235,8 @@ class ManagerTest : public ::testing::Test {
   // Fetches through NextPiece for reader_, as the service (kClient) or a transform job
   // (kInProcess) does, checking each message's parts; bands of tiles are assembled with TileBand
   // as the client library does.
-  absl::StatusOr<Fetched> Fetch(const v1::FetchRequest& req) {
+  absl::StatusOr<Fetched> Fetch(v1::FetchRequest req) {
+    if (batches_) req.set_accept_batches(true);
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     Fetched out;
@@ -251,6 +252,22 @@ class ManagerTest : public ::testing::Test {
       for (const DataSegment& s : piece.segments) data += s.bytes;
       EXPECT_EQ(static_cast<int64_t>(data.size()), piece.data_bytes);
       if (!piece.segments.empty()) CheckPieceChecksums(piece, data);
+      if (msg.has_batch()) {
+        // Whole tensors, their bytes end to end.
+        EXPECT_TRUE(batches_ && reader_ == FetchReader::kClient);
+        EXPECT_EQ(band, nullptr) << "a batch inside a band of tiles";
+        EXPECT_GT(msg.batch().tensors_size(), 0);
+        EXPECT_LE(static_cast<int64_t>(data.size()), max_message_bytes_);
+        ++batch_messages_;
+        size_t offset = 0;
+        for (const v1::FetchTensorHeader& h : msg.batch().tensors()) {
+          EXPECT_LE(offset + static_cast<size_t>(h.total_bytes()), data.size());
+          out.tensors.push_back({h, data.substr(offset, static_cast<size_t>(h.total_bytes()))});
+          offset += static_cast<size_t>(h.total_bytes());
+        }
+        EXPECT_EQ(offset, data.size());
+        continue;
+      }
       if (!piece.tile_box.empty()) {
         EXPECT_EQ(reader_, FetchReader::kClient);
         ++tile_messages_;
@@ -412,6 +429,8 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<CheckpointManager> manager_;
   int64_t max_message_bytes_ = 0;
   FetchReader reader_ = FetchReader::kClient;  // of Fetch's streams
+  bool batches_ = false;                       // Fetch's requests accept batches
+  int64_t batch_messages_ = 0;                 // batches Fetch received
   // UploadRank sends each rank's tensors as one batch (RankUpload::BeginBatch / EndBatch).
   bool batched_ = false;
   int64_t part_messages_ = 0;         // data messages of rows checked that had several parts
@@ -540,6 +559,34 @@ TEST_F(ManagerTest, PartChecksumsAndTilesMatchEveryByteOfEveryMessage) {
   }
 }
 
+// A client that accepts batches gets runs of small tensors whole in FetchTensorBatch messages,
+// and the rest (larger than batch_tensor_bytes, or than a message) as header and data messages,
+// tiles included: every byte of every re-split and of a merged fetch is the same, and every
+// message's parts match its bytes, whether batches hold a few tensors (100-byte messages) or many.
+TEST_F(ManagerTest, BatchesCarryEveryByteOfSmallTensors) {
+  for (int64_t max_message_bytes : {int64_t{100}, int64_t{512}, int64_t{1} << 20}) {
+    for (int64_t batch_tensor_bytes : {int64_t{64}, int64_t{64} << 10}) {
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " batch_tensor_bytes ",
+                                batch_tensor_bytes));
+      ManagerOptions options = SmallOptions();
+      options.fetch.max_message_bytes = max_message_bytes;
+      options.fetch.min_part_bytes = 16;
+      options.fetch.batch_tensor_bytes = batch_tensor_bytes;
+      options.fetch.batch_first_tensors = 2;
+      options.fetch.batch_max_tensors = 5;
+      Restart(options);
+      batches_ = true;
+      batch_messages_ = 0;
+      tile_messages_ = 0;
+      UploadDemoAndExpectEveryReSplit();
+      EXPECT_GT(batch_messages_, 0);
+      if (max_message_bytes == 512) {
+        EXPECT_GT(tile_messages_, 0);
+      }
+    }
+  }
+}
+
 // New uploads record their chunk checksums as XXH3-64. A manifest recording anything else (no
 // algorithm, as a manifest without the field reads, or one this version does not define) is
 // refused with FAILED_PRECONDITION naming the checkpoint and the value, for fetches, describe and
@@ -604,8 +651,10 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
     bool checksums_match = true;
   };
   // The data messages of `req` until the stream ends or fails (its status).
-  auto run = [&](const v1::FetchRequest& req, FetchReader reader,
+  bool batches = false;  // run's requests accept batches
+  auto run = [&](v1::FetchRequest req, FetchReader reader,
                  std::vector<Message>* out) -> absl::Status {
+    req.set_accept_batches(batches);
     auto stream = manager_->OpenFetch(req);
     if (!stream.ok()) return stream.status();
     FetchPiece piece;
@@ -626,10 +675,11 @@ TEST_F(ManagerTest, CorruptedChunksNeverLeaveUnderMatchingChecksums) {
   };
 
   for (int64_t max_message_bytes : {512, 100}) {
-    for (FetchReader reader : {FetchReader::kClient, FetchReader::kInProcess}) {
+    for (int mode : {0, 1, 2}) {  // a client; a client accepting batches; in process
+      const FetchReader reader = mode == 2 ? FetchReader::kInProcess : FetchReader::kClient;
+      batches = mode == 1;
       const bool stored_on_wire = reader == FetchReader::kClient;
-      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " reader ",
-                                static_cast<int>(reader)));
+      SCOPED_TRACE(absl::StrCat("max_message_bytes ", max_message_bytes, " mode ", mode));
       ManagerOptions options = SmallOptions();
       options.fetch.max_message_bytes = max_message_bytes;
       options.fetch.whole_chunk_message_bytes = 32;

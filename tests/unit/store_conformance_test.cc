@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "core/checksum.h"
 #include "gmock/gmock.h"
@@ -451,6 +453,51 @@ TEST_P(StoreConformanceTest, ReadsBeforeAndDuringAnUploadDoNotHideItsChunks) {
     ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 4)));
     ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 1, 0)));  // another blob
   }
+}
+
+// A committed checkpoint of thousands of small blobs (more locations than one scan reads ahead in
+// the segment store), some of several chunks, some with gaps, blobs and tensors skipped, next to
+// another committed data id: every chunk read finds its own bytes whichever blob is read first,
+// and chunks and blobs that were never written are not found.
+TEST_P(StoreConformanceTest, ManySmallBlobsReadInAnyOrderFindEveryChunk) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks, other = {{Addr(0, 0, 0, 0), "other"}};
+  std::vector<ChunkAddress> missing;
+  for (uint32_t tensor = 0; tensor < 3; ++tensor) {
+    if (tensor == 1) continue;  // a tensor without chunks
+    for (uint32_t blob = 0; blob < 3000; ++blob) {
+      if (blob % 7 == 3) {  // a blob without chunks
+        missing.push_back(Addr(0, tensor, blob, 0));
+        continue;
+      }
+      const uint32_t count = 1 + blob % 3;
+      for (uint32_t chunk = 0; chunk < count + 1; ++chunk) {
+        if (count > 1 && chunk == 1) {  // a gap inside the blob
+          missing.push_back(Addr(0, tensor, blob, chunk));
+          continue;
+        }
+        chunks.push_back({Addr(0, tensor, blob, chunk),
+                          absl::StrCat("t", tensor, "b", blob, "c", chunk)});
+      }
+      missing.push_back(Addr(0, tensor, blob, count + 1));  // past its end
+    }
+  }
+  missing.push_back(Addr(0, 1, 0, 0));
+  const uint64_t id = Upload(&chunks);
+  ASSERT_OK(store_->CommitCheckpoint("many", "m", id));
+  const uint64_t other_id = Upload(&other);
+  ASSERT_OK(store_->CommitCheckpoint("other", "m", other_id));
+  for (ChunkAddress& a : missing) a.data_id = id;
+  // From the middle on, then from the start (blobs read ahead by then, and not), then backwards.
+  std::vector<size_t> order(chunks.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::rotate(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(order.size() / 2),
+              order.end());
+  for (size_t i : order) ASSERT_NO_FATAL_FAILURE(ExpectChunk(chunks[i].first, chunks[i].second));
+  for (size_t i = chunks.size(); i-- > 0;) {
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(chunks[i].first, chunks[i].second));
+  }
+  for (const ChunkAddress& a : missing) ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(a));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(other[0].first, other[0].second));
 }
 
 // --- Garbage collection -------------------------------------------------------------------------

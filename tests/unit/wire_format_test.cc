@@ -105,6 +105,45 @@ TEST(WireFormatTest, FetchDataOfPartsAndTilesParsesAsProtobuf) {
   }
 }
 
+// A batch's headers, data and parts, sized around the varint boundaries of the lengths, parse
+// as the FetchTensorBatch they stand for; a batch of zero-byte tensors is a plain protobuf.
+TEST(WireFormatTest, FetchBatchesParseAsProtobuf) {
+  for (const std::vector<size_t>& sizes : std::vector<std::vector<size_t>>{
+           {0}, {1}, {127}, {60, 68}, {16383, 1}, {100, 1 << 20, 5}, {3, 0, 7, 9}}) {
+    std::vector<std::string> parts;
+    std::string all;
+    for (size_t n : sizes) {
+      parts.push_back(Bytes(n, static_cast<char>(parts.size())));
+      all += parts.back();
+    }
+    SCOPED_TRACE(::testing::Message() << all.size() << " bytes");
+    std::shared_ptr<std::string> owner;
+    FetchPiece piece = DataPiece(parts, &owner);
+    std::erase_if(piece.segments, [](const DataSegment& s) { return s.bytes.empty(); });
+    v1::FetchTensorBatch* batch = piece.message.mutable_batch();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      v1::FetchTensorHeader* h = batch->add_tensors();
+      h->set_name(std::string(200, static_cast<char>('a' + i)));  // headers of > 127 bytes
+      h->set_dtype("Int8");
+      h->add_local_shape(static_cast<int64_t>(parts[i].size()));
+      h->set_total_bytes(static_cast<int64_t>(parts[i].size()));
+      if (!parts[i].empty()) {
+        piece.parts.push_back({static_cast<int64_t>(parts[i].size()), Checksum(parts[i])});
+      }
+    }
+    v1::FetchResponse expected;
+    *expected.mutable_batch() = *batch;
+    expected.mutable_batch()->set_data(all);
+    for (const ChecksumPart& p : piece.parts) {
+      expected.mutable_batch()->add_part_bytes(static_cast<uint64_t>(p.bytes));
+      expected.mutable_batch()->add_part_checksums(p.checksum);
+    }
+    const v1::FetchResponse got = Parse<v1::FetchResponse>(EncodeFetchResponse(std::move(piece)));
+    EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
+    EXPECT_EQ(owner.use_count(), 1) << "the encoded message still holds the segments";
+  }
+}
+
 using ::ckpt::testing::SlicedByteBuffer;
 
 std::string Joined(const std::vector<std::string_view>& views) {
