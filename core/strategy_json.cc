@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/absl_compat.h"
 #include "core/internal/strategy_parse.h"
 #include "core/status_macros.h"
@@ -28,9 +29,6 @@ namespace {
 // merge_pipeline_strategys; layout items are reported and merged in file order), is recorded
 // while parsing (LimitedDomBuilder).
 using Json = nlohmann::json;
-// Written JSON keeps our order (MindSpore's field order); it is built by appending, never by
-// lookups (see SerializeJson).
-using OrderedJson = nlohmann::ordered_json;
 
 constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -171,26 +169,122 @@ absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item)
   return op;
 }
 
-OrderedJson LayoutToJson(const StrategyParam& param) {
+// Writes JSON text in the form nlohmann::json's dump(2) gives (two-space indents, "key": value,
+// one array element per line, "[]" and "{}" for empty containers, strings escaped as nlohmann
+// escapes them), straight into one string: building an ordered_json document first costs an
+// allocation per value and a second pass, a good part of registering a large strategy.
+// Strings must be valid UTF-8 (Strategy::Create checks every name).
+class JsonWriter {
+ public:
+  explicit JsonWriter(std::string* out) : out_(out) {}
+
+  // Containers. Each member or element starts with Key()/Element(), then its value.
+  void BeginObject() { Open('{'); }
+  void EndObject() { Close('}'); }
+  void BeginArray() { Open('['); }
+  void EndArray() { Close(']'); }
+  void Key(std::string_view key) {
+    Separate();
+    String(key);
+    out_->append(": ");
+  }
+  // Before a value that is an element of the innermost array.
+  void Element() { Separate(); }
+
+  void Int(int64_t v) { absl::StrAppend(out_, v); }
+  template <typename T>
+  void IntArray(const std::vector<T>& values) {
+    BeginArray();
+    for (T v : values) {
+      Element();
+      Int(static_cast<int64_t>(v));
+    }
+    EndArray();
+  }
+  void String(std::string_view s) {
+    out_->push_back('"');
+    size_t run = 0;  // start of the bytes not yet copied
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c >= 0x20 && c != '"' && c != '\\') continue;
+      out_->append(s.substr(run, i - run));
+      run = i + 1;
+      switch (c) {
+        case '"': out_->append("\\\""); break;
+        case '\\': out_->append("\\\\"); break;
+        case '\b': out_->append("\\b"); break;
+        case '\f': out_->append("\\f"); break;
+        case '\n': out_->append("\\n"); break;
+        case '\r': out_->append("\\r"); break;
+        case '\t': out_->append("\\t"); break;
+        default: absl::StrAppend(out_, absl::StrFormat("\\u%04x", c)); break;
+      }
+    }
+    out_->append(s.substr(run));
+    out_->push_back('"');
+  }
+
+ private:
+  // The comma and line break before a member or element (none before a container's first).
+  void Separate() {
+    if (!first_.back()) out_->push_back(',');
+    first_.back() = false;
+    out_->push_back('\n');
+    out_->append(2 * first_.size(), ' ');
+  }
+  void Open(char c) {
+    out_->push_back(c);
+    first_.push_back(true);
+  }
+  void Close(char c) {
+    const bool empty = first_.back();
+    first_.pop_back();
+    if (!empty) {
+      out_->push_back('\n');
+      out_->append(2 * first_.size(), ' ');
+    }
+    out_->push_back(c);
+  }
+
+  std::string* out_;
+  std::vector<bool> first_;  // per open container: nothing written in it yet
+};
+
+void WriteLayout(JsonWriter& w, const StrategyParam& param) {
   const Layout& layout = param.layout;
-  OrderedJson item = OrderedJson::object();
-  item["dev_matrix"] = layout.dev_matrix;
-  OrderedJson map = OrderedJson::array();
+  w.BeginObject();
+  w.Key("dev_matrix");
+  w.IntArray(layout.dev_matrix);
+  w.Key("tensor_map");
+  w.BeginArray();
   for (const std::vector<int32_t>& axes : layout.tensor_map) {
+    w.Element();
     if (layout.nested_form) {
-      map.push_back(axes.empty() ? OrderedJson::array({-1}) : OrderedJson(axes));
+      if (axes.empty()) {
+        w.IntArray(std::vector<int32_t>{-1});
+      } else {
+        w.IntArray(axes);
+      }
     } else {
-      map.push_back(axes.empty() ? -1 : axes.front());
+      w.Int(axes.empty() ? -1 : axes.front());
     }
   }
-  item["tensor_map"] = std::move(map);
-  if (param.tensor_shape) item["tensor_shape"] = *param.tensor_shape;
-  item["field"] = layout.field;
-  item["opt_weight_shard_step"] = layout.opt_shard_step;
-  item["opt_weight_shard_size"] = layout.opt_shard_size;
-  item["param_split_shape"] = layout.param_split_shape;
-  item["indices_offset"] = layout.indices_offset;
-  return item;
+  w.EndArray();
+  if (param.tensor_shape) {
+    w.Key("tensor_shape");
+    w.IntArray(*param.tensor_shape);
+  }
+  w.Key("field");
+  w.Int(layout.field);
+  w.Key("opt_weight_shard_step");
+  w.Int(layout.opt_shard_step);
+  w.Key("opt_weight_shard_size");
+  w.Int(layout.opt_shard_size);
+  w.Key("param_split_shape");
+  w.IntArray(layout.param_split_shape);
+  w.Key("indices_offset");
+  w.IntArray(layout.indices_offset);
+  w.EndObject();
 }
 
 // The keys of the top-level "parallel_strategy_item" and "parallel_layout_item" objects in file
@@ -338,38 +432,51 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
 }
 
 std::string SerializeJson(const Strategy& strategy) {
-  // Members are appended to the ordered objects' underlying vectors: ordered_json's operator[]
-  // and contains() scan every key, which would make this O(n^2) in the number of parameters.
   // Keys are unique by construction (checked below for operators; parameter names are unique and
   // each is written once per stage, or once when the names carry no stage prefix).
-  OrderedJson doc = OrderedJson::object();
-  doc["current_stage"] = strategy.stage_prefixed_names() ? 1 : 0;
-  OrderedJson ops = OrderedJson::object();
-  auto& op_members = ops.get_ref<OrderedJson::object_t&>();
+  std::string out;
+  out.reserve(strategy.params().size() * 400 + strategy.ops().size() * 100 + 128);
+  JsonWriter w(&out);
+  w.BeginObject();
+  w.Key("current_stage");
+  w.Int(strategy.stage_prefixed_names() ? 1 : 0);
+  w.Key("parallel_strategy_item");
+  w.BeginObject();
   std::set<std::string_view> op_names;
   for (const OpStrategy& op : strategy.ops()) {
     // JSON keys operator items by node name; a repeated name keeps its first item, the one that
     // decides a per-stage file's stage.
     if (!op_names.insert(op.node_name).second) continue;
-    OrderedJson item = OrderedJson::object();
-    item["stage"] = op.stage;
-    item["parallel_strategy"] = op.inputs;
-    op_members.emplace_back(op.node_name, std::move(item));
+    w.Key(op.node_name);
+    w.BeginObject();
+    w.Key("stage");
+    w.Int(op.stage);
+    w.Key("parallel_strategy");
+    w.BeginArray();
+    for (const std::vector<uint32_t>& input : op.inputs) {
+      w.Element();
+      w.IntArray(input);
+    }
+    w.EndArray();
+    w.EndObject();
   }
-  doc["parallel_strategy_item"] = std::move(ops);
-  OrderedJson layouts = OrderedJson::object();
-  auto& layout_members = layouts.get_ref<OrderedJson::object_t&>();
+  w.EndObject();
+  w.Key("parallel_layout_item");
+  w.BeginObject();
   for (const auto& [name, param] : strategy.params()) {
     if (!strategy.stage_prefixed_names()) {
-      layout_members.emplace_back(name, LayoutToJson(param));
+      w.Key(name);
+      WriteLayout(w, param);
       continue;
     }
     for (int32_t stage : param.layout.stages) {
-      layout_members.emplace_back(absl::StrCat(stage, "-", name), LayoutToJson(param));
+      w.Key(absl::StrCat(stage, "-", name));
+      WriteLayout(w, param);
     }
   }
-  doc["parallel_layout_item"] = std::move(layouts);
-  return doc.dump(2);
+  w.EndObject();
+  w.EndObject();
+  return out;
 }
 
 }  // namespace ckpt::strategy_internal

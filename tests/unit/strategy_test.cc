@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
 
 namespace ckpt {
@@ -850,6 +851,45 @@ TEST(StrategyJsonTest, FiftyThousandParametersRoundTrip) {
   absl::StatusOr<Strategy> s = Strategy::Create(std::move(params), 1);
   ASSERT_TRUE(s.ok()) << s.status();
   ExpectRoundTrip(*s, StrategyFormat::kJson);
+}
+
+TEST(StrategyJsonTest, WrittenExactlyAsNlohmannDumpsIt) {
+  // The JSON writer is our own; its text must be what nlohmann's dump(2) makes of the same
+  // document (indents, separators, empty containers, escapes), so files written before and after
+  // compare equal. Names with characters that need escaping, empty lists, both tensor_map forms.
+  for (const bool merged : {false, true}) {
+    std::map<std::string, StrategyParam> params;
+    StrategyParam& a = params["w\"quoted\\back\xc3\xa9"];
+    a.layout.dev_matrix = {2, 4};
+    a.layout.tensor_map = {{1}, {}};
+    a.tensor_shape = Shape{8, 12};
+    a.layout.param_split_shape = {4, 4};
+    a.layout.indices_offset = {0, 4};
+    StrategyParam& b = params["bias"];
+    b.layout.dev_matrix = {2, 4};
+    b.layout.tensor_map = {{1, 0}, {}};
+    b.layout.nested_form = true;
+    b.layout.field = -1;
+    b.layout.opt_shard_step = 2;
+    b.layout.opt_shard_size = 4;
+    StrategyParam& c = params["scalar"];
+    c.layout.dev_matrix = {8};
+    c.tensor_shape = Shape{};
+    if (merged) {
+      a.layout.stages = {0, 1};
+      b.layout.stages = {1};
+      c.layout.stages = {0};
+    }
+    std::vector<OpStrategy> ops = {{"op\t\x01\"x", 0, {{2, 4}, {}}}, {"no_inputs", 1, {}}};
+    absl::StatusOr<Strategy> s =
+        Strategy::Create(std::move(params), merged ? 2 : 1, std::move(ops), merged);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const std::string written = SerializeStrategy(*s, StrategyFormat::kJson);
+    EXPECT_EQ(written, nlohmann::ordered_json::parse(written).dump(2));
+    EXPECT_THAT(written, HasSubstr(R"("op\t\u0001\"x": {)"));
+    EXPECT_THAT(written, HasSubstr("\"parallel_strategy\": []"));
+    ExpectRoundTrip(*s, StrategyFormat::kJson);
+  }
 }
 
 TEST(StrategyJsonTest, TypeErrorsNameTheKey) {
