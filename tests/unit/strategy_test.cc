@@ -970,7 +970,8 @@ TEST(StrategyJsonTest, RejectsEmptyAndMalformedDocuments) {
 TEST(StrategyJsonTest, ParsesStrictJson) {
   // What RFC 8259 allows: escapes (a surrogate pair too), a byte order mark, raw UTF-8, "-0".
   const std::string ok = "\xEF\xBB\xBF" R"( {"parallel_layout_item": {
-      "w\u00e9\ud83d\ude00\"\\\/x": {"dev_matrix": [2], "tensor_map": [-0], "unknown": [1.5e3, true, false, null, {"a": "b"}]},
+      "w\u00e9\ud83d\ude00\"\\\/x": {"dev_matrix": [2], "tensor_map": [-0],
+                                  "unknown": [1.5e3, true, false, null, {"a": "b"}]},
       "na)" "\xc3\xa9" R"(me": {"dev_matrix": [2], "tensor_map": [-1]}}} )";
   const Strategy s = ParseOrDie(ok, StrategyFormat::kJson);
   ASSERT_NE(s.Find("w\xc3\xa9\xf0\x9f\x98\x80\"\\/x"), nullptr);
@@ -983,8 +984,8 @@ TEST(StrategyJsonTest, ParsesStrictJson) {
   const std::string item = R"({"dev_matrix": [2], "tensor_map": [0]})";
   for (const std::string& broken : {
            std::string(R"({"parallel_layout_item": {"w": )") + item + "}} x",
-           std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": [02], "tensor_map": [0]}}})"),
-           std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": [2.], "tensor_map": [0]}}})"),
+           std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": [02]}}})"),
+           std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": [2.]}}})"),
            std::string(R"({"parallel_layout_item": {"w\ud800": )") + item + "}}",
            std::string(R"({"parallel_layout_item": {"w\udc00": )") + item + "}}",
            std::string(R"({"parallel_layout_item": {"w\q": )") + item + "}}",
