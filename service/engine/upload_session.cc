@@ -289,8 +289,9 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
     return global.status();
   }
   if (!first) {
-    const Shape known(t.record.global_shape().begin(), t.record.global_shape().end());
-    if (known != *global) {
+    const auto& known_dims = t.record.global_shape();
+    if (!std::equal(known_dims.begin(), known_dims.end(), global->begin(), global->end())) {
+      const Shape known(known_dims.begin(), known_dims.end());
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
           layout ? absl::StrCat(" (global ", ShapeToString(*global), ")") : std::string(),
@@ -557,10 +558,8 @@ absl::Status RankUpload::MarkWrittenLocked(const WrittenSlice& slice) {
     }
   }
   if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", slice.name));
-  blob->record.clear_tile();
-  for (int64_t v : slice.tile) blob->record.add_tile(v);
-  blob->record.clear_chunk_checksums();
-  for (uint64_t x : slice.checksums) blob->record.add_chunk_checksums(x);
+  blob->record.mutable_tile()->Assign(slice.tile.begin(), slice.tile.end());
+  blob->record.mutable_chunk_checksums()->Assign(slice.checksums.begin(), slice.checksums.end());
   blob->record.set_total_bytes(slice.total);
   AddHolder(blob->record, rank_);
   blob->state = PendingCheckpoint::BlobState::kDone;
