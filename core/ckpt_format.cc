@@ -274,7 +274,7 @@ void CkptReader::Consume(size_t n) {
   offset_ += static_cast<int64_t>(n);
 }
 
-absl::StatusOr<uint64_t> CkptReader::ReadVarint(int64_t limit, std::string_view what) {
+absl::StatusOr<uint64_t> CkptReader::ReadVarint(int64_t limit, Words what) {
   const int64_t start = offset_;
   CKPT_RETURN_IF_ERROR(Fill(kMaxVarintBytes));
   const uint64_t to_limit = static_cast<uint64_t>(limit - offset_);
@@ -284,7 +284,7 @@ absl::StatusOr<uint64_t> CkptReader::ReadVarint(int64_t limit, std::string_view 
   uint64_t value = 0;
   for (size_t i = 0; i < n; ++i) {
     if (i == kMaxVarintBytes - 1 && p[i] > 1) {
-      return Malformed(start, absl::StrCat("varint for ", Sv(what), " overflows 64 bits"));
+      return Malformed(start, absl::StrCat("varint for ", what(), " overflows 64 bits"));
     }
     value |= uint64_t{p[i] & 0x7fu} << (7 * i);
     if ((p[i] & 0x80) == 0) {
@@ -293,29 +293,29 @@ absl::StatusOr<uint64_t> CkptReader::ReadVarint(int64_t limit, std::string_view 
     }
   }
   if (n == kMaxVarintBytes) {
-    return Malformed(start, absl::StrCat("varint for ", Sv(what), " is longer than 10 bytes"));
+    return Malformed(start, absl::StrCat("varint for ", what(), " is longer than 10 bytes"));
   }
   if (n == to_limit) {
     return Malformed(start,
-                     absl::StrCat("varint for ", Sv(what),
+                     absl::StrCat("varint for ", what(),
                                   " runs past the end of its enclosing message at offset ", limit));
   }
   Consume(n);  // so that the error reports where the stream ended
-  return Truncated(absl::StrCat("a varint (", Sv(what), ")"), /*missing=*/0);
+  return Truncated(absl::StrCat("a varint (", what(), ")"), /*missing=*/0);
 }
 
-absl::StatusOr<int64_t> CkptReader::ReadLength(int64_t limit, std::string_view what) {
+absl::StatusOr<int64_t> CkptReader::ReadLength(int64_t limit, Words what) {
   const int64_t start = offset_;
   CKPT_ASSIGN_OR_RETURN(const uint64_t length,
-                        ReadVarint(limit, absl::StrCat("the length of ", Sv(what))));
+                        ReadVarint(limit, [&] { return absl::StrCat("the length of ", what()); }));
   if (length > static_cast<uint64_t>(limit - offset_)) {
-    return Malformed(start, absl::StrCat(Sv(what), " declares ", length, " bytes but only ",
+    return Malformed(start, absl::StrCat(what(), " declares ", length, " bytes but only ",
                                          limit - offset_, " remain in its enclosing message"));
   }
   return static_cast<int64_t>(length);
 }
 
-absl::Status CkptReader::ReadBytes(int64_t n, std::string* out, std::string_view what) {
+absl::Status CkptReader::ReadBytes(int64_t n, std::string* out, Words what) {
   size_t need = static_cast<size_t>(n);
   const size_t from_buffer = std::min(need, Available());
   out->append(buffer_.data() + buffer_pos_, from_buffer);
@@ -328,7 +328,7 @@ absl::Status CkptReader::ReadBytes(int64_t n, std::string* out, std::string_view
     const size_t k = std::min(need, Available());
     out->append(buffer_.data() + buffer_pos_, k);
     Consume(k);
-    if (k < need) return Truncated(what, static_cast<int64_t>(need - k));
+    if (k < need) return Truncated(what(), static_cast<int64_t>(need - k));
     return absl::OkStatus();
   }
 
@@ -362,16 +362,16 @@ absl::Status CkptReader::ReadBytes(int64_t n, std::string* out, std::string_view
     need -= filled - old;
     if (filled < target) {
       out->resize(filled);
-      return Truncated(what, static_cast<int64_t>(need));
+      return Truncated(what(), static_cast<int64_t>(need));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CkptReader::Skip(int64_t n, std::string_view what) {
+absl::Status CkptReader::Skip(int64_t n, Words what) {
   while (n > 0) {
     CKPT_RETURN_IF_ERROR(Fill(static_cast<size_t>(std::min<int64_t>(n, kReadAheadBytes))));
-    if (Available() == 0) return Truncated(what, n);
+    if (Available() == 0) return Truncated(what(), n);
     const size_t k = static_cast<size_t>(std::min<int64_t>(n, static_cast<int64_t>(Available())));
     Consume(k);
     n -= static_cast<int64_t>(k);
@@ -379,12 +379,12 @@ absl::Status CkptReader::Skip(int64_t n, std::string_view what) {
   return absl::OkStatus();
 }
 
-absl::Status CkptReader::SkipField(uint64_t key, int64_t limit, std::string_view context) {
+absl::Status CkptReader::SkipField(uint64_t key, int64_t limit, Words context) {
   // Unknown fields are skipped as protobuf does, so that files from newer MindSpore versions
   // with extra fields still load; groups (deprecated, never written by MindSpore) are rejected.
   const int64_t start = offset_;
   const uint64_t field = key >> 3;
-  const std::string what = absl::StrCat("unknown field ", field, " of ", Sv(context));
+  auto what = [&] { return absl::StrCat("unknown field ", field, " of ", context()); };
   int64_t n = 0;
   switch (key & 7) {
     case kVarint:
@@ -400,56 +400,65 @@ absl::Status CkptReader::SkipField(uint64_t key, int64_t limit, std::string_view
       break;
     }
     default:
-      return Malformed(start, absl::StrCat("field ", field, " of ", Sv(context),
+      return Malformed(start, absl::StrCat("field ", field, " of ", context(),
                                            " has unsupported wire type ", key & 7));
   }
   if (n > limit - offset_) {
-    return Malformed(start, absl::StrCat(what, " runs past the end of its enclosing message"));
+    return Malformed(start, absl::StrCat(what(), " runs past the end of its enclosing message"));
   }
   return Skip(n, what);
 }
 
 absl::Status CkptReader::ParseTensorFields(int64_t limit, ValueFields* f) {
-  const std::string context = absl::StrCat("the tensor of ", f->Describe());
+  auto context = [&] { return absl::StrCat("the tensor of ", f->Describe()); };
   while (offset_ < limit) {
     const int64_t key_start = offset_;
     CKPT_ASSIGN_OR_RETURN(const uint64_t key,
-                          ReadVarint(limit, absl::StrCat("a field key in ", context)));
+                          ReadVarint(limit, [&] {
+                            return absl::StrCat("a field key in ", context());
+                          }));
     const uint64_t field = key >> 3;
     const uint64_t wire = key & 7;
     if (field == 1 && f->dims.size() >= kMaxDims) {
-      return Malformed(key_start, absl::StrCat(context, " has more than ", kMaxDims, " dims"));
+      return Malformed(key_start, absl::StrCat(context(), " has more than ", kMaxDims, " dims"));
     }
     if (field == 1 && wire == kVarint) {
-      CKPT_ASSIGN_OR_RETURN(const uint64_t d, ReadVarint(limit, absl::StrCat("dims of ", context)));
+      CKPT_ASSIGN_OR_RETURN(const uint64_t d, ReadVarint(limit, [&] {
+                              return absl::StrCat("dims of ", context());
+                            }));
       f->dims.push_back(static_cast<int64_t>(d));
     } else if (field == 1 && wire == kLengthDelimited) {
       // Packed dims: MindSpore writes them unpacked, but protobuf parsers accept both.
       CKPT_ASSIGN_OR_RETURN(const int64_t n,
-                            ReadLength(limit, absl::StrCat("packed dims of ", context)));
+                            ReadLength(limit, [&] {
+                              return absl::StrCat("packed dims of ", context());
+                            }));
       const int64_t end = offset_ + n;
       while (offset_ < end) {
         if (f->dims.size() >= kMaxDims) {
-          return Malformed(offset_, absl::StrCat(context, " has more than ", kMaxDims, " dims"));
+          return Malformed(offset_, absl::StrCat(context(), " has more than ", kMaxDims, " dims"));
         }
         CKPT_ASSIGN_OR_RETURN(const uint64_t d,
-                              ReadVarint(end, absl::StrCat("packed dims of ", context)));
+                              ReadVarint(end, [&] {
+                                return absl::StrCat("packed dims of ", context());
+                              }));
         f->dims.push_back(static_cast<int64_t>(d));
       }
     } else if (field == 2 && wire == kLengthDelimited) {
-      const std::string what = absl::StrCat("tensor_type of ", context);
+      auto what = [&] { return absl::StrCat("tensor_type of ", context()); };
       CKPT_ASSIGN_OR_RETURN(const int64_t n, ReadLength(limit, what));
       f->tensor_type.emplace();
       CKPT_RETURN_IF_ERROR(ReadBytes(n, &*f->tensor_type, what));
     } else if (field == 3 && wire == kLengthDelimited) {
-      const std::string what = absl::StrCat("tensor_content of ", context);
+      auto what = [&] { return absl::StrCat("tensor_content of ", context()); };
       CKPT_ASSIGN_OR_RETURN(const int64_t n, ReadLength(limit, what));
       f->content.clear();  // a repeated singular field: the last one wins, as in protobuf
       f->has_content = true;
       CKPT_RETURN_IF_ERROR(ReadBytes(n, &f->content, what));
     } else if (field >= 1 && field <= 3) {
-      return Malformed(key_start, absl::StrCat("field ", field, " of ", context, " has wire type ",
-                                               wire, ", expected ", field == 1 ? "0 or 2" : "2"));
+      return Malformed(key_start, absl::StrCat("field ", field, " of ", context(),
+                                               " has wire type ", wire, ", expected ",
+                                               field == 1 ? "0 or 2" : "2"));
     } else {
       CKPT_RETURN_IF_ERROR(SkipField(key, limit, context));
     }
@@ -523,7 +532,9 @@ absl::StatusOr<std::optional<CkptTensor>> CkptReader::ParseNextValue() {
   }
   Consume(1);
   CKPT_ASSIGN_OR_RETURN(const uint64_t length,
-                        ReadVarint(kNoLimit, absl::StrCat("the length of ", f.Describe())));
+                        ReadVarint(kNoLimit, [&] {
+                          return absl::StrCat("the length of ", f.Describe());
+                        }));
   if (length > static_cast<uint64_t>(options_.max_value_bytes)) {
     return Malformed(
         f.start, absl::StrCat(f.Describe(), " declares ", length, " bytes, more than the limit of ",
@@ -533,7 +544,9 @@ absl::StatusOr<std::optional<CkptTensor>> CkptReader::ParseNextValue() {
   while (offset_ < limit) {
     const int64_t key_start = offset_;
     CKPT_ASSIGN_OR_RETURN(const uint64_t key,
-                          ReadVarint(limit, absl::StrCat("a field key of ", f.Describe())));
+                          ReadVarint(limit, [&] {
+                            return absl::StrCat("a field key of ", f.Describe());
+                          }));
     const uint64_t field = key >> 3;
     const uint64_t wire = key & 7;
     if (field >= 1 && field <= 3 && wire != kLengthDelimited) {
@@ -541,24 +554,28 @@ absl::StatusOr<std::optional<CkptTensor>> CkptReader::ParseNextValue() {
                                                " has wire type ", wire, ", expected 2"));
     }
     if (field == 1) {
-      const std::string what = absl::StrCat("the tag of ", f.Describe());
+      // Worded before the tag is read: f.Describe() names the Value by its tag once it has one.
+      const std::string described = f.Describe();
+      auto what = [&] { return absl::StrCat("the tag of ", described); };
       CKPT_ASSIGN_OR_RETURN(const int64_t n, ReadLength(limit, what));
       f.tag.emplace();
       CKPT_RETURN_IF_ERROR(ReadBytes(n, &*f.tag, what));
     } else if (field == 2) {
       CKPT_ASSIGN_OR_RETURN(const int64_t n,
-                            ReadLength(limit, absl::StrCat("the tensor of ", f.Describe())));
+                            ReadLength(limit, [&] {
+                              return absl::StrCat("the tensor of ", f.Describe());
+                            }));
       // A repeated embedded message merges into the earlier one, as in protobuf.
       f.has_tensor = true;
       CKPT_RETURN_IF_ERROR(ParseTensorFields(offset_ + n, &f));
     } else if (field == 3) {
-      const std::string what = absl::StrCat("the maptensor of ", f.Describe());
+      auto what = [&] { return absl::StrCat("the maptensor of ", f.Describe()); };
       CKPT_ASSIGN_OR_RETURN(const int64_t n, ReadLength(limit, what));
       // Skipped rather than rejected here so that the error can name the tag written after it.
       CKPT_RETURN_IF_ERROR(Skip(n, what));
       f.has_maptensor = true;
     } else {
-      CKPT_RETURN_IF_ERROR(SkipField(key, limit, f.Describe()));
+      CKPT_RETURN_IF_ERROR(SkipField(key, limit, [&] { return f.Describe(); }));
     }
   }
   CKPT_ASSIGN_OR_RETURN(CkptTensor t, ValueTensor(f));

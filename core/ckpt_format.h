@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/box.h"
@@ -73,11 +74,14 @@ class CkptReader {
   // offset where the enclosing message ends; `what` names the item for error messages.
   size_t Available() const { return buffer_.size() - buffer_pos_; }
   void Consume(size_t n);
-  absl::StatusOr<uint64_t> ReadVarint(int64_t limit, std::string_view what);
-  absl::StatusOr<int64_t> ReadLength(int64_t limit, std::string_view what);
-  absl::Status ReadBytes(int64_t n, std::string* out, std::string_view what);
-  absl::Status Skip(int64_t n, std::string_view what);
-  absl::Status SkipField(uint64_t key, int64_t limit, std::string_view context);
+  // `what` (and `context`) are called only to word an error: a Value of a small tensor would
+  // otherwise cost a dozen formatted strings.
+  using Words = absl::FunctionRef<std::string()>;
+  absl::StatusOr<uint64_t> ReadVarint(int64_t limit, Words what);
+  absl::StatusOr<int64_t> ReadLength(int64_t limit, Words what);
+  absl::Status ReadBytes(int64_t n, std::string* out, Words what);
+  absl::Status Skip(int64_t n, Words what);
+  absl::Status SkipField(uint64_t key, int64_t limit, Words context);
   absl::Status ParseTensorFields(int64_t limit, ValueFields* fields);
   // The tensor of a parsed Value, its bytes moved out of `fields`, once the fields are checked: no
   // map tensor, every required field present, a known dtype.

@@ -1,36 +1,380 @@
 // The JSON form of a strategy (MindSpore's to_json/FromJson): parsing with bounded memory, and
-// serialising in the order MindSpore writes.
+// serialising in the order MindSpore writes. Both are our own (JsonParser, JsonWriter): a
+// strategy of 50,000 parameters is a 16 MiB text, and a general-purpose document costs an
+// allocation per value.
 #include <algorithm>
+#include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/absl_compat.h"
 #include "core/internal/strategy_parse.h"
 #include "core/status_macros.h"
 #include "core/strategy.h"
-#include "nlohmann/json.hpp"
 
 namespace ckpt::strategy_internal {
 namespace {
 
-// Parsed JSON. Objects are sorted maps (lookups in O(log n)): nlohmann's order-preserving
-// ordered_json finds keys by a linear scan, which makes parsing an object of n keys O(n^2) (tens
-// of seconds for a strategy of 50,000 parameters). The one order that matters, the key order of
-// the two item objects (the first operator item decides a per-stage file's pipeline stage, as in
-// merge_pipeline_strategys; layout items are reported and merged in file order), is recorded
-// while parsing (LimitedDomBuilder).
-using Json = nlohmann::json;
-// Written JSON keeps our order (MindSpore's field order); it is built by appending, never by
-// lookups (see SerializeJson).
-using OrderedJson = nlohmann::ordered_json;
+// Parsed JSON: a light document over the text, built by JsonParser. A value's members (object)
+// or elements (array) are contiguous; strings are views of the text, or of the parser's decoded
+// copy when they hold escapes. The interface is the part of nlohmann::json's that the
+// conversions below use. Parsing a 50,000-parameter strategy with nlohmann's document (an
+// allocation per value and per key, sorted maps) took most of the time of registering it.
+class Json {
+ public:
+  enum class Kind : uint8_t { kNull, kBool, kInt, kUint, kFloat, kString, kArray, kObject };
+
+  bool is_object() const { return kind == Kind::kObject; }
+  bool is_array() const { return kind == Kind::kArray; }
+  // As nlohmann: non-negative integers are unsigned, negative ones signed; both are integers.
+  bool is_number_unsigned() const { return kind == Kind::kUint; }
+  bool is_number_integer() const { return kind == Kind::kInt || kind == Kind::kUint; }
+  template <typename T>
+  T get() const {
+    return kind == Kind::kUint ? static_cast<T>(u) : static_cast<T>(i);
+  }
+  // Members or elements.
+  size_t size() const { return count; }
+  const Json* begin() const { return children; }
+  const Json* end() const { return children + count; }
+  const Json& operator[](size_t k) const { return children[k]; }
+  // The member named `k`, or end(): the last one of that name, as a repeated key keeps its last
+  // value in nlohmann's document.
+  const Json* find(std::string_view k) const {
+    const Json* found = end();
+    for (const Json& m : *this) {
+      if (m.key == k) found = &m;
+    }
+    return found;
+  }
+
+  Kind kind = Kind::kNull;
+  std::string_view key;  // an object member's name
+  int64_t i = 0;         // kInt
+  uint64_t u = 0;        // kUint
+  const Json* children = nullptr;
+  uint32_t count = 0;
+  uint32_t first = 0;  // while parsing: the index of the first child in the parser's pool
+};
+
+// Thrown by JsonParser when the document exceeds a bound.
+struct TooLarge {
+  std::string what;
+};
+// Thrown by JsonParser for text that is not JSON.
+struct SyntaxError {
+  std::string what;
+};
+
+// A strict JSON (RFC 8259) parser: UTF-8 checked (no overlong forms, surrogates or code points
+// above U+10FFFF), escapes decoded, surrogate pairs joined, a leading byte order mark skipped, as
+// nlohmann's parser does. Owns the document it builds (root()). Bounds the values and the depth:
+// a parsed value costs more memory than its text, so a large text of tiny values (or deep
+// nesting) could cost far more memory than its size; both bounds are far above what a real
+// strategy holds (tens of values per parameter, 5 levels).
+class JsonParser {
+ public:
+  static constexpr int64_t kMaxValues = int64_t{1} << 23;
+  static constexpr int kMaxDepth = 32;
+
+  explicit JsonParser(std::string_view text) : text_(text) {
+    // Decoded strings are never longer than their text: views of decoded_ stay valid.
+    decoded_.reserve(text.size());
+  }
+
+  // Parses the whole text; throws SyntaxError or TooLarge.
+  const Json& Parse() {
+    if (text_.substr(0, 3) == "\xEF\xBB\xBF") pos_ = 3;
+    ParseValue(root_, 0);
+    SkipSpace();
+    if (pos_ != text_.size()) Fail("unexpected content after the document");
+    for (Json& v : pool_) Link(v);
+    Link(root_);
+    return root_;
+  }
+
+ private:
+  [[noreturn]] void Fail(std::string_view what) const {
+    throw SyntaxError{absl::StrCat("syntax error at byte ", pos_, ": ", Sv(what))};
+  }
+  void Link(Json& v) {
+    if (v.count > 0) v.children = pool_.data() + v.first;
+  }
+  void CountValue() {
+    if (++values_ > kMaxValues) {
+      throw TooLarge{absl::StrCat("holds more than ", kMaxValues, " values")};
+    }
+  }
+  void SkipSpace() {
+    while (pos_ < text_.size()) {
+      const char c = text_[pos_];
+      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return;
+      ++pos_;
+    }
+  }
+  char Peek() {
+    SkipSpace();
+    if (pos_ >= text_.size()) Fail("unexpected end of the text");
+    return text_[pos_];
+  }
+  void Expect(char c) {
+    if (Peek() != c) Fail(absl::StrCat("expected '", std::string(1, c), "'"));
+    ++pos_;
+  }
+
+  void ParseValue(Json& out, int depth) {
+    const char c = Peek();
+    switch (c) {
+      case '{':
+      case '[':
+        ParseContainer(out, depth + 1, c == '{');
+        return;
+      case '"':
+        CountValue();
+        out.kind = Json::Kind::kString;
+        ParseString();
+        return;
+      case 't':
+        CountValue();
+        Literal("true");
+        out.kind = Json::Kind::kBool;
+        return;
+      case 'f':
+        CountValue();
+        Literal("false");
+        out.kind = Json::Kind::kBool;
+        return;
+      case 'n':
+        CountValue();
+        Literal("null");
+        out.kind = Json::Kind::kNull;
+        return;
+      default:
+        if (c == '-' || (c >= '0' && c <= '9')) {
+          CountValue();
+          ParseNumber(out);
+          return;
+        }
+        Fail("expected a value");
+    }
+  }
+
+  void ParseContainer(Json& out, int depth, bool object) {
+    if (depth > kMaxDepth) throw TooLarge{absl::StrCat("nests deeper than ", kMaxDepth, " levels")};
+    ++pos_;  // the bracket
+    out.kind = object ? Json::Kind::kObject : Json::Kind::kArray;
+    const size_t base = stack_.size();
+    const char close = object ? '}' : ']';
+    if (Peek() == close) {
+      ++pos_;
+    } else {
+      while (true) {
+        Json v;
+        if (object) {
+          if (Peek() != '"') Fail("expected a member name");
+          v.key = ParseString();
+          Expect(':');
+        }
+        ParseValue(v, depth);
+        stack_.push_back(v);
+        const char next = Peek();
+        ++pos_;
+        if (next == close) break;
+        if (next != ',') {
+          --pos_;
+          Fail(object ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+      }
+    }
+    // The children, contiguous in the pool (their own children are there already).
+    out.first = static_cast<uint32_t>(pool_.size());
+    out.count = static_cast<uint32_t>(stack_.size() - base);
+    pool_.insert(pool_.end(), stack_.begin() + static_cast<std::ptrdiff_t>(base), stack_.end());
+    stack_.resize(base);
+  }
+
+  void Literal(std::string_view word) {
+    if (text_.substr(pos_, word.size()) != word) Fail(absl::StrCat("expected ", Sv(word)));
+    pos_ += word.size();
+  }
+
+  void ParseNumber(Json& out) {
+    const size_t begin = pos_;
+    auto digits = [&] {
+      const size_t from = pos_;
+      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+      return pos_ - from;
+    };
+    if (text_[pos_] == '-') ++pos_;
+    if (pos_ < text_.size() && text_[pos_] == '0') {
+      ++pos_;
+    } else if (digits() == 0) {
+      Fail("expected a digit");
+    }
+    bool integer = true;
+    if (pos_ < text_.size() && text_[pos_] == '.') {
+      ++pos_;
+      if (digits() == 0) Fail("expected a digit after '.'");
+      integer = false;
+    }
+    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
+      if (digits() == 0) Fail("expected a digit in the exponent");
+      integer = false;
+    }
+    const char* first = text_.data() + begin;
+    const char* last = text_.data() + pos_;
+    // Integers that do not fit 64 bits are floats, as nlohmann reads them.
+    out.kind = Json::Kind::kFloat;
+    if (!integer) return;
+    if (*first == '-') {
+      if (std::from_chars(first, last, out.i).ec == std::errc()) out.kind = Json::Kind::kInt;
+    } else if (std::from_chars(first, last, out.u).ec == std::errc()) {
+      out.kind = Json::Kind::kUint;
+    }
+  }
+
+  // The string at pos_ (its opening quote); a view of the text when it holds no escapes, else of
+  // its decoded copy in decoded_.
+  std::string_view ParseString() {
+    ++pos_;
+    const size_t begin = pos_;
+    size_t out_begin = std::string::npos;  // in decoded_, once an escape was met
+    while (true) {
+      if (pos_ >= text_.size()) Fail("unterminated string");
+      const auto c = static_cast<unsigned char>(text_[pos_]);
+      if (c == '"') break;
+      if (c < 0x20) Fail("control character in a string");
+      if (c == '\\') {
+        if (out_begin == std::string::npos) {
+          out_begin = decoded_.size();
+          decoded_.append(text_.substr(begin, pos_ - begin));
+        }
+        Escape();
+        continue;
+      }
+      const size_t n = c < 0x80 ? 1 : Utf8Length();
+      if (out_begin != std::string::npos) decoded_.append(text_.substr(pos_, n));
+      pos_ += n;
+    }
+    const size_t end = pos_++;
+    if (out_begin == std::string::npos) return text_.substr(begin, end - begin);
+    return std::string_view(decoded_).substr(out_begin);
+  }
+
+  // The length of the UTF-8 sequence at pos_ (a byte >= 0x80); fails unless it is strict UTF-8.
+  size_t Utf8Length() const {
+    auto at = [&](size_t k) -> unsigned {
+      return pos_ + k < text_.size() ? static_cast<unsigned char>(text_[pos_ + k]) : 0u;
+    };
+    const unsigned lead = at(0);
+    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
+    size_t n = 0;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      n = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      n = 3;
+      if (lead == 0xE0) lo = 0xA0;
+      if (lead == 0xED) hi = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      n = 4;
+      if (lead == 0xF0) lo = 0x90;
+      if (lead == 0xF4) hi = 0x8F;
+    } else {
+      Fail("invalid UTF-8 in a string");
+    }
+    if (at(1) < lo || at(1) > hi) Fail("invalid UTF-8 in a string");
+    for (size_t k = 2; k < n; ++k) {
+      if (at(k) < 0x80 || at(k) > 0xBF) Fail("invalid UTF-8 in a string");
+    }
+    return n;
+  }
+
+  // Decodes the escape at pos_ (its backslash) onto decoded_.
+  void Escape() {
+    ++pos_;
+    if (pos_ >= text_.size()) Fail("unterminated string");
+    const char c = text_[pos_++];
+    switch (c) {
+      case '"': decoded_.push_back('"'); return;
+      case '\\': decoded_.push_back('\\'); return;
+      case '/': decoded_.push_back('/'); return;
+      case 'b': decoded_.push_back('\b'); return;
+      case 'f': decoded_.push_back('\f'); return;
+      case 'n': decoded_.push_back('\n'); return;
+      case 'r': decoded_.push_back('\r'); return;
+      case 't': decoded_.push_back('\t'); return;
+      case 'u': break;
+      default: --pos_; Fail("invalid escape in a string");
+    }
+    uint32_t cp = Hex4();
+    if (cp >= 0xDC00 && cp <= 0xDFFF) Fail("unpaired surrogate in a string");
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      if (text_.substr(pos_, 2) != "\\u") Fail("unpaired surrogate in a string");
+      pos_ += 2;
+      const uint32_t low = Hex4();
+      if (low < 0xDC00 || low > 0xDFFF) Fail("unpaired surrogate in a string");
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+    }
+    // UTF-8: at most 6 text bytes become at most 4, so decoded_ never outgrows its reservation.
+    if (cp < 0x80) {
+      decoded_.push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      decoded_.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      decoded_.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      decoded_.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      decoded_.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  uint32_t Hex4() {
+    if (pos_ + 4 > text_.size()) Fail("unterminated string");
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = text_[pos_++];
+      v <<= 4;
+      if (h >= '0' && h <= '9') {
+        v |= static_cast<uint32_t>(h - '0');
+      } else if (h >= 'a' && h <= 'f') {
+        v |= static_cast<uint32_t>(h - 'a' + 10);
+      } else if (h >= 'A' && h <= 'F') {
+        v |= static_cast<uint32_t>(h - 'A' + 10);
+      } else {
+        --pos_;
+        Fail("expected four hex digits after \\u");
+      }
+    }
+    return v;
+  }
+
+  const std::string_view text_;
+  size_t pos_ = 0;
+  int64_t values_ = 0;
+  std::string decoded_;
+  std::vector<Json> stack_;  // children of the containers being parsed
+  std::vector<Json> pool_;   // children of complete containers, each container's contiguous
+  Json root_;
+};
 
 constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -171,125 +515,146 @@ absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item)
   return op;
 }
 
-OrderedJson LayoutToJson(const StrategyParam& param) {
-  const Layout& layout = param.layout;
-  OrderedJson item = OrderedJson::object();
-  item["dev_matrix"] = layout.dev_matrix;
-  OrderedJson map = OrderedJson::array();
-  for (const std::vector<int32_t>& axes : layout.tensor_map) {
-    if (layout.nested_form) {
-      map.push_back(axes.empty() ? OrderedJson::array({-1}) : OrderedJson(axes));
-    } else {
-      map.push_back(axes.empty() ? -1 : axes.front());
-    }
-  }
-  item["tensor_map"] = std::move(map);
-  if (param.tensor_shape) item["tensor_shape"] = *param.tensor_shape;
-  item["field"] = layout.field;
-  item["opt_weight_shard_step"] = layout.opt_shard_step;
-  item["opt_weight_shard_size"] = layout.opt_shard_size;
-  item["param_split_shape"] = layout.param_split_shape;
-  item["indices_offset"] = layout.indices_offset;
-  return item;
-}
-
-// The keys of the top-level "parallel_strategy_item" and "parallel_layout_item" objects in file
-// order: keys at depth 1 name a top-level member, those at depth 2 a member of that member's value
-// when it is an object.
-struct ItemOrder {
-  std::string section;  // the top-level key whose value is being parsed
-  std::vector<std::string> ops;
-  std::vector<std::string> layouts;
-
-  void OnKey(int depth, const std::string& key) {
-    if (depth == 1) {
-      section = key;
-      // A repeated top-level key: the parsed document keeps the last value, so its order counts.
-      if (section == "parallel_strategy_item") ops.clear();
-      if (section == "parallel_layout_item") layouts.clear();
-    } else if (depth == 2) {
-      if (section == "parallel_strategy_item") ops.push_back(key);
-      if (section == "parallel_layout_item") layouts.push_back(key);
-    }
-  }
-};
-
-// Thrown by LimitedDomBuilder when the document exceeds a bound.
-struct TooLarge {
-  std::string what;
-};
-
-// A SAX handler that builds the document with nlohmann's own DOM builder, bounding its values and
-// depth and recording the item order. (nlohmann's callback parser, the other way to watch a parse,
-// scans an object's members at the end of each member object: O(n^2) for n parameters.)
-class LimitedDomBuilder {
+// Writes JSON text in the form nlohmann::json's dump(2) gives (two-space indents, "key": value,
+// one array element per line, "[]" and "{}" for empty containers, strings escaped as nlohmann
+// escapes them), straight into one string: building an ordered_json document first costs an
+// allocation per value and a second pass, a good part of registering a large strategy.
+// Strings must be valid UTF-8 (Strategy::Create checks every name).
+class JsonWriter {
  public:
-  // A parsed value costs 16 bytes and more, so a large text of tiny values (or deep nesting)
-  // could cost far more memory than its size: both are bounded, far above what a real strategy
-  // holds (tens of values per parameter, 5 levels).
-  static constexpr int64_t kMaxValues = int64_t{1} << 23;
-  static constexpr int kMaxDepth = 32;
+  explicit JsonWriter(std::string* out) : out_(out) {}
 
-  explicit LimitedDomBuilder(Json& root) : dom_(root, /*allow_exceptions_=*/true) {}
+  // Containers. Each member or element starts with Key()/Element(), then its value.
+  void BeginObject() { Open('{'); }
+  void EndObject() { Close('}'); }
+  void BeginArray() { Open('['); }
+  void EndArray() { Close(']'); }
+  void Key(std::string_view key) {
+    Separate();
+    String(key);
+    out_->append(": ");
+  }
+  // Before a value that is an element of the innermost array.
+  void Element() { Separate(); }
 
-  const ItemOrder& order() const { return order_; }
-
-  bool null() { return Value() && dom_.null(); }
-  bool boolean(bool v) { return Value() && dom_.boolean(v); }
-  bool number_integer(Json::number_integer_t v) { return Value() && dom_.number_integer(v); }
-  bool number_unsigned(Json::number_unsigned_t v) { return Value() && dom_.number_unsigned(v); }
-  bool number_float(Json::number_float_t v, const Json::string_t& s) {
-    return Value() && dom_.number_float(v, s);
+  void Int(int64_t v) { absl::StrAppend(out_, v); }
+  template <typename T>
+  void IntArray(const std::vector<T>& values) {
+    BeginArray();
+    for (T v : values) {
+      Element();
+      Int(static_cast<int64_t>(v));
+    }
+    EndArray();
   }
-  bool string(Json::string_t& v) { return Value() && dom_.string(v); }
-  bool binary(Json::binary_t& v) { return Value() && dom_.binary(v); }
-  bool start_object(std::size_t n) { return Enter() && dom_.start_object(n); }
-  bool key(Json::string_t& k) {
-    order_.OnKey(depth_, k);
-    return dom_.key(k);
-  }
-  bool end_object() {
-    --depth_;
-    return dom_.end_object();
-  }
-  bool start_array(std::size_t n) { return Enter() && dom_.start_array(n); }
-  bool end_array() {
-    --depth_;
-    return dom_.end_array();
-  }
-  template <class Exception>
-  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
-    return dom_.parse_error(position, token, ex);  // throws it
+  void String(std::string_view s) {
+    out_->push_back('"');
+    size_t run = 0;  // start of the bytes not yet copied
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c >= 0x20 && c != '"' && c != '\\') continue;
+      out_->append(s.substr(run, i - run));
+      run = i + 1;
+      switch (c) {
+        case '"': out_->append("\\\""); break;
+        case '\\': out_->append("\\\\"); break;
+        case '\b': out_->append("\\b"); break;
+        case '\f': out_->append("\\f"); break;
+        case '\n': out_->append("\\n"); break;
+        case '\r': out_->append("\\r"); break;
+        case '\t': out_->append("\\t"); break;
+        default: absl::StrAppend(out_, absl::StrFormat("\\u%04x", c)); break;
+      }
+    }
+    out_->append(s.substr(run));
+    out_->push_back('"');
   }
 
  private:
-  bool Value() {
-    if (++values_ > kMaxValues) {
-      throw TooLarge{absl::StrCat("holds more than ", kMaxValues, " values")};
-    }
-    return true;
+  // The comma and line break before a member or element (none before a container's first).
+  void Separate() {
+    if (!first_.back()) out_->push_back(',');
+    first_.back() = false;
+    out_->push_back('\n');
+    out_->append(2 * first_.size(), ' ');
   }
-  bool Enter() {
-    if (++depth_ > kMaxDepth) throw TooLarge{absl::StrCat("nests deeper than ", kMaxDepth, " levels")};
-    return true;
+  void Open(char c) {
+    out_->push_back(c);
+    first_.push_back(true);
+  }
+  void Close(char c) {
+    const bool empty = first_.back();
+    first_.pop_back();
+    if (!empty) {
+      out_->push_back('\n');
+      out_->append(2 * first_.size(), ' ');
+    }
+    out_->push_back(c);
   }
 
-  nlohmann::detail::json_sax_dom_parser<Json> dom_;
-  ItemOrder order_;
-  int64_t values_ = 0;
-  int depth_ = 0;
+  std::string* out_;
+  std::vector<bool> first_;  // per open container: nothing written in it yet
 };
 
-// Calls fn(name, value) for every member of `object` in the recorded `order`, each name once (a
-// repeated key keeps its first position and, as parsed, its last value).
+void WriteLayout(JsonWriter& w, const StrategyParam& param) {
+  const Layout& layout = param.layout;
+  w.BeginObject();
+  w.Key("dev_matrix");
+  w.IntArray(layout.dev_matrix);
+  w.Key("tensor_map");
+  w.BeginArray();
+  for (const std::vector<int32_t>& axes : layout.tensor_map) {
+    w.Element();
+    if (layout.nested_form) {
+      if (axes.empty()) {
+        w.IntArray(std::vector<int32_t>{-1});
+      } else {
+        w.IntArray(axes);
+      }
+    } else {
+      w.Int(axes.empty() ? -1 : axes.front());
+    }
+  }
+  w.EndArray();
+  if (param.tensor_shape) {
+    w.Key("tensor_shape");
+    w.IntArray(*param.tensor_shape);
+  }
+  w.Key("field");
+  w.Int(layout.field);
+  w.Key("opt_weight_shard_step");
+  w.Int(layout.opt_shard_step);
+  w.Key("opt_weight_shard_size");
+  w.Int(layout.opt_shard_size);
+  w.Key("param_split_shape");
+  w.IntArray(layout.param_split_shape);
+  w.Key("indices_offset");
+  w.IntArray(layout.indices_offset);
+  w.EndObject();
+}
+
+// Calls fn(name, value) for every member of `object` in file order, each name once: a repeated
+// name keeps its first position and its last value, as nlohmann's parser and a sorted document
+// gave them. (The order matters: the first operator item decides a per-stage file's pipeline
+// stage, as in merge_pipeline_strategys; layout items are reported and merged in file order.)
 template <typename Fn>
-absl::Status ForEachInOrder(const Json& object, const std::vector<std::string>& order, Fn&& fn) {
-  std::set<std::string_view> done;
-  for (const std::string& name : order) {
-    if (!done.insert(name).second) continue;
-    auto it = object.find(name);
-    if (it == object.end()) continue;
-    CKPT_RETURN_IF_ERROR(fn(name, *it));
+absl::Status ForEachInOrder(const Json& object, Fn&& fn) {
+  std::unordered_map<std::string_view, size_t> last;
+  last.reserve(object.size());
+  std::vector<std::string_view> order;
+  order.reserve(object.size());
+  for (size_t k = 0; k < object.size(); ++k) {
+    auto [it, inserted] = last.try_emplace(object[k].key, k);
+    if (inserted) {
+      order.push_back(object[k].key);
+    } else {
+      it->second = k;
+    }
+  }
+  std::string name;
+  for (std::string_view key : order) {
+    name.assign(key);
+    CKPT_RETURN_IF_ERROR(fn(name, object[last[key]]));
   }
   return absl::OkStatus();
 }
@@ -298,17 +663,17 @@ absl::Status ForEachInOrder(const Json& object, const std::vector<std::string>& 
 
 absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (bytes.find_first_not_of(" \t\r\n") == std::string_view::npos) return NoLayoutItems();
-  Json doc;
-  LimitedDomBuilder builder(doc);
+  JsonParser parser(bytes);
+  const Json* root = nullptr;
   try {
-    Json::sax_parse(bytes.begin(), bytes.end(), &builder);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what()));
+    root = &parser.Parse();
+  } catch (const SyntaxError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what));
   } catch (const TooLarge& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("JSON strategy refused: it ", e.what, ", more than any strategy needs"));
   }
-  const ItemOrder& order = builder.order();
+  const Json& doc = *root;
   if (!doc.is_object()) return JsonTypeError("a JSON strategy", "an object");
 
   std::vector<OpStrategy> ops;
@@ -316,7 +681,7 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
     if (!it->is_object()) return JsonTypeError("parallel_strategy_item", "an object");
     ops.reserve(it->size());
     CKPT_RETURN_IF_ERROR(
-        ForEachInOrder(*it, order.ops, [&](const std::string& name, const Json& item) {
+        ForEachInOrder(*it, [&](const std::string& name, const Json& item) {
           CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
           ops.push_back(std::move(op));
           return absl::OkStatus();
@@ -329,7 +694,7 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   std::vector<LayoutItem> items;
   items.reserve(layouts->size());
   CKPT_RETURN_IF_ERROR(
-      ForEachInOrder(*layouts, order.layouts, [&](const std::string& name, const Json& item) {
+      ForEachInOrder(*layouts, [&](const std::string& name, const Json& item) {
         CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
         items.push_back({name, std::move(param)});
         return absl::OkStatus();
@@ -338,38 +703,51 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
 }
 
 std::string SerializeJson(const Strategy& strategy) {
-  // Members are appended to the ordered objects' underlying vectors: ordered_json's operator[]
-  // and contains() scan every key, which would make this O(n^2) in the number of parameters.
   // Keys are unique by construction (checked below for operators; parameter names are unique and
   // each is written once per stage, or once when the names carry no stage prefix).
-  OrderedJson doc = OrderedJson::object();
-  doc["current_stage"] = strategy.stage_prefixed_names() ? 1 : 0;
-  OrderedJson ops = OrderedJson::object();
-  auto& op_members = ops.get_ref<OrderedJson::object_t&>();
+  std::string out;
+  out.reserve(strategy.params().size() * 400 + strategy.ops().size() * 100 + 128);
+  JsonWriter w(&out);
+  w.BeginObject();
+  w.Key("current_stage");
+  w.Int(strategy.stage_prefixed_names() ? 1 : 0);
+  w.Key("parallel_strategy_item");
+  w.BeginObject();
   std::set<std::string_view> op_names;
   for (const OpStrategy& op : strategy.ops()) {
     // JSON keys operator items by node name; a repeated name keeps its first item, the one that
     // decides a per-stage file's stage.
     if (!op_names.insert(op.node_name).second) continue;
-    OrderedJson item = OrderedJson::object();
-    item["stage"] = op.stage;
-    item["parallel_strategy"] = op.inputs;
-    op_members.emplace_back(op.node_name, std::move(item));
+    w.Key(op.node_name);
+    w.BeginObject();
+    w.Key("stage");
+    w.Int(op.stage);
+    w.Key("parallel_strategy");
+    w.BeginArray();
+    for (const std::vector<uint32_t>& input : op.inputs) {
+      w.Element();
+      w.IntArray(input);
+    }
+    w.EndArray();
+    w.EndObject();
   }
-  doc["parallel_strategy_item"] = std::move(ops);
-  OrderedJson layouts = OrderedJson::object();
-  auto& layout_members = layouts.get_ref<OrderedJson::object_t&>();
+  w.EndObject();
+  w.Key("parallel_layout_item");
+  w.BeginObject();
   for (const auto& [name, param] : strategy.params()) {
     if (!strategy.stage_prefixed_names()) {
-      layout_members.emplace_back(name, LayoutToJson(param));
+      w.Key(name);
+      WriteLayout(w, param);
       continue;
     }
     for (int32_t stage : param.layout.stages) {
-      layout_members.emplace_back(absl::StrCat(stage, "-", name), LayoutToJson(param));
+      w.Key(absl::StrCat(stage, "-", name));
+      WriteLayout(w, param);
     }
   }
-  doc["parallel_layout_item"] = std::move(layouts);
-  return doc.dump(2);
+  w.EndObject();
+  w.EndObject();
+  return out;
 }
 
 }  // namespace ckpt::strategy_internal

@@ -274,6 +274,7 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
     slot->position = position_;
   }
   PendingCheckpoint::Tensor& t = *slot;
+  cur->tensor = &t;
   if (t.dtype != cur->dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter ", name, ": rank ", rank_, " has dtype ", Sv(DTypeName(cur->dtype)),
@@ -288,8 +289,9 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
     return global.status();
   }
   if (!first) {
-    const Shape known(t.record.global_shape().begin(), t.record.global_shape().end());
-    if (known != *global) {
+    const auto& known_dims = t.record.global_shape();
+    if (!std::equal(known_dims.begin(), known_dims.end(), global->begin(), global->end())) {
+      const Shape known(known_dims.begin(), known_dims.end());
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
           layout ? absl::StrCat(" (global ", ShapeToString(*global), ")") : std::string(),
@@ -429,7 +431,8 @@ absl::Status RankUpload::ChunkBands(std::string_view data) {
 absl::Status RankUpload::FlushBand() {
   Current& c = *current_;
   BandChunker& chunker = *c.chunker;
-  std::vector<ChunkWrite> writes;
+  std::vector<ChunkWrite>& writes = band_writes_;
+  writes.clear();
   for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
     const std::string_view bytes = chunker.chunk(k);
     c.checksums.push_back(Checksum(bytes));
@@ -444,7 +447,8 @@ absl::Status RankUpload::FlushBand() {
     if (batching_ && c.mode == Mode::kWrite) {
       // The chunker's band is reused: the bytes are kept until EndBatch stores them.
       for (ChunkWrite& w : writes) {
-        w.bytes = batch_bytes_.emplace_back(w.bytes);
+        batch_bytes_.append(w.bytes);
+        batch_ends_.push_back(batch_bytes_.size());
         batch_writes_.push_back(w);
       }
     } else {
@@ -523,6 +527,7 @@ absl::Status RankUpload::FinishTensor() {
     verifications_.push_back({c.name, c.cell, std::move(c.checksums), c.box});
   } else {
     WrittenSlice slice;
+    slice.tensor = c.tensor;
     slice.name = std::move(c.name);
     slice.cell = c.cell;
     slice.blob_index = c.blob_index;
@@ -543,7 +548,7 @@ absl::Status RankUpload::FinishTensor() {
 }
 
 absl::Status RankUpload::MarkWrittenLocked(const WrittenSlice& slice) {
-  PendingCheckpoint::Tensor& t = *pending_->tensors_.at(slice.name);
+  PendingCheckpoint::Tensor& t = *slice.tensor;
   PendingCheckpoint::Blob* blob = nullptr;
   if (t.layout) {
     blob = &t.cells.at(slice.cell);
@@ -553,10 +558,8 @@ absl::Status RankUpload::MarkWrittenLocked(const WrittenSlice& slice) {
     }
   }
   if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", slice.name));
-  blob->record.clear_tile();
-  for (int64_t v : slice.tile) blob->record.add_tile(v);
-  blob->record.clear_chunk_checksums();
-  for (uint64_t x : slice.checksums) blob->record.add_chunk_checksums(x);
+  blob->record.mutable_tile()->Assign(slice.tile.begin(), slice.tile.end());
+  blob->record.mutable_chunk_checksums()->Assign(slice.checksums.begin(), slice.checksums.end());
   blob->record.set_total_bytes(slice.total);
   AddHolder(blob->record, rank_);
   blob->state = PendingCheckpoint::BlobState::kDone;
@@ -572,9 +575,23 @@ absl::Status RankUpload::EndBatch() {
                                                    " is incomplete at the end of a batch"));
   }
   absl::Status stored = absl::OkStatus();
-  if (!batch_writes_.empty()) stored = pending_->store_->PutChunks(batch_writes_);
+  if (!batch_writes_.empty()) {
+    size_t begin = 0;
+    for (size_t i = 0; i < batch_writes_.size(); ++i) {
+      batch_writes_[i].bytes = std::string_view(batch_bytes_).substr(begin, batch_ends_[i] - begin);
+      begin = batch_ends_[i];
+    }
+    stored = pending_->store_->PutChunks(batch_writes_);
+  }
   batch_writes_.clear();
-  batch_bytes_.clear();
+  batch_ends_.clear();
+  // Capacity is kept for the next batch, up to a bound (a batch holds at most a data message's
+  // bytes, so this is a bound on what one stream keeps).
+  if (batch_bytes_.capacity() > (size_t{2} << 20)) {
+    std::string().swap(batch_bytes_);
+  } else {
+    batch_bytes_.clear();
+  }
   if (!stored.ok()) {
     batch_slices_.clear();  // left unclaimed-on-failure: the caller ends the upload
     return stored;

@@ -4,7 +4,6 @@
 #define CKPT_SERVICE_ENGINE_UPLOAD_SESSION_H_
 
 #include <condition_variable>
-#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
@@ -155,12 +155,16 @@ class RankUpload {
     int64_t cell = 0;
     uint32_t tensor_index = 0;
     uint32_t blob_index = 0;
+    PendingCheckpoint::Tensor* tensor = nullptr;  // set by AddTensorLocked (see WrittenSlice)
     std::optional<BandChunker> chunker;  // cuts the slice's bytes into chunks, band by band
     std::string value;  // the whole value, while buffered for a verbatim comparison (kBuffer)
     std::vector<uint64_t> checksums;  // per chunk, in chunk order
   };
   // A slice written in a batch, marked complete by EndBatch.
   struct WrittenSlice {
+    // Stays in tensors_ while this rank holds it (only this rank's ReleaseRank, on this thread,
+    // can drop it).
+    PendingCheckpoint::Tensor* tensor = nullptr;
     std::string name;
     int64_t cell = 0;         // sharded: the grid cell
     uint32_t blob_index = 0;  // verbatim: the variant
@@ -215,14 +219,18 @@ class RankUpload {
   const int32_t stage_;
   const int64_t local_rank_;
   std::optional<Current> current_;
-  std::set<std::string> sent_;
+  absl::flat_hash_set<std::string> sent_;
   std::vector<Verification> verifications_;
-  // Between BeginBatch and EndBatch: chunk writes not stored yet (their bytes owned by
-  // batch_bytes_) and the slices they complete.
+  // Between BeginBatch and EndBatch: chunk writes not stored yet and the slices they complete.
+  // Their bytes are copied one after the other into batch_bytes_ (whose capacity is kept from
+  // batch to batch) and batch_writes_[i].bytes is set at EndBatch from batch_ends_[i] (its end
+  // in batch_bytes_), when batch_bytes_ no longer grows.
   bool batching_ = false;
   std::vector<ChunkWrite> batch_writes_;
-  std::deque<std::string> batch_bytes_;
+  std::string batch_bytes_;
+  std::vector<size_t> batch_ends_;
   std::vector<WrittenSlice> batch_slices_;
+  std::vector<ChunkWrite> band_writes_;  // FlushBand's, reused
   int64_t bytes_received_ = 0;
   int64_t bytes_announced_ = 0;  // total_bytes of the tensor headers accepted so far
   int64_t bytes_stored_ = 0;

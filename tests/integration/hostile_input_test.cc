@@ -7,7 +7,9 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <fstream>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <string>
@@ -20,6 +22,8 @@
 #include "client/client.h"
 #include "core/strategy.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
@@ -298,6 +302,73 @@ TEST_F(HostileInputTest, StrategiesLargerThanFourMiBRegister) {
   auto got = (*client)->GetStrategy("large");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->strategy.params(), strategy->params());
+  ExpectServing();
+}
+
+
+// Length-delimited protobuf field `field` holding `bytes`, in wire form.
+std::string Field(int field, const std::string& bytes) {
+  std::string out;
+  google::protobuf::io::StringOutputStream stream(&out);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.WriteTag(static_cast<uint32_t>(field << 3 | 2));
+  coded.WriteVarint32(static_cast<uint32_t>(bytes.size()));
+  coded.WriteString(bytes);
+  coded.Trim();
+  return out;
+}
+
+// ckptd reads a plain tensor batch in place; any other wire form of one must still be read as
+// protobuf reads it (a repeated header field merges), and a malformed header inside a batch is a
+// clear error. The messages go as raw bytes, which the generated stub cannot send.
+TEST_F(HostileInputTest, BatchesAreReadAsProtobufReadsThem) {
+  Start();
+  const auto upload = [&](const std::string& id, const std::string& tensor) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    static const grpc::internal::RpcMethod kUpload(
+        "/ckpt.v1.CheckpointService/Upload", grpc::internal::RpcMethod::CLIENT_STREAMING);
+    grpc::ByteBuffer response;
+    auto writer = std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>>(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), kUpload,
+                                                                      &context, &response));
+    for (const std::string& bytes :
+         {Header(id).SerializeAsString(), Field(4, Field(1, tensor))}) {
+      grpc::Slice slice(bytes);
+      grpc::ByteBuffer buffer(&slice, 1);
+      if (!writer->Write(buffer)) break;
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    v1::UploadResponse parsed;
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& sl : slices) bytes.append(sl.begin(), sl.end());
+    }
+    EXPECT_TRUE(!status.ok() || (parsed.ParseFromString(bytes) && parsed.committed()));
+    return status;
+  };
+  v1::UploadTensorHeader name_part;
+  name_part.set_name("w");
+  name_part.set_dtype("Float32");
+  v1::UploadTensorHeader shape_part;
+  shape_part.add_dims(2);
+  shape_part.set_total_bytes(8);
+  const std::string data = Field(2, std::string(8, '\x02'));
+
+  // The header in two fields, merged: the tensor is whole and the checkpoint commits.
+  const grpc::Status merged = upload(
+      "merged", Field(1, name_part.SerializeAsString()) + Field(1, shape_part.SerializeAsString()) +
+                    data);
+  EXPECT_TRUE(merged.ok()) << merged.error_code() << " " << merged.error_message();
+  // Only the first part alone announces 0 bytes for a Float32 [] scalar: refused, naming it.
+  const grpc::Status first_only = upload("first", Field(1, name_part.SerializeAsString()) + data);
+  EXPECT_EQ(first_only.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A header that is not an UploadTensorHeader (a truncated varint) inside a plain batch.
+  const grpc::Status malformed = upload("malformed", Field(1, std::string("\x20\xff", 2)) + data);
+  EXPECT_EQ(malformed.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(malformed.error_message(), HasSubstr("malformed upload message"));
   ExpectServing();
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
 
 namespace ckpt {
@@ -852,6 +853,42 @@ TEST(StrategyJsonTest, FiftyThousandParametersRoundTrip) {
   ExpectRoundTrip(*s, StrategyFormat::kJson);
 }
 
+TEST(StrategyJsonTest, WrittenExactlyAsNlohmannDumpsIt) {
+  // The JSON writer is our own; its text must be what nlohmann's dump(2) makes of the same
+  // document (indents, separators, empty containers, escapes), so files written before and after
+  // compare equal. Names with characters that need escaping, empty lists, both tensor_map forms.
+  for (const bool merged : {false, true}) {
+    std::map<std::string, StrategyParam> params;
+    StrategyParam& a = params["w\"quoted\\back\xc3\xa9"];
+    a.layout.dev_matrix = {2, 4};
+    a.layout.tensor_map = {{1}, {}};
+    a.tensor_shape = Shape{8, 12};
+    StrategyParam& b = params["bias"];
+    b.layout.dev_matrix = {2, 4};
+    b.layout.tensor_map = {{1, 0}, {}};
+    b.layout.nested_form = true;
+    b.layout.opt_shard_step = 2;
+    b.layout.opt_shard_size = 4;
+    StrategyParam& c = params["scalar"];
+    c.layout.dev_matrix = {8};
+    c.tensor_shape = Shape{};
+    if (merged) {
+      a.layout.stages = {0, 1};
+      b.layout.stages = {1};
+      c.layout.stages = {0};
+    }
+    std::vector<OpStrategy> ops = {{"op\t\x01\"x", 0, {{2, 4}, {}}}, {"no_inputs", 1, {}}};
+    absl::StatusOr<Strategy> s =
+        Strategy::Create(std::move(params), merged ? 2 : 1, std::move(ops), merged);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const std::string written = SerializeStrategy(*s, StrategyFormat::kJson);
+    EXPECT_EQ(written, nlohmann::ordered_json::parse(written).dump(2));
+    EXPECT_THAT(written, HasSubstr(R"("op\t\u0001\"x": {)"));
+    EXPECT_THAT(written, HasSubstr("\"parallel_strategy\": []"));
+    ExpectRoundTrip(*s, StrategyFormat::kJson);
+  }
+}
+
 TEST(StrategyJsonTest, TypeErrorsNameTheKey) {
   const auto layout_error = [](const std::string& item) {
     return ParseStrategy(absl::StrCat(R"({"parallel_layout_item": {"w": )", item, "}}"),
@@ -927,6 +964,53 @@ TEST(StrategyJsonTest, RejectsEmptyAndMalformedDocuments) {
   for (const char* broken : {"{\"parallel_layout_item\": {", "not json", "{\"a\": 1,}"}) {
     ExpectError(ParseStrategy(broken, StrategyFormat::kJson).status(),
                 absl::StatusCode::kInvalidArgument, {"not a JSON strategy: "});
+  }
+}
+
+TEST(StrategyJsonTest, ParsesStrictJson) {
+  // What RFC 8259 allows: escapes (a surrogate pair too), a byte order mark, raw UTF-8, "-0".
+  const std::string ok = "\xEF\xBB\xBF" R"( {"parallel_layout_item": {
+      "w\u00e9\ud83d\ude00\"\\\/x": {"dev_matrix": [2], "tensor_map": [-0],
+                                  "unknown": [1.5e3, true, false, null, {"a": "b"}]},
+      "na)" "\xc3\xa9" R"(me": {"dev_matrix": [2], "tensor_map": [-1]}}} )";
+  const Strategy s = ParseOrDie(ok, StrategyFormat::kJson);
+  ASSERT_NE(s.Find("w\xc3\xa9\xf0\x9f\x98\x80\"\\/x"), nullptr);
+  EXPECT_EQ(ParamOf(s, "w\xc3\xa9\xf0\x9f\x98\x80\"\\/x").layout.tensor_map,
+            (std::vector<std::vector<int32_t>>{{0}}));
+  ASSERT_NE(s.Find("na\xc3\xa9me"), nullptr);
+  ExpectRoundTrip(s, StrategyFormat::kJson);
+
+  // What it does not: each is a syntax error, not a crash or a quietly accepted document.
+  const std::string item = R"({"dev_matrix": [2], "tensor_map": [0]})";
+  for (const std::string& broken : {
+           std::string(R"({"parallel_layout_item": {"w": )") + item + "}} x",
+           std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": [02]}}})"),
+           std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": [2.]}}})"),
+           std::string(R"({"parallel_layout_item": {"w\ud800": )") + item + "}}",
+           std::string(R"({"parallel_layout_item": {"w\udc00": )") + item + "}}",
+           std::string(R"({"parallel_layout_item": {"w\q": )") + item + "}}",
+           std::string("{\"parallel_layout_item\": {\"w\xff\": ") + item + "}}",
+           std::string("{\"parallel_layout_item\": {\"w\xed\xa0\x80\": ") + item + "}}",
+           std::string("{\"parallel_layout_item\": {\"w\xc0\xaf\": ") + item + "}}",
+           std::string("{\"parallel_layout_item\": {\"w\x01\": ") + item + "}}",
+           std::string(R"({"parallel_layout_item": {"w": )") + item + "}",
+           std::string(R"({"parallel_layout_item": {"w" )") + item + "}}",
+           std::string(R"({"parallel_layout_item": {"w": )") + item + ",}}",
+           std::string(R"({"parallel_layout_item": {"w": tru}})"),
+           std::string(R"({"parallel_layout_item": {"w": "unterminated)"),
+       }) {
+    ExpectError(ParseStrategy(broken, StrategyFormat::kJson).status(),
+                absl::StatusCode::kInvalidArgument, {"not a JSON strategy: "});
+  }
+  // Numbers that are not 32-bit integers are type errors naming the key.
+  for (const char* map : {"[1.0]", "[1e2]", "[18446744073709551616]", "[-9223372036854775809]",
+                          "[2147483648]"}) {
+    ExpectError(
+        ParseStrategy(absl::StrCat(R"({"parallel_layout_item": {"w": {"dev_matrix": [2], )",
+                                   R"("tensor_map": )", map, "}}}"),
+                      StrategyFormat::kJson)
+            .status(),
+        absl::StatusCode::kInvalidArgument, {"parallel_layout_item.w.tensor_map must be"});
   }
 }
 
