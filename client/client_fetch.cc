@@ -206,11 +206,14 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
                                              " not started: another rank failed"));
   }
   // As the generated stub's Fetch, but data messages are read in place (client/fetch_wire.h).
+  // The checker reads batches of small tensors (FetchTensorBatch), so the library asks for them.
   static const grpc::internal::RpcMethod kFetch("/ckpt.v1.CheckpointService/Fetch",
                                                 grpc::internal::RpcMethod::SERVER_STREAMING);
+  v1::FetchRequest with_batches = request;
+  with_batches.set_accept_batches(true);
   std::unique_ptr<grpc::ClientReader<FetchWire>> stream(
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
-                                                             request));
+                                                             with_batches));
   FetchChecker checker(&visitor, request.checkpoint_id());
   FetchWire message;
   absl::Status local;
