@@ -1,9 +1,9 @@
 // The JSON form of a strategy (MindSpore's to_json/FromJson): parsing with bounded memory, and
-// serialising in the order MindSpore writes. Both are our own (JsonParser, JsonWriter): a
-// strategy of 50,000 parameters is a 16 MiB text, and a general-purpose document costs an
+// serialising in the order MindSpore writes. nlohmann's SAX parser reads the text into a light
+// document of our own (JsonDocument), and JsonWriter writes nlohmann's dump(2) form directly: a
+// strategy of 50,000 parameters is a 16 MiB text, and nlohmann's own document costs an
 // allocation per value.
 #include <algorithm>
-#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -11,14 +11,14 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "core/absl_compat.h"
 #include "core/internal/strategy_parse.h"
 #include "core/status_macros.h"
@@ -27,11 +27,11 @@
 namespace ckpt::strategy_internal {
 namespace {
 
-// Parsed JSON: a light document over the text, built by JsonParser. A value's members (object)
-// or elements (array) are contiguous; strings are views of the text, or of the parser's decoded
-// copy when they hold escapes. The interface is the part of nlohmann::json's that the
-// conversions below use. Parsing a 50,000-parameter strategy with nlohmann's document (an
-// allocation per value and per key, sorted maps) took most of the time of registering it.
+// Parsed JSON: a light document built from nlohmann's SAX events by JsonDocument. A value's
+// members (object) or elements (array) are contiguous; member names are views of the document's
+// own copies; string values keep only their kind. The interface is the part of nlohmann::json's that the conversions below use. Parsing
+// a 50,000-parameter strategy into nlohmann's own document (an allocation per value and per
+// key, sorted maps) took most of the time of registering it.
 class Json {
  public:
   enum class Kind : uint8_t { kNull, kBool, kInt, kUint, kFloat, kString, kArray, kObject };
@@ -66,313 +66,182 @@ class Json {
   uint64_t u = 0;        // kUint
   const Json* children = nullptr;
   uint32_t count = 0;
-  uint32_t first = 0;  // while parsing: the index of the first child in the parser's pool
+  uint32_t first = 0;  // while parsing: the index of the first child in the document's pool
 };
 
-// Thrown by JsonParser when the document exceeds a bound.
-struct TooLarge {
-  std::string what;
-};
-// Thrown by JsonParser for text that is not JSON.
-struct SyntaxError {
-  std::string what;
-};
-
-// A strict JSON (RFC 8259) parser: UTF-8 checked (no overlong forms, surrogates or code points
-// above U+10FFFF), escapes decoded, surrogate pairs joined, a leading byte order mark skipped, as
-// nlohmann's parser does. Owns the document it builds (root()). Bounds the values and the depth:
-// a parsed value costs more memory than its text, so a large text of tiny values (or deep
-// nesting) could cost far more memory than its size; both bounds are far above what a real
-// strategy holds (tens of values per parameter, 5 levels).
-class JsonParser {
+// Parses a JSON text with nlohmann's strict SAX parser (RFC 8259: UTF-8 checked, escapes
+// decoded, surrogate pairs joined, a leading UTF-8 byte order mark skipped, nothing after the
+// document) into a Json document that it owns (root(), valid while the JsonDocument lives).
+// Bounds the values and the depth: a parsed value costs more memory than its text, so a large
+// text of tiny values (or deep nesting) could cost far more memory than its size; both bounds
+// are far above what a real strategy holds (tens of values per parameter, 5 levels). Not
+// thread-safe; parse once per object.
+class JsonDocument final : public nlohmann::json_sax<nlohmann::json> {
  public:
   static constexpr int64_t kMaxValues = int64_t{1} << 23;
-  static constexpr int kMaxDepth = 32;
+  static constexpr size_t kMaxDepth = 32;
 
-  explicit JsonParser(std::string_view text) : text_(text) {
-    // Decoded strings are never longer than their text: views of decoded_ stay valid.
-    decoded_.reserve(text.size());
-  }
-
-  // Parses the whole text; throws SyntaxError or TooLarge.
-  const Json& Parse() {
-    if (text_.substr(0, 3) == "\xEF\xBB\xBF") pos_ = 3;
-    ParseValue(root_, 0);
-    SkipSpace();
-    if (pos_ != text_.size()) Fail("unexpected content after the document");
+  // Parses `text`. On failure returns INVALID_ARGUMENT saying whether the text is not JSON
+  // (with the byte position nlohmann reports) or exceeds a bound.
+  absl::Status Parse(std::string_view text) {
+    // Every decoded key is shorter than its quoted text, so the copies fit in a buffer of the
+    // text's size and views of it stay valid.
+    strings_.reserve(text.size());
+    const bool ok = nlohmann::json::sax_parse(text.begin(), text.end(), this,
+                                              nlohmann::json::input_format_t::json,
+                                              /*strict=*/true);
+    if (!error_.ok()) return error_;
+    if (!ok || !done_) return absl::InvalidArgumentError("not a JSON strategy: no document");
     for (Json& v : pool_) Link(v);
     Link(root_);
-    return root_;
+    return absl::OkStatus();
+  }
+  const Json& root() const { return root_; }
+
+  // nlohmann::json_sax: each returns false to stop the parse.
+  bool null() override { return Value(Of(Json::Kind::kNull)); }
+  bool boolean(bool /*val*/) override { return Value(Of(Json::Kind::kBool)); }
+  bool number_integer(number_integer_t val) override {
+    Json v = Of(Json::Kind::kInt);
+    v.i = val;
+    return Value(v);
+  }
+  bool number_unsigned(number_unsigned_t val) override {
+    Json v = Of(Json::Kind::kUint);
+    v.u = val;
+    return Value(v);
+  }
+  bool number_float(number_float_t /*val*/, const string_t& /*s*/) override {
+    return Value(Of(Json::Kind::kFloat));
+  }
+  // A string value's text is not kept: no conversion reads one.
+  bool string(string_t& /*val*/) override { return Value(Of(Json::Kind::kString)); }
+  bool binary(binary_t& /*val*/) override {
+    return Fail(absl::InvalidArgumentError("not a JSON strategy: it holds a binary value"));
+  }
+  bool key(string_t& val) override {
+    std::optional<std::string_view> k = Copy(val);
+    if (!k) return false;
+    key_ = *k;
+    return true;
+  }
+  bool start_object(std::size_t /*elements*/) override { return Open(Json::Kind::kObject); }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t /*elements*/) override { return Open(Json::Kind::kArray); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t position, const std::string& last_token,
+                   const nlohmann::json::exception& ex) override {
+    // ex.what() is "[json.exception.parse_error.101] parse error at line 1, column 5: syntax
+    // error ... - invalid literal; last read: '<token>'": the bracketed prefix is nlohmann's
+    // bookkeeping, and the token quotes the text, which need not be UTF-8 or printable, so it is
+    // escaped. `position` counts the bytes read, the offending one included.
+    std::string what = ex.what();
+    if (const size_t end = what.find("] "); what.rfind('[', 0) == 0 && end != what.npos) {
+      what.erase(0, end + 2);
+    }
+    const std::string quoted = absl::StrCat("; last read: '", last_token, "'");
+    if (const size_t at = what.rfind(quoted); at != what.npos) {
+      what.replace(at, quoted.size(),
+                   absl::StrCat("; last read: '", absl::CHexEscape(last_token), "'"));
+    }
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("not a JSON strategy: syntax error at byte ", position, ": ", what)));
   }
 
  private:
-  [[noreturn]] void Fail(std::string_view what) const {
-    throw SyntaxError{absl::StrCat("syntax error at byte ", pos_, ": ", Sv(what))};
+  // An open container: its Json (kind and key) and where its children start on stack_.
+  struct Frame {
+    Json value;
+    size_t base;
+  };
+
+  static Json Of(Json::Kind kind) {
+    Json v;
+    v.kind = kind;
+    return v;
+  }
+  bool Fail(absl::Status status) {
+    if (error_.ok()) error_ = std::move(status);
+    return false;
+  }
+  bool TooLarge(std::string_view what) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "JSON strategy refused: it ", Sv(what), ", more than any strategy needs")));
+  }
+  // Counts a value (scalar or container); false once there are too many.
+  bool Count() {
+    if (++values_ > kMaxValues) {
+      return TooLarge(absl::StrCat("holds more than ", kMaxValues, " values"));
+    }
+    return true;
+  }
+  // A copy of `s` in strings_, or nullopt (error set) if it would not fit, which the sizing in
+  // Parse rules out.
+  std::optional<std::string_view> Copy(const std::string& s) {
+    if (strings_.capacity() - strings_.size() < s.size()) {
+      Fail(absl::InternalError("JSON strategy: decoded strings outgrew their buffer"));
+      return std::nullopt;
+    }
+    const size_t at = strings_.size();
+    strings_.append(s);
+    std::string_view copy(strings_);
+    copy = copy.substr(at);
+    return copy;
+  }
+  // A member of the innermost open object takes the pending key.
+  void TakeKey(Json& v) const {
+    if (!frames_.empty() && frames_.back().value.kind == Json::Kind::kObject) v.key = key_;
+  }
+  bool Value(Json v) {
+    if (!Count()) return false;
+    TakeKey(v);
+    Place(v);
+    return true;
+  }
+  // A scalar or a closed container: a child of the innermost open container, or the root.
+  void Place(const Json& v) {
+    if (frames_.empty()) {
+      root_ = v;
+      done_ = true;
+    } else {
+      stack_.push_back(v);
+    }
+  }
+  bool Open(Json::Kind kind) {
+    if (!Count()) return false;
+    if (frames_.size() >= kMaxDepth) {
+      return TooLarge(absl::StrCat("nests deeper than ", kMaxDepth, " levels"));
+    }
+    Json v = Of(kind);
+    TakeKey(v);
+    frames_.push_back({v, stack_.size()});
+    return true;
+  }
+  bool Close() {
+    Frame frame = frames_.back();
+    frames_.pop_back();
+    // The children, contiguous in the pool (their own children are there already).
+    Json& v = frame.value;
+    v.first = static_cast<uint32_t>(pool_.size());
+    v.count = static_cast<uint32_t>(stack_.size() - frame.base);
+    pool_.insert(pool_.end(), stack_.begin() + static_cast<std::ptrdiff_t>(frame.base),
+                 stack_.end());
+    stack_.resize(frame.base);
+    Place(v);
+    return true;
   }
   void Link(Json& v) {
     if (v.count > 0) v.children = pool_.data() + v.first;
   }
-  void CountValue() {
-    if (++values_ > kMaxValues) {
-      throw TooLarge{absl::StrCat("holds more than ", kMaxValues, " values")};
-    }
-  }
-  void SkipSpace() {
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_];
-      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return;
-      ++pos_;
-    }
-  }
-  char Peek() {
-    SkipSpace();
-    if (pos_ >= text_.size()) Fail("unexpected end of the text");
-    return text_[pos_];
-  }
-  void Expect(char c) {
-    if (Peek() != c) Fail(absl::StrCat("expected '", std::string(1, c), "'"));
-    ++pos_;
-  }
 
-  void ParseValue(Json& out, int depth) {
-    const char c = Peek();
-    switch (c) {
-      case '{':
-      case '[':
-        ParseContainer(out, depth + 1, c == '{');
-        return;
-      case '"':
-        CountValue();
-        out.kind = Json::Kind::kString;
-        ParseString();
-        return;
-      case 't':
-        CountValue();
-        Literal("true");
-        out.kind = Json::Kind::kBool;
-        return;
-      case 'f':
-        CountValue();
-        Literal("false");
-        out.kind = Json::Kind::kBool;
-        return;
-      case 'n':
-        CountValue();
-        Literal("null");
-        out.kind = Json::Kind::kNull;
-        return;
-      default:
-        if (c == '-' || (c >= '0' && c <= '9')) {
-          CountValue();
-          ParseNumber(out);
-          return;
-        }
-        Fail("expected a value");
-    }
-  }
-
-  void ParseContainer(Json& out, int depth, bool object) {
-    if (depth > kMaxDepth) throw TooLarge{absl::StrCat("nests deeper than ", kMaxDepth, " levels")};
-    ++pos_;  // the bracket
-    out.kind = object ? Json::Kind::kObject : Json::Kind::kArray;
-    const size_t base = stack_.size();
-    const char close = object ? '}' : ']';
-    if (Peek() == close) {
-      ++pos_;
-    } else {
-      while (true) {
-        Json v;
-        if (object) {
-          if (Peek() != '"') Fail("expected a member name");
-          v.key = ParseString();
-          Expect(':');
-        }
-        ParseValue(v, depth);
-        stack_.push_back(v);
-        const char next = Peek();
-        ++pos_;
-        if (next == close) break;
-        if (next != ',') {
-          --pos_;
-          Fail(object ? "expected ',' or '}'" : "expected ',' or ']'");
-        }
-      }
-    }
-    // The children, contiguous in the pool (their own children are there already).
-    out.first = static_cast<uint32_t>(pool_.size());
-    out.count = static_cast<uint32_t>(stack_.size() - base);
-    pool_.insert(pool_.end(), stack_.begin() + static_cast<std::ptrdiff_t>(base), stack_.end());
-    stack_.resize(base);
-  }
-
-  void Literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) Fail(absl::StrCat("expected ", Sv(word)));
-    pos_ += word.size();
-  }
-
-  void ParseNumber(Json& out) {
-    const size_t begin = pos_;
-    auto digits = [&] {
-      const size_t from = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      return pos_ - from;
-    };
-    if (text_[pos_] == '-') ++pos_;
-    if (pos_ < text_.size() && text_[pos_] == '0') {
-      ++pos_;
-    } else if (digits() == 0) {
-      Fail("expected a digit");
-    }
-    bool integer = true;
-    if (pos_ < text_.size() && text_[pos_] == '.') {
-      ++pos_;
-      if (digits() == 0) Fail("expected a digit after '.'");
-      integer = false;
-    }
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      if (digits() == 0) Fail("expected a digit in the exponent");
-      integer = false;
-    }
-    const char* first = text_.data() + begin;
-    const char* last = text_.data() + pos_;
-    // Integers that do not fit 64 bits are floats, as nlohmann reads them.
-    out.kind = Json::Kind::kFloat;
-    if (!integer) return;
-    if (*first == '-') {
-      if (std::from_chars(first, last, out.i).ec == std::errc()) out.kind = Json::Kind::kInt;
-    } else if (std::from_chars(first, last, out.u).ec == std::errc()) {
-      out.kind = Json::Kind::kUint;
-    }
-  }
-
-  // The string at pos_ (its opening quote); a view of the text when it holds no escapes, else of
-  // its decoded copy in decoded_.
-  std::string_view ParseString() {
-    ++pos_;
-    const size_t begin = pos_;
-    size_t out_begin = std::string::npos;  // in decoded_, once an escape was met
-    while (true) {
-      if (pos_ >= text_.size()) Fail("unterminated string");
-      const auto c = static_cast<unsigned char>(text_[pos_]);
-      if (c == '"') break;
-      if (c < 0x20) Fail("control character in a string");
-      if (c == '\\') {
-        if (out_begin == std::string::npos) {
-          out_begin = decoded_.size();
-          decoded_.append(text_.substr(begin, pos_ - begin));
-        }
-        Escape();
-        continue;
-      }
-      const size_t n = c < 0x80 ? 1 : Utf8Length();
-      if (out_begin != std::string::npos) decoded_.append(text_.substr(pos_, n));
-      pos_ += n;
-    }
-    const size_t end = pos_++;
-    if (out_begin == std::string::npos) return text_.substr(begin, end - begin);
-    return std::string_view(decoded_).substr(out_begin);
-  }
-
-  // The length of the UTF-8 sequence at pos_ (a byte >= 0x80); fails unless it is strict UTF-8.
-  size_t Utf8Length() const {
-    auto at = [&](size_t k) -> unsigned {
-      return pos_ + k < text_.size() ? static_cast<unsigned char>(text_[pos_ + k]) : 0u;
-    };
-    const unsigned lead = at(0);
-    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
-    size_t n = 0;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      n = 2;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      n = 3;
-      if (lead == 0xE0) lo = 0xA0;
-      if (lead == 0xED) hi = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      n = 4;
-      if (lead == 0xF0) lo = 0x90;
-      if (lead == 0xF4) hi = 0x8F;
-    } else {
-      Fail("invalid UTF-8 in a string");
-    }
-    if (at(1) < lo || at(1) > hi) Fail("invalid UTF-8 in a string");
-    for (size_t k = 2; k < n; ++k) {
-      if (at(k) < 0x80 || at(k) > 0xBF) Fail("invalid UTF-8 in a string");
-    }
-    return n;
-  }
-
-  // Decodes the escape at pos_ (its backslash) onto decoded_.
-  void Escape() {
-    ++pos_;
-    if (pos_ >= text_.size()) Fail("unterminated string");
-    const char c = text_[pos_++];
-    switch (c) {
-      case '"': decoded_.push_back('"'); return;
-      case '\\': decoded_.push_back('\\'); return;
-      case '/': decoded_.push_back('/'); return;
-      case 'b': decoded_.push_back('\b'); return;
-      case 'f': decoded_.push_back('\f'); return;
-      case 'n': decoded_.push_back('\n'); return;
-      case 'r': decoded_.push_back('\r'); return;
-      case 't': decoded_.push_back('\t'); return;
-      case 'u': break;
-      default: --pos_; Fail("invalid escape in a string");
-    }
-    uint32_t cp = Hex4();
-    if (cp >= 0xDC00 && cp <= 0xDFFF) Fail("unpaired surrogate in a string");
-    if (cp >= 0xD800 && cp <= 0xDBFF) {
-      if (text_.substr(pos_, 2) != "\\u") Fail("unpaired surrogate in a string");
-      pos_ += 2;
-      const uint32_t low = Hex4();
-      if (low < 0xDC00 || low > 0xDFFF) Fail("unpaired surrogate in a string");
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-    }
-    // UTF-8: at most 6 text bytes become at most 4, so decoded_ never outgrows its reservation.
-    if (cp < 0x80) {
-      decoded_.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      decoded_.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      decoded_.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      decoded_.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      decoded_.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
-  uint32_t Hex4() {
-    if (pos_ + 4 > text_.size()) Fail("unterminated string");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char h = text_[pos_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9') {
-        v |= static_cast<uint32_t>(h - '0');
-      } else if (h >= 'a' && h <= 'f') {
-        v |= static_cast<uint32_t>(h - 'a' + 10);
-      } else if (h >= 'A' && h <= 'F') {
-        v |= static_cast<uint32_t>(h - 'A' + 10);
-      } else {
-        --pos_;
-        Fail("expected four hex digits after \\u");
-      }
-    }
-    return v;
-  }
-
-  const std::string_view text_;
-  size_t pos_ = 0;
+  absl::Status error_;
   int64_t values_ = 0;
-  std::string decoded_;
-  std::vector<Json> stack_;  // children of the containers being parsed
-  std::vector<Json> pool_;   // children of complete containers, each container's contiguous
+  bool done_ = false;
+  std::string strings_;      // the decoded keys, back to back (nlohmann lends each one)
+  std::string_view key_;     // the key of the next member of the innermost object
+  std::vector<Frame> frames_;  // the open containers, outermost first
+  std::vector<Json> stack_;  // children of the open containers, each one's contiguous
+  std::vector<Json> pool_;   // children of closed containers, each container's contiguous
   Json root_;
 };
 
@@ -516,8 +385,8 @@ absl::StatusOr<OpStrategy> OpFromJson(const std::string& name, const Json& item)
 }
 
 // Writes JSON text in the form nlohmann::json's dump(2) gives (two-space indents, "key": value,
-// one array element per line, "[]" and "{}" for empty containers, strings escaped as nlohmann
-// escapes them), straight into one string: building an ordered_json document first costs an
+// one array element per line, "[]" and "{}" for empty containers, strings escaped by nlohmann's
+// serializer), straight into one string: building an ordered_json document first costs an
 // allocation per value and a second pass, a good part of registering a large strategy.
 // Strings must be valid UTF-8 (Strategy::Create checks every name).
 class JsonWriter {
@@ -534,6 +403,15 @@ class JsonWriter {
     String(key);
     out_->append(": ");
   }
+  // The same for one of the format's fixed member names, written for every parameter: it is
+  // quoted once per writer. `key` must outlive the writer (a string literal).
+  void FixedKey(std::string_view key) {
+    Separate();
+    auto [it, inserted] = quoted_.try_emplace(key);
+    if (inserted) it->second = Quote(key);
+    out_->append(it->second);
+    out_->append(": ");
+  }
   // Before a value that is an element of the innermost array.
   void Element() { Separate(); }
 
@@ -547,28 +425,10 @@ class JsonWriter {
     }
     EndArray();
   }
-  void String(std::string_view s) {
-    out_->push_back('"');
-    size_t run = 0;  // start of the bytes not yet copied
-    for (size_t i = 0; i < s.size(); ++i) {
-      const auto c = static_cast<unsigned char>(s[i]);
-      if (c >= 0x20 && c != '"' && c != '\\') continue;
-      out_->append(s.substr(run, i - run));
-      run = i + 1;
-      switch (c) {
-        case '"': out_->append("\\\""); break;
-        case '\\': out_->append("\\\\"); break;
-        case '\b': out_->append("\\b"); break;
-        case '\f': out_->append("\\f"); break;
-        case '\n': out_->append("\\n"); break;
-        case '\r': out_->append("\\r"); break;
-        case '\t': out_->append("\\t"); break;
-        default: absl::StrAppend(out_, absl::StrFormat("\\u%04x", c)); break;
-      }
-    }
-    out_->append(s.substr(run));
-    out_->push_back('"');
-  }
+  // A string, quoted and escaped by nlohmann's serializer. The strings written are valid UTF-8
+  // (Strategy::Create checks every name); error_handler_t::replace only keeps the serializer from
+  // throwing should one not be.
+  void String(std::string_view s) { out_->append(Quote(s)); }
 
  private:
   // The comma and line break before a member or element (none before a container's first).
@@ -592,16 +452,22 @@ class JsonWriter {
     out_->push_back(c);
   }
 
+  static std::string Quote(std::string_view s) {
+    return nlohmann::json(std::string(s)).dump(-1, ' ', /*ensure_ascii=*/false,
+                                               nlohmann::json::error_handler_t::replace);
+  }
+
   std::string* out_;
+  std::unordered_map<std::string_view, std::string> quoted_;  // FixedKey's names, quoted
   std::vector<bool> first_;  // per open container: nothing written in it yet
 };
 
 void WriteLayout(JsonWriter& w, const StrategyParam& param) {
   const Layout& layout = param.layout;
   w.BeginObject();
-  w.Key("dev_matrix");
+  w.FixedKey("dev_matrix");
   w.IntArray(layout.dev_matrix);
-  w.Key("tensor_map");
+  w.FixedKey("tensor_map");
   w.BeginArray();
   for (const std::vector<int32_t>& axes : layout.tensor_map) {
     w.Element();
@@ -617,18 +483,18 @@ void WriteLayout(JsonWriter& w, const StrategyParam& param) {
   }
   w.EndArray();
   if (param.tensor_shape) {
-    w.Key("tensor_shape");
+    w.FixedKey("tensor_shape");
     w.IntArray(*param.tensor_shape);
   }
-  w.Key("field");
+  w.FixedKey("field");
   w.Int(layout.field);
-  w.Key("opt_weight_shard_step");
+  w.FixedKey("opt_weight_shard_step");
   w.Int(layout.opt_shard_step);
-  w.Key("opt_weight_shard_size");
+  w.FixedKey("opt_weight_shard_size");
   w.Int(layout.opt_shard_size);
-  w.Key("param_split_shape");
+  w.FixedKey("param_split_shape");
   w.IntArray(layout.param_split_shape);
-  w.Key("indices_offset");
+  w.FixedKey("indices_offset");
   w.IntArray(layout.indices_offset);
   w.EndObject();
 }
@@ -663,17 +529,9 @@ absl::Status ForEachInOrder(const Json& object, Fn&& fn) {
 
 absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (bytes.find_first_not_of(" \t\r\n") == std::string_view::npos) return NoLayoutItems();
-  JsonParser parser(bytes);
-  const Json* root = nullptr;
-  try {
-    root = &parser.Parse();
-  } catch (const SyntaxError& e) {
-    return absl::InvalidArgumentError(absl::StrCat("not a JSON strategy: ", e.what));
-  } catch (const TooLarge& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("JSON strategy refused: it ", e.what, ", more than any strategy needs"));
-  }
-  const Json& doc = *root;
+  JsonDocument parsed;
+  CKPT_RETURN_IF_ERROR(parsed.Parse(bytes));
+  const Json& doc = parsed.root();
   if (!doc.is_object()) return JsonTypeError("a JSON strategy", "an object");
 
   std::vector<OpStrategy> ops;
@@ -709,9 +567,9 @@ std::string SerializeJson(const Strategy& strategy) {
   out.reserve(strategy.params().size() * 400 + strategy.ops().size() * 100 + 128);
   JsonWriter w(&out);
   w.BeginObject();
-  w.Key("current_stage");
+  w.FixedKey("current_stage");
   w.Int(strategy.stage_prefixed_names() ? 1 : 0);
-  w.Key("parallel_strategy_item");
+  w.FixedKey("parallel_strategy_item");
   w.BeginObject();
   std::set<std::string_view> op_names;
   for (const OpStrategy& op : strategy.ops()) {
@@ -720,9 +578,9 @@ std::string SerializeJson(const Strategy& strategy) {
     if (!op_names.insert(op.node_name).second) continue;
     w.Key(op.node_name);
     w.BeginObject();
-    w.Key("stage");
+    w.FixedKey("stage");
     w.Int(op.stage);
-    w.Key("parallel_strategy");
+    w.FixedKey("parallel_strategy");
     w.BeginArray();
     for (const std::vector<uint32_t>& input : op.inputs) {
       w.Element();
@@ -732,7 +590,7 @@ std::string SerializeJson(const Strategy& strategy) {
     w.EndObject();
   }
   w.EndObject();
-  w.Key("parallel_layout_item");
+  w.FixedKey("parallel_layout_item");
   w.BeginObject();
   for (const auto& [name, param] : strategy.params()) {
     if (!strategy.stage_prefixed_names()) {

@@ -702,6 +702,12 @@ TEST(StrategyCreateTest, RejectsControlCharactersWorldsTooLargeAndHugeJson) {
   many += "0]}";
   ExpectError(ParseStrategy(many, StrategyFormat::kJson).status(),
               absl::StatusCode::kInvalidArgument, {"values"});
+  // Empty containers count as values too.
+  std::string empties = R"({"x": [)";
+  for (int i = 0; i < (1 << 23) + 10; ++i) empties += "{},";
+  empties += "[]]}";
+  ExpectError(ParseStrategy(empties, StrategyFormat::kJson).status(),
+              absl::StatusCode::kInvalidArgument, {"holds more than 8388608 values"});
 }
 
 TEST(StrategyCreateTest, BinaryNamesThatAreNotUtf8AreRejected) {
@@ -965,6 +971,18 @@ TEST(StrategyJsonTest, RejectsEmptyAndMalformedDocuments) {
     ExpectError(ParseStrategy(broken, StrategyFormat::kJson).status(),
                 absl::StatusCode::kInvalidArgument, {"not a JSON strategy: "});
   }
+  // A syntax error names the byte where the parser stopped (counting from 1); the text it quotes
+  // is escaped.
+  ExpectError(ParseStrategy(R"({"parallel_layout_item": tru})", StrategyFormat::kJson).status(),
+              absl::StatusCode::kInvalidArgument,
+              {"not a JSON strategy: syntax error at byte 29: ", "tru"});
+  const absl::Status bad_utf8 =
+      ParseStrategy("{\"parallel_layout_item\": {\"w\xff\x01\": {}}}", StrategyFormat::kJson)
+          .status();
+  ExpectError(bad_utf8, absl::StatusCode::kInvalidArgument,
+              {"not a JSON strategy: syntax error at byte "});
+  EXPECT_EQ(std::string(bad_utf8.message()).find_first_of("\xff\x01"), std::string::npos)
+      << bad_utf8;
 }
 
 TEST(StrategyJsonTest, ParsesStrictJson) {
