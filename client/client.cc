@@ -254,12 +254,11 @@ absl::StatusOr<Response> CkptClient::Unary(Method method, const Request& request
 
 // ---------------------------------------------------------------- strategies
 
-absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategy(const std::string& name,
-                                                         const Strategy& strategy, bool overwrite) {
+absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategyJson(const std::string& name,
+                                                             std::string json, bool overwrite) {
   v1::PutStrategyRequest request;
   request.set_name(name);
-  // JSON rather than binary: it keeps tensor_shape, which the server uses to validate uploads.
-  request.set_content(SerializeStrategy(strategy, StrategyFormat::kJson));
+  request.set_content(std::move(json));
   request.set_format(v1::STRATEGY_FORMAT_JSON);
   request.set_overwrite(overwrite);
   CKPT_ASSIGN_OR_RETURN(v1::PutStrategyResponse response,
@@ -268,11 +267,16 @@ absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategy(const std::string& name
   return response.info();
 }
 
+absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategy(const std::string& name,
+                                                         const Strategy& strategy, bool overwrite) {
+  return PutStrategyJson(name, SerializeStrategy(strategy, StrategyFormat::kJson), overwrite);
+}
+
 absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategyFile(const std::string& name,
                                                              const std::string& path,
                                                              bool overwrite) {
-  CKPT_ASSIGN_OR_RETURN(Strategy strategy, LoadStrategyPath(path));
-  return PutStrategy(name, strategy, overwrite);
+  CKPT_ASSIGN_OR_RETURN(std::string json, StrategyJsonForPath(path));
+  return PutStrategyJson(name, std::move(json), overwrite);
 }
 
 absl::StatusOr<RemoteStrategy> CkptClient::GetStrategy(const std::string& name) {

@@ -171,8 +171,8 @@ class CkptClient {
   // Registers `strategy` (sent as MindSpore JSON, which keeps tensor shapes) under `name`.
   absl::StatusOr<v1::StrategyInfo> PutStrategy(const std::string& name, const Strategy& strategy,
                                                bool overwrite);
-  // Loads a binary or .json strategy file, or merges a directory of per-stage files
-  // (LoadStrategyPath), then PutStrategy.
+  // Registers a binary or .json strategy file, or a directory of per-stage files merged
+  // (LoadStrategyPath); a .json file is checked here and sent as it is (StrategyJsonForPath).
   absl::StatusOr<v1::StrategyInfo> PutStrategyFile(const std::string& name, const std::string& path,
                                                    bool overwrite);
   absl::StatusOr<RemoteStrategy> GetStrategy(const std::string& name);
@@ -289,6 +289,10 @@ class CkptClient {
                                             int parallelism = 4, ProgressFn progress = nullptr);
 
  private:
+  // Registers MindSpore JSON text `json` under `name` (JSON rather than binary: it keeps
+  // tensor_shape, which the server uses to validate uploads).
+  absl::StatusOr<v1::StrategyInfo> PutStrategyJson(const std::string& name, std::string json,
+                                                   bool overwrite);
   class CancelGroup;
 
   CkptClient(std::string address, ClientOptions options, std::shared_ptr<grpc::Channel> channel);

@@ -332,6 +332,32 @@ TEST_F(ServerTest, EveryDataMessageHasPartsThatMatchItsBytes) {
   EXPECT_GT(several_parts, 0) << "no fetch of the large demo combined stored chunks";
 }
 
+// A .json strategy file is checked by the client and registered as it is: compact or indented,
+// the server holds the same strategy; a damaged one is refused naming the file, and nothing is
+// registered.
+TEST_F(ServerTest, JsonStrategyFilesAreCheckedThenSentAsTheyAre) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  auto strategy = LoadStrategyPath(dir_ / "demo/src_strategy.ckpt");
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  const std::string indented = SerializeStrategy(*strategy, StrategyFormat::kJson);
+  const std::string compact = nlohmann::json::parse(indented).dump();
+  ASSERT_NE(compact, indented);
+  for (const auto& [file, text] : {std::pair<std::string, std::string>{"compact.json", compact},
+                                   {"indented.json", indented}}) {
+    { std::ofstream(dir_ / file) << text; }
+    auto info = client_->PutStrategyFile(file, dir_ / file, false);
+    ASSERT_TRUE(info.ok()) << info.status();
+    auto held = client_->GetStrategy(file);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_EQ(held->strategy, *strategy) << file;
+  }
+  { std::ofstream(dir_ / "damaged.json") << compact.substr(0, compact.size() / 2); }
+  auto damaged = client_->PutStrategyFile("damaged", dir_ / "damaged.json", false);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kInvalidArgument) << damaged.status();
+  EXPECT_THAT(damaged.status().message(), ::testing::HasSubstr("damaged.json: "));
+  EXPECT_EQ(client_->GetStrategy("damaged").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
   ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
   ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
