@@ -84,7 +84,7 @@ bool FetchStream::ReferenceChunks(DType dtype, const Box& band, std::span<Piece>
 }
 
 absl::Status FetchStream::Annotate(const absl::Status& s) const {
-  const std::string tensor = tensor_ < plan_.tensors.size() ? plan_.tensors[tensor_].name : "?";
+  const std::string tensor = tensor_ < plan_->tensors.size() ? plan_->tensors[tensor_].name : "?";
   return absl::Status(s.code(), absl::StrCat("checkpoint ", checkpoint_->manifest.id(), " tensor ",
                                              tensor, ": ", s.message()));
 }
@@ -130,7 +130,8 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
   return absl::OkStatus();
 }
 
-FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
+FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint,
+                         std::shared_ptr<const RankPlan> plan,
                          SharedChunks* chunks, FetchOptions options,
                          std::unique_ptr<CohortMember> member)
     : checkpoint_(std::move(checkpoint)),
@@ -138,7 +139,7 @@ FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, Ran
       chunks_(chunks),
       options_(options),
       member_(std::move(member)) {
-  for (const TensorPlan& t : plan_.tensors) total_bytes_ += TensorBytes(t);
+  for (const TensorPlan& t : plan_->tensors) total_bytes_ += TensorBytes(t);
 }
 
 const records::TensorRecord& FetchStream::Record(const TensorPlan& t) const {
@@ -217,7 +218,7 @@ void FetchStream::DropConsumedChunks(uint32_t tensor, int64_t first_row) {
 
 absl::Status FetchStream::ResolveSources() {
   if (sources_tensor_ == tensor_) return absl::OkStatus();
-  const TensorPlan& t = plan_.tensors[tensor_];
+  const TensorPlan& t = plan_->tensors[tensor_];
   const records::TensorRecord& r = Record(t);
   sources_tensor_ = std::numeric_limits<size_t>::max();  // until every op is resolved
   // The Source objects are kept from tensor to tensor (source_count_ of them in use), so that
@@ -263,7 +264,7 @@ void FetchStream::ReleasePieces() {
 }
 
 absl::Status FetchStream::CollectPieces(const Box& band_box) {
-  const TensorPlan& t = plan_.tensors[tensor_];
+  const TensorPlan& t = plan_->tensors[tensor_];
   const records::TensorRecord& r = Record(t);
   const uint64_t data_id = checkpoint_->manifest.data_id();
   ReleasePieces();
@@ -409,7 +410,7 @@ absl::Status FetchStream::AssembleBand(const TensorPlan& t, const Box& band_box,
 }
 
 absl::Status FetchStream::BuildBand() {
-  const TensorPlan& t = plan_.tensors[tensor_];
+  const TensorPlan& t = plan_->tensors[tensor_];
   const records::TensorRecord& r = Record(t);
   // Chunks nothing from here on needs are released now rather than when the LRU is full: their
   // memory (with segment files, their mapped windows) goes back sooner.
@@ -490,10 +491,10 @@ absl::StatusOr<bool> FetchStream::Next(v1::FetchResponse* out) {
 
 void FetchStream::SummaryPiece(FetchPiece* out) const {
   v1::FetchPlanSummary* s = out->message.mutable_summary();
-  s->set_tensor_count(static_cast<int64_t>(plan_.tensors.size()));
+  s->set_tensor_count(static_cast<int64_t>(plan_->tensors.size()));
   s->set_total_bytes(total_bytes_);
-  for (int64_t r : plan_.source_ranks) s->add_source_ranks(r);
-  for (const std::string& w : plan_.warnings) s->add_warnings(w);
+  for (int64_t r : plan_->source_ranks) s->add_source_ranks(r);
+  for (const std::string& w : plan_->warnings) s->add_warnings(w);
 }
 
 void FetchStream::StartTensor() {
@@ -522,8 +523,8 @@ absl::Status FetchStream::BatchPiece(FetchPiece* out) {
   tiles_ = false;
   absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
   if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
-  while (tensor_ < plan_.tensors.size() && batch->tensors_size() < batch_tensors_) {
-    const TensorPlan& t = plan_.tensors[tensor_];
+  while (tensor_ < plan_->tensors.size() && batch->tensors_size() < batch_tensors_) {
+    const TensorPlan& t = plan_->tensors[tensor_];
     const int64_t bytes = TensorBytes(t);
     if (!Batchable(bytes) ||
         (batch->tensors_size() > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
@@ -654,9 +655,9 @@ absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader)
     SummaryPiece(out);
     return true;
   }
-  while (tensor_ < plan_.tensors.size()) {
+  while (tensor_ < plan_->tensors.size()) {
     if (!header_sent_) {
-      const TensorPlan& t = plan_.tensors[tensor_];
+      const TensorPlan& t = plan_->tensors[tensor_];
       if (reader == FetchReader::kClient && Batchable(TensorBytes(t))) {
         CKPT_RETURN_IF_ERROR(BatchPiece(out));
         return true;

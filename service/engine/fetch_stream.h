@@ -110,8 +110,8 @@ class FetchStream {
  public:
   // Reads stored chunks through `chunks` (shared with the other streams; not owned, must outlive
   // the stream), as `member` of its cohort (the streams of identical plans; may be null).
-  FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint, RankPlan plan,
-              SharedChunks* chunks, FetchOptions options,
+  FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint,
+              std::shared_ptr<const RankPlan> plan, SharedChunks* chunks, FetchOptions options,
               std::unique_ptr<CohortMember> member = nullptr);
 
   // Whether the next piece may be produced now without running too far ahead of the stream's
@@ -220,7 +220,7 @@ class FetchStream {
   const records::BlobRecord* BlobFor(const records::TensorRecord& r, const CopyOp& op) const;
 
   std::shared_ptr<const LoadedCheckpoint> checkpoint_;
-  RankPlan plan_;
+  const std::shared_ptr<const RankPlan> plan_;  // shared with other streams of the rank (read-only)
   SharedChunks* chunks_;
   FetchOptions options_;
   std::unique_ptr<CohortMember> member_;

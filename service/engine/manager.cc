@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -345,6 +346,85 @@ absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
 void CheckpointManager::InvalidatePlans() {
   std::lock_guard<std::mutex> lock(mu_);
   plans_.clear();
+  rank_plans_.clear();
+  rank_plan_bytes_ = 0;
+}
+
+namespace {
+
+// What a planned rank holds, roughly: its tensors' plans with their names, shapes and boxes, and
+// their copy ops (once per geometry: tensors of one geometry share them).
+int64_t EstimatedBytes(const RankPlan& plan) {
+  int64_t bytes = sizeof(RankPlan);
+  absl::flat_hash_set<const CopyOp*> ops;
+  for (const TensorPlan& t : plan.tensors) {
+    const auto dims = static_cast<int64_t>(t.global_shape.size());
+    bytes += static_cast<int64_t>(sizeof(TensorPlan) + t.name.capacity()) + 3 * dims * 8;
+    if (!t.ops.empty() && ops.insert(t.ops.begin()).second) {
+      bytes += static_cast<int64_t>(t.ops.size()) *
+               (static_cast<int64_t>(sizeof(CopyOp)) + 5 * dims * 8);
+    }
+  }
+  for (const std::string& w : plan.warnings) bytes += static_cast<int64_t>(w.capacity());
+  return bytes + static_cast<int64_t>(plan.source_ranks.size()) * 8;
+}
+
+bool SamePlanner(const std::weak_ptr<const Resharder>& a, const std::shared_ptr<const Resharder>& b) {
+  return !a.owner_before(b) && !b.owner_before(a);
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointManager::PlannedRank> CheckpointManager::PlanRank(
+    const std::shared_ptr<const Resharder>& planner, int64_t rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = rank_plans_.begin(); it != rank_plans_.end(); ++it) {
+      if (it->rank == rank && SamePlanner(it->planner, planner)) {
+        PlannedRank found = *it;
+        std::rotate(it, it + 1, rank_plans_.end());  // most recent at the back
+        return found;
+      }
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(rank));
+  PlannedRank planned;
+  planned.planner = planner;
+  planned.rank = rank;
+  // Streams of this checkpoint whose plans deliver the same boxes of the same tensors (the
+  // data-parallel replicas of a rank) read the same chunks: they form one cohort, for which the
+  // shared layer keeps a chunk until each has taken it.
+  planned.fingerprint = absl::HashOf(plan.tensors.size());
+  for (const TensorPlan& t : plan.tensors) {
+    planned.fingerprint = absl::HashOf(planned.fingerprint, t.name, t.dst_box.lo, t.dst_box.hi);
+  }
+  planned.bytes = EstimatedBytes(plan);
+  planned.plan = std::make_shared<const RankPlan>(std::move(plan));
+  if (planned.bytes > options_.rank_plan_cache_bytes) return planned;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Another stream may have planned the same rank meanwhile: keep one.
+  for (const PlannedRank& kept : rank_plans_) {
+    if (kept.rank == rank && SamePlanner(kept.planner, planner)) return planned;
+  }
+  // Ranks of planners the plan cache has dropped are not asked for again.
+  std::erase_if(rank_plans_, [this](const PlannedRank& kept) {
+    if (!kept.planner.expired()) return false;
+    rank_plan_bytes_ -= kept.bytes;
+    return true;
+  });
+  rank_plans_.push_back(planned);
+  rank_plan_bytes_ += planned.bytes;
+  size_t drop = 0;
+  while (rank_plan_bytes_ > options_.rank_plan_cache_bytes && drop < rank_plans_.size()) {
+    rank_plan_bytes_ -= rank_plans_[drop++].bytes;
+  }
+  rank_plans_.erase(rank_plans_.begin(), rank_plans_.begin() + static_cast<ptrdiff_t>(drop));
+  return planned;
+}
+
+std::pair<size_t, int64_t> CheckpointManager::rank_plans_kept() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {rank_plans_.size(), rank_plan_bytes_};
 }
 
 absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
@@ -411,14 +491,8 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
     const v1::FetchRequest& request) {
   CKPT_ASSIGN_OR_RETURN(auto ckpt, LoadCheckpoint(request.checkpoint_id()));
   CKPT_ASSIGN_OR_RETURN(auto planner, Planner(request, ckpt));
-  CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(request.merged() ? 0 : request.rank()));
-  // Streams of this checkpoint whose plans deliver the same boxes of the same tensors (the
-  // data-parallel replicas of a rank) read the same chunks: they form one cohort, for which the
-  // shared layer keeps a chunk until each has taken it.
-  size_t fingerprint = absl::HashOf(plan.tensors.size());
-  for (const TensorPlan& t : plan.tensors) {
-    fingerprint = absl::HashOf(fingerprint, t.name, t.dst_box.lo, t.dst_box.hi);
-  }
+  CKPT_ASSIGN_OR_RETURN(PlannedRank planned,
+                        PlanRank(planner, request.merged() ? 0 : request.rank()));
   // The streams of one job (this checkpoint for one destination and the same filters) pace
   // together, so that the chunks they share are read once (SharedChunks).
   size_t job = absl::HashOf(request.merged(), request.destination_strategy(), request.strict());
@@ -426,12 +500,13 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   for (const std::string& f : request.exclude()) job = absl::HashOf(job, 2, f);
   const int64_t ranks = request.merged() ? 1 : std::min<int64_t>(planner->dst_world(), 1 << 20);
   std::unique_ptr<CohortMember> member =
-      shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", fingerprint),
+      shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", planned.fingerprint),
                                 absl::StrCat(ckpt->manifest.data_id(), "/", job),
                                 static_cast<int>(ranks));
   FetchOptions options = options_.fetch;
   options.batches = request.accept_batches();
-  return std::make_unique<FetchStream>(std::move(ckpt), std::move(plan), &shared_chunks_, options,
+  return std::make_unique<FetchStream>(std::move(ckpt), std::move(planned.plan), &shared_chunks_,
+                                       options,
                                        std::move(member));
 }
 

@@ -31,6 +31,10 @@ struct ManagerOptions {
   absl::Duration upload_idle_timeout = absl::Minutes(30);
   // Planned fetches (checkpoint × destination strategy × filters) kept for reuse.
   size_t plan_cache_entries = 64;
+  // Planned ranks of those kept for reuse (the data-parallel replicas of a rank, and every
+  // later fetch of it, start without planning it again), least recent dropped first beyond
+  // this estimate of their memory: part of ckptd's memory bound. 0 keeps none.
+  int64_t rank_plan_cache_bytes = int64_t{64} << 20;
   // Recently read chunks kept for other fetch streams that need them (SharedChunks): part of
   // ckptd's memory bound. 0 keeps none (streams reading a chunk at the same time still share
   // it).
@@ -90,6 +94,8 @@ class CheckpointManager {
   CheckpointStore* store() const { return store_; }
   // The read-once layer every fetch stream reads stored chunks through.
   SharedChunks* shared_chunks() { return &shared_chunks_; }
+  // Planned ranks kept now (ManagerOptions::rank_plan_cache_bytes), and their estimated bytes.
+  std::pair<size_t, int64_t> rank_plans_kept();
 
  private:
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(const std::string& id);
@@ -108,6 +114,21 @@ class CheckpointManager {
   std::map<std::string, std::shared_ptr<const LoadedCheckpoint>> checkpoints_;  // decoded cache
   // Plan cache: key -> planner; a plain list (small) with most recent at the back.
   std::vector<std::pair<std::string, std::shared_ptr<const Resharder>>> plans_;
+  // Planned ranks of the cached planners, most recent at the back, within
+  // options_.rank_plan_cache_bytes (rank_plan_bytes_ in all). A planner is matched by owner, so
+  // a planner that was dropped and one allocated at its address are never confused.
+  struct PlannedRank {
+    std::weak_ptr<const Resharder> planner;
+    int64_t rank = 0;
+    std::shared_ptr<const RankPlan> plan;
+    size_t fingerprint = 0;  // of the tensors and boxes it delivers (cohorts)
+    int64_t bytes = 0;       // estimate
+  };
+  std::vector<PlannedRank> rank_plans_;  // guarded by mu_
+  int64_t rank_plan_bytes_ = 0;          // guarded by mu_
+  // `rank` of `planner`: from rank_plans_, or planned now and kept there.
+  absl::StatusOr<PlannedRank> PlanRank(const std::shared_ptr<const Resharder>& planner,
+                                       int64_t rank);
 
   // Summarize()'s stored bytes by checkpoint id; summary_mu_ is taken before mu_.
   std::mutex summary_mu_;

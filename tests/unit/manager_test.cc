@@ -452,6 +452,47 @@ TEST_F(ManagerTest, EightRanksToThreeEveryByte) {
   }
 }
 
+// A planned rank is kept for the next fetch of it (one entry per rank, reused), within its byte
+// budget; a deleted checkpoint's are dropped; a budget of 0 keeps none. Every byte is the same
+// either way.
+TEST_F(ManagerTest, PlannedRanksAreReusedWithinTheirBudget) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  EXPECT_EQ(manager_->rank_plans_kept().first, 0u);
+  ExpectRankMatches("ck", "dst", dst, 1, DemoTensors());
+  const auto [kept, bytes] = manager_->rank_plans_kept();
+  EXPECT_EQ(kept, 1u);
+  EXPECT_GT(bytes, 0);
+  ExpectRankMatches("ck", "dst", dst, 1, DemoTensors());  // from the kept plan
+  EXPECT_EQ(manager_->rank_plans_kept(), std::make_pair(size_t{1}, bytes));
+  ExpectRankMatches("ck", "dst", dst, 2, DemoTensors());
+  EXPECT_EQ(manager_->rank_plans_kept().first, 2u);
+  ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+  EXPECT_EQ(manager_->rank_plans_kept().first, 0u);
+
+  // Room for one rank's plan only: the least recent goes.
+  ManagerOptions options = SmallOptions();
+  options.rank_plan_cache_bytes = bytes + bytes / 2;
+  Restart(options);
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  for (int64_t r = 0; r < dst.world_size(); ++r) ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  EXPECT_EQ(manager_->rank_plans_kept().first, 1u);
+  EXPECT_LE(manager_->rank_plans_kept().second, options.rank_plan_cache_bytes);
+
+  options.rank_plan_cache_bytes = 0;
+  Restart(options);
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  ExpectRankMatches("ck", "dst", dst, 1, DemoTensors());
+  ExpectRankMatches("ck", "dst", dst, 1, DemoTensors());
+  EXPECT_EQ(manager_->rank_plans_kept().first, 0u);
+}
+
 // Ranks sent as batches of whole tensors: the slices a rank writes are stored in one PutChunks at
 // the batch's end (verbatim values at once), and every byte comes back.
 TEST_F(ManagerTest, BatchedRanksStoreTheirSlicesTogetherAndEveryByteComesBack) {
