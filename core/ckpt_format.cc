@@ -787,31 +787,4 @@ absl::Status CkptWriter::Finish() {
   return absl::OkStatus();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Conveniences
-
-absl::StatusOr<std::vector<CkptTensor>> DecodeCkpt(std::string_view bytes,
-                                                   CkptReaderOptions options) {
-  MemoryByteSource source(bytes);
-  CkptReader reader(&source, options);
-  std::vector<CkptTensor> tensors;
-  for (;;) {
-    CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> tensor, reader.NextTensor());
-    if (!tensor) break;
-    tensors.push_back(std::move(*tensor));
-  }
-  return tensors;
-}
-
-absl::StatusOr<std::string> EncodeCkpt(const std::vector<CkptTensor>& tensors,
-                                       CkptWriterOptions options) {
-  StringByteSink sink;
-  CkptWriter writer(&sink, options);
-  for (const CkptTensor& t : tensors) {
-    CKPT_RETURN_IF_ERROR(writer.WriteTensor(t.name, t.dtype, t.dims, t.data));
-  }
-  CKPT_RETURN_IF_ERROR(writer.Finish());
-  return sink.Release();
-}
-
 }  // namespace ckpt
