@@ -11,8 +11,7 @@
 namespace ckpt {
 namespace fs = std::filesystem;
 
-absl::StatusOr<std::vector<StrategyFile>> ReadStrategyFiles(
-    const std::vector<std::string>& paths) {
+absl::StatusOr<std::vector<StrategyFile>> ReadStrategyFiles(const std::vector<std::string>& paths) {
   std::vector<std::string> files;
   for (const std::string& p : paths) {
     std::error_code ec;
@@ -23,7 +22,8 @@ absl::StatusOr<std::vector<StrategyFile>> ReadStrategyFiles(
       }
       if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", p, ": ", ec.message()));
       if (in_dir.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("directory ", p, " holds no strategy files"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("directory ", p, " holds no strategy files"));
       }
       std::sort(in_dir.begin(), in_dir.end());
       files.insert(files.end(), in_dir.begin(), in_dir.end());

@@ -131,9 +131,8 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
 }
 
 FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint,
-                         std::shared_ptr<const RankPlan> plan,
-                         SharedChunks* chunks, FetchOptions options,
-                         std::unique_ptr<CohortMember> member)
+                         std::shared_ptr<const RankPlan> plan, SharedChunks* chunks,
+                         FetchOptions options, std::unique_ptr<CohortMember> member)
     : checkpoint_(std::move(checkpoint)),
       plan_(std::move(plan)),
       chunks_(chunks),
@@ -188,8 +187,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
     if (cache_.front().chunk->corrupt()) return cache_.front().chunk->Verify();
     return cache_.front().chunk;
   }
-  auto shared =
-      chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
+  auto shared = chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
   if (!shared.ok()) return shared.status();
   std::shared_ptr<StreamChunk> chunk = *std::move(shared);
   if (member_) member_->Advanced(static_cast<int64_t>(chunk->data->bytes().size()));
@@ -246,8 +244,8 @@ absl::Status FetchStream::ResolveSources() {
     for (int i = 0; i < lo.size() && i < hi.size(); ++i) blob_shape_[i] = hi[i] - lo[i];
     blob_tile_.assign(s.blob->tile().begin(), s.blob->tile().end());
     if (hi.size() != lo.size()) {
-      return Annotate(absl::DataLossError(absl::StrCat("a stored slice records a box of ", lo.size(),
-                                                       " and ", hi.size(), " coordinates")));
+      return Annotate(absl::DataLossError(absl::StrCat(
+          "a stored slice records a box of ", lo.size(), " and ", hi.size(), " coordinates")));
     }
     if (absl::Status st = s.grid.Reset(blob_shape_, blob_tile_, ElementBits(t.dtype)); !st.ok()) {
       return Annotate(absl::DataLossError(st.message()));
@@ -539,8 +537,8 @@ absl::Status FetchStream::BatchPiece(FetchPiece* out) {
         if (s.bytes.empty()) continue;
         // Verified now, while errors still name this tensor; whole chunks that become parts of
         // their own leave with their stored checksum for the client to verify.
-        if (s.chunk && !(s.stored_checksum && static_cast<int64_t>(s.bytes.size()) >=
-                                                  options_.min_part_bytes)) {
+        if (s.chunk && !(s.stored_checksum &&
+                         static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes)) {
           CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
         }
         produced += static_cast<int64_t>(s.bytes.size());

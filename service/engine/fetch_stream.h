@@ -250,8 +250,8 @@ class FetchStream {
   std::vector<Source> sources_;
   size_t source_count_ = 0;
   size_t sources_tensor_ = std::numeric_limits<size_t>::max();
-  Shape blob_shape_, blob_tile_;          // scratch of ResolveSources
-  std::vector<int64_t> overlapping_;      // scratch of CollectPieces
+  Shape blob_shape_, blob_tile_;      // scratch of ResolveSources
+  std::vector<int64_t> overlapping_;  // scratch of CollectPieces
   // BuildBand's pieces: the first piece_count_ are the current band's. Kept from band to band
   // so that their boxes keep their storage instead of being allocated again for every band;
   // their chunk references are dropped when each band is built.

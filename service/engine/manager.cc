@@ -369,7 +369,8 @@ int64_t EstimatedBytes(const RankPlan& plan) {
   return bytes + static_cast<int64_t>(plan.source_ranks.size()) * 8;
 }
 
-bool SamePlanner(const std::weak_ptr<const Resharder>& a, const std::shared_ptr<const Resharder>& b) {
+bool SamePlanner(const std::weak_ptr<const Resharder>& a,
+                 const std::shared_ptr<const Resharder>& b) {
   return !a.owner_before(b) && !b.owner_before(a);
 }
 
@@ -499,15 +500,13 @@ absl::StatusOr<std::unique_ptr<FetchStream>> CheckpointManager::OpenFetch(
   for (const std::string& f : request.include()) job = absl::HashOf(job, 1, f);
   for (const std::string& f : request.exclude()) job = absl::HashOf(job, 2, f);
   const int64_t ranks = request.merged() ? 1 : std::min<int64_t>(planner->dst_world(), 1 << 20);
-  std::unique_ptr<CohortMember> member =
-      shared_chunks_.JoinCohort(absl::StrCat(ckpt->manifest.data_id(), "/", planned.fingerprint),
-                                absl::StrCat(ckpt->manifest.data_id(), "/", job),
-                                static_cast<int>(ranks));
+  std::unique_ptr<CohortMember> member = shared_chunks_.JoinCohort(
+      absl::StrCat(ckpt->manifest.data_id(), "/", planned.fingerprint),
+      absl::StrCat(ckpt->manifest.data_id(), "/", job), static_cast<int>(ranks));
   FetchOptions options = options_.fetch;
   options.batches = request.accept_batches();
   return std::make_unique<FetchStream>(std::move(ckpt), std::move(planned.plan), &shared_chunks_,
-                                       options,
-                                       std::move(member));
+                                       options, std::move(member));
 }
 
 absl::StatusOr<v1::RankDependenciesResponse> CheckpointManager::RankDependencies(

@@ -115,9 +115,11 @@ SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(
-    const Key& key, const ChunkAddress& address, std::shared_ptr<Read> read,
-    const FetchCohort* cohort, const void* taker) {
+absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key& key,
+                                                                      const ChunkAddress& address,
+                                                                      std::shared_ptr<Read> read,
+                                                                      const FetchCohort* cohort,
+                                                                      const void* taker) {
   // This thread reads for every requester of the chunk. Nothing here depends on the stream that
   // asked first: the result goes to the Read, which the waiters hold.
   auto data = store_->ReadChunkUnverified(address);
@@ -235,9 +237,7 @@ CohortMember::~CohortMember() {
   for (auto& w : wake) w();
 }
 
-const FetchCohort* CohortMember::cohort() const {
-  return left_behind() ? nullptr : cohort_.get();
-}
+const FetchCohort* CohortMember::cohort() const { return left_behind() ? nullptr : cohort_.get(); }
 
 void CohortMember::Touch() {
   last_progress_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
@@ -304,8 +304,7 @@ bool SharedChunks::GatheringLocked(PaceGroup& group, int64_t now_ns) {
     group.gathered = true;
     return false;
   }
-  const int64_t bound_ns =
-      absl::ToInt64Nanoseconds(std::min(straggler_bound_, absl::Seconds(1)));
+  const int64_t bound_ns = absl::ToInt64Nanoseconds(std::min(straggler_bound_, absl::Seconds(1)));
   if (now_ns - group.created_ns <= bound_ns) return true;
   group.gathered = true;
   if (no_gathering_until_.size() >= 1024) no_gathering_until_.clear();  // a bound, not a policy
@@ -372,8 +371,8 @@ void SharedChunks::StopWaitingLocked(CohortMember& m) {
 }
 
 void SharedChunks::PaceLoop() {
-  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(
-      absl::ToInt64Nanoseconds(straggler_bound_) / 8, 1'000'000, 100'000'000));
+  const auto period = std::chrono::nanoseconds(
+      std::clamp<int64_t>(absl::ToInt64Nanoseconds(straggler_bound_) / 8, 1'000'000, 100'000'000));
   std::unique_lock<std::mutex> lock(pace_mu_);
   while (!pace_stop_) {
     if (waiting_.empty()) {

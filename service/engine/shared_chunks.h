@@ -126,10 +126,10 @@ class FetchCohort {
 struct PaceGroup {
   std::string key;
   std::list<CohortMember*> members;
-  int expected = 1;          // the streams the job has (the destination's ranks)
-  int joined = 0;            // streams that ever joined
-  int64_t created_ns = 0;    // when the first joined
-  bool gathered = false;     // gathering is over (everyone came, or the bound passed)
+  int expected = 1;        // the streams the job has (the destination's ranks)
+  int joined = 0;          // streams that ever joined
+  int64_t created_ns = 0;  // when the first joined
+  bool gathered = false;   // gathering is over (everyone came, or the bound passed)
 };
 
 // One stream's membership of its cohort and pace group (SharedChunks::JoinCohort); leaving them
@@ -206,8 +206,9 @@ class SharedChunks {
   // that holds it or is reading it, read from the store otherwise. A chunk that another stream
   // also has is verified before it is returned (DATA_LOSS when damaged); a chunk read for this
   // caller alone is returned unverified. A damaged copy kept from an earlier read is forgotten
-  // and the chunk read again from the store, once, before DATA_LOSS is returned. Errors of the store read are returned as the store gave
-  // them, to every caller that waited for that read.
+  // and the chunk read again from the store, once, and verified, before DATA_LOSS is returned.
+  // Errors of the store read are returned as the store gave them, to every caller that waited
+  // for that read.
   // `cohort`: the caller's cohort (null: none), whose open members are the takers the chunk is
   // kept for; `taker` identifies the calling stream, so that a stream asking again for a chunk
   // it had is not counted as another taker.

@@ -129,7 +129,7 @@ bool TcpAcceptor::ReadSideIsKept() {
 }
 
 absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(const TcpListenAddress& address,
-                                                                  absl::Duration linger) {
+                                                                 absl::Duration linger) {
   const std::string where = absl::StrCat(address.host, ":", address.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -37,7 +37,6 @@
 #define CKPT_SERVICE_RPC_TCP_ACCEPTOR_H_
 
 #include <grpcpp/server_builder.h>
-
 #include <sys/types.h>
 
 #include <atomic>

@@ -55,8 +55,8 @@ std::vector<uint8_t> EncodeTail(const FetchPiece& piece, uint8_t part_bytes_tag,
       tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(v), tail_end);
     }
     *tail_end++ = kBandRows;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(piece.band_rows),
-                                                       tail_end);
+    tail_end =
+        CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(piece.band_rows), tail_end);
   }
   tail.resize(static_cast<size_t>(tail_end - tail.data()));
   return tail;

@@ -18,9 +18,9 @@ namespace ckpt {
 // Serialises one Fetch message (a piece for FetchReader::kClient). A data message is written as
 // the wire format of FetchResponse{data: FetchData{data, part_bytes, part_checksums, tile_box,
 // band_rows}} whose bytes are slices that reference the piece's segments (kept alive by their
-// owners until gRPC drops them; runs of segments under 4 KiB are copied into one slice instead); a batch with data (the piece's message holds its headers) as
-// FetchResponse{batch: FetchTensorBatch{tensors, data, part_bytes, part_checksums}}, its data
-// referenced the same way.
+// owners until gRPC drops them; runs of segments under 4 KiB are copied into one slice instead);
+// a batch with data (the piece's message holds its headers) as FetchResponse{batch:
+// FetchTensorBatch{tensors, data, part_bytes, part_checksums}}, its data referenced the same way.
 grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece);
 
 // If `buffer` is exactly the wire format of UploadRequest{data} (as the client library writes

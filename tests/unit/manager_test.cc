@@ -479,7 +479,8 @@ TEST_F(ManagerTest, PlannedRanksAreReusedWithinTheirBudget) {
   PutStrategy("src", src);
   PutStrategy("dst", dst);
   UploadAll("ck", "src", src, DemoTensors());
-  for (int64_t r = 0; r < dst.world_size(); ++r) ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  for (int64_t r = 0; r < dst.world_size(); ++r)
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
   EXPECT_EQ(manager_->rank_plans_kept().first, 1u);
   EXPECT_LE(manager_->rank_plans_kept().second, options.rank_plan_cache_bytes);
 
