@@ -1,7 +1,7 @@
 // Fuzz target: the upload stream handler (service/engine/upload_session.h) as ckptd runs it,
 // without gRPC. The input is a sequence of records (fuzz_streams.h), each one UploadRequest as a
 // client sends it; a header message begins a new stream (the previous one is finished first),
-// tensor headers and data go to the current stream, and the last stream is finished at the end,
+// tensor headers, data and tensor batches go to the current stream, and the last stream is finished at the end,
 // as the upload reactor (service/rpc/upload_reactor.cc) does. The manager and a segment store in
 // a temporary directory live for the whole run, with the sample's strategies registered as
 // "demo" (2 stages x 4 devices) and "dst" (3 devices); every checkpoint an input names is deleted
@@ -51,6 +51,24 @@ void FinishStream(std::unique_ptr<ckpt::RankUpload>& upload, const std::string& 
   auto response = upload->Finish();
   if (response.ok() && response->committed()) manager->OnUploadFinished(id);
   upload.reset();
+}
+
+// A batch of whole tensors, under the reactor's rules: no tensor may be open when it comes, its
+// bytes count as one data message's, and each of its tensors must be whole.
+absl::Status UploadBatch(ckpt::RankUpload* upload, const ckpt::v1::UploadTensorBatch& batch) {
+  int64_t size = 0;
+  for (const auto& tensor : batch.tensors()) size += static_cast<int64_t>(tensor.data().size());
+  if (upload == nullptr || size > kMaxDataMessageBytes || upload->tensor_open()) {
+    return absl::InvalidArgumentError("no header, batch too large, or a tensor still open");
+  }
+  upload->BeginBatch();
+  for (const auto& tensor : batch.tensors()) {
+    absl::Status status = upload->StartTensor(tensor.header());
+    if (status.ok() && !tensor.data().empty()) status = upload->Append(tensor.data());
+    if (!status.ok()) return status;
+    if (upload->tensor_open()) return absl::InvalidArgumentError("a batched tensor is not whole");
+  }
+  return upload->EndBatch();
 }
 
 }  // namespace
@@ -112,6 +130,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else {
           status = upload->Append(request.data());
         }
+        break;
+      case ckpt::v1::UploadRequest::kBatch:
+        status = UploadBatch(upload.get(), request.batch());
         break;
       case ckpt::v1::UploadRequest::KIND_NOT_SET:
         status = absl::InvalidArgumentError("empty upload message");
