@@ -78,14 +78,15 @@ clean:
 # suppressions; tests/sanitizers/README.md, which also says what CI runs and what it costs).
 # ASan/UBSan builds every test binary but the load campaign and runs the suite but the labels in
 # SAN_EXCLUDE: tests that only re-run the same binaries from Python, the docs, packaging, the
-# benchmark smoke, the fault loop and the load campaign, which measures throughput.
+# benchmark smoke, the fault loop, the fuzz seed replay (`make fuzz` runs those targets under
+# ASan itself) and the load campaign, which measures throughput.
 # ThreadSanitizer builds and runs the multi-threaded engine and storage tests (TSAN_TARGETS,
 # label "threads"): the tests driving a real ckptd are labelled "threads" too but not built here,
 # because Debian's gRPC is not instrumented and TSan reports every hand-off between a reactor's
 # reactions as a race (README.md).
 ASAN_DIR ?= build-asan
 TSAN_DIR ?= build-tsan
-SAN_EXCLUDE ?= python|docs|deploy|bench|chaos|load
+SAN_EXCLUDE ?= python|docs|deploy|bench|chaos|load|fuzz
 # A test binary added to the suite is added to ASAN_TARGETS too: otherwise its tests show up in
 # the ASan run as <binary>_NOT_BUILT and fail it. The load campaign is left out on purpose.
 ASAN_TARGETS ?= ckptd ckptctl core_test files_test store_test segment_files_test client_test \

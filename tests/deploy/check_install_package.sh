@@ -2,7 +2,7 @@
 # Checks what an operator installs: `cmake --install` into a temporary prefix (what
 # `make install PREFIX=...` runs), the .deb that `make package` builds with CPack (inspected with
 # dpkg-deb), the systemd unit (systemd-analyze verify, hardening settings) and every shell script
-# in deploy/ (shellcheck).
+# in deploy/, tests/ and .ci/run (shellcheck).
 #
 # Usage: check_install_package.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -64,7 +64,8 @@ done
 check "the unit's store is in its state directory" grep -qx "Environment=CKPTD_DATA=/var/lib/ckptd/store" "$unit"
 
 # ---------------------------------------------------------------- scripts
-mapfile -t scripts < <(find "$SOURCE_DIR/deploy" "$SOURCE_DIR/tests/deploy" -name '*.sh' | sort)
+mapfile -t scripts < <(find "$SOURCE_DIR/deploy" "$SOURCE_DIR/tests" -name '*.sh' | sort)
+scripts+=("$SOURCE_DIR/.ci/run")
 check "shellcheck ${#scripts[@]} scripts" shellcheck -x "${scripts[@]}"
 
 finish install_package

@@ -3,7 +3,8 @@
 //   ckpt_fuzz_seeds SAMPLE_DIR FIXTURES_DIR OUT_DIR
 // OUT_DIR/<target>/ gets, for ckpt_decode, every .ckpt; for strategy_binary and strategy_json,
 // every strategy in its own format and converted to the other; for upload, the sample's rank
-// files (and its whole-tensor file) as UploadRequest streams, one per rank and one of all ranks;
+// files (and its whole-tensor file) as UploadRequest streams, one per rank (plain and with small
+// tensors batched) and one of all ranks;
 // for fetch_wire, each sample file as the FetchResponse stream a server sends for it, in rows
 // and, for matrices, as a band of two tiles (after fetch_wire's mode byte). Stream inputs are records (fuzz_streams.h).
 #include <cstdint>
@@ -49,20 +50,36 @@ std::string SeedName(const fs::path& path) {
   return absl::StrCat(path.parent_path().filename().string(), "_", path.filename().string());
 }
 
-// The upload stream of one rank file.
+// The upload stream of one rank file: each tensor as its header and data messages of 96 bytes,
+// or with `batched`, tensors of at most 256 bytes in runs of up to 4 per UploadTensorBatch (as the
+// client library sends small tensors).
 void AppendUpload(const std::string& id, const std::string& strategy, int64_t rank,
-                  const std::vector<CkptTensor>& tensors, std::string* out) {
+                  const std::vector<CkptTensor>& tensors, std::string* out, bool batched = false) {
   v1::UploadRequest header;
   header.mutable_header()->set_checkpoint_id(id);
   header.mutable_header()->set_source_strategy(strategy);
   header.mutable_header()->set_rank(rank);
   fuzz::AppendRecord(header.SerializeAsString(), out);
+  v1::UploadRequest batch;
+  const auto flush = [&] {
+    if (batch.batch().tensors_size() == 0) return;
+    fuzz::AppendRecord(batch.SerializeAsString(), out);
+    batch.Clear();
+  };
   for (const CkptTensor& t : tensors) {
     v1::UploadRequest tensor;
     tensor.mutable_tensor()->set_name(t.name);
     tensor.mutable_tensor()->set_dtype(std::string(DTypeName(t.dtype)));
     for (int64_t d : t.dims) tensor.mutable_tensor()->add_dims(d);
     tensor.mutable_tensor()->set_total_bytes(static_cast<int64_t>(t.data.size()));
+    if (batched && t.data.size() <= 256) {
+      v1::UploadTensor* entry = batch.mutable_batch()->add_tensors();
+      *entry->mutable_header() = tensor.tensor();
+      entry->set_data(t.data);
+      if (batch.batch().tensors_size() == 4) flush();
+      continue;
+    }
+    flush();
     fuzz::AppendRecord(tensor.SerializeAsString(), out);
     for (size_t at = 0; at < t.data.size(); at += 96) {
       v1::UploadRequest data;
@@ -70,6 +87,7 @@ void AppendUpload(const std::string& id, const std::string& strategy, int64_t ra
       fuzz::AppendRecord(data.SerializeAsString(), out);
     }
   }
+  flush();
 }
 
 // One data message of parts of `bytes` (each at most `part` bytes) with their checksums.
@@ -204,6 +222,9 @@ int Main(int argc, char** argv) {
         const int64_t rank = std::stoll(parent.substr(5));
         AppendUpload("ck", "demo", rank, *tensors, &stream);
         AppendUpload("all", "demo", rank, *tensors, &all_ranks);
+        std::string batched;
+        AppendUpload("ck", "demo", rank, *tensors, &batched, /*batched=*/true);
+        Write(out / "upload", name + ".batched", batched);
       } else {
         AppendUpload("whole", "", 0, *tensors, &stream);
       }
