@@ -216,8 +216,8 @@ class MessagePipe {
   }
 
  private:
-  static constexpr size_t kMaxQueued = 8;
-  static constexpr size_t kMaxQueuedBytes = size_t{16} << 20;
+  static constexpr size_t kMaxQueued = 4;
+  static constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
   static constexpr std::chrono::milliseconds kPollInterval{50};
 
   void Run() {
