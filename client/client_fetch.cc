@@ -5,12 +5,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -157,6 +162,131 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
   return path;
 }
 
+// Receives a Fetch stream on a thread of its own into a bounded queue, for an InPlaceVisitor
+// (client/fetch_checker.h): receiving the next messages (gRPC's socket reads and framing)
+// overlaps checking and placing the current one on the calling thread, which then does little
+// besides verifying and copying. The queue holds at most kMaxQueued messages and, beyond its
+// first message, kMaxQueuedBytes: with the message being received and the one being consumed,
+// that is all the pipe adds to the client's memory. Messages are recycled, so that their
+// vectors keep their capacity. Thread-safe between its reading thread and one consumer.
+class MessagePipe {
+ public:
+  // Starts reading `stream`, which the pipe borrows until Stop() returned.
+  explicit MessagePipe(grpc::ClientReader<FetchWire>* stream)
+      : stream_(stream), reader_([this] { Run(); }) {}
+  ~MessagePipe() { Stop(); }
+
+  // The next message, or nullptr at the end of the stream. Waits for it, asking `stop` every
+  // kPollInterval; returns nullptr with *stopped set once it says so.
+  std::unique_ptr<FetchWire> Next(const InPlaceVisitor& stop, bool* stopped) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (queue_.empty() && !ended_) {
+      if (stop.StopRequested()) {
+        *stopped = true;
+        return nullptr;
+      }
+      ready_.wait_for(lock, kPollInterval);
+    }
+    if (queue_.empty()) return nullptr;
+    std::unique_ptr<FetchWire> message = std::move(queue_.front());
+    queue_.pop_front();
+    queued_bytes_ -= message->buffer.Length();
+    space_.notify_one();
+    return message;
+  }
+
+  // Returns a consumed message for reuse.
+  void Recycle(std::unique_ptr<FetchWire> message) {
+    // Drop the received slices now rather than when the message is next read into.
+    message->reader.reset();
+    message->buffer.Clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(std::move(message));
+  }
+
+  // Ends the reading thread: the caller must have cancelled the call first unless the stream
+  // ended (Next returned nullptr without *stopped). Idempotent.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    space_.notify_all();
+    if (reader_.joinable()) reader_.join();
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 4;
+  static constexpr size_t kMaxQueuedBytes = size_t{8} << 20;
+  static constexpr std::chrono::milliseconds kPollInterval{50};
+
+  void Run() {
+    while (true) {
+      std::unique_ptr<FetchWire> message;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        space_.wait(lock, [this] {
+          return stopping_ || queue_.empty() ||
+                 (queue_.size() < kMaxQueued && queued_bytes_ < kMaxQueuedBytes);
+        });
+        if (stopping_) break;
+        if (!free_.empty()) {
+          message = std::move(free_.back());
+          free_.pop_back();
+        }
+      }
+      if (message == nullptr) message = std::make_unique<FetchWire>();
+      // After a cancellation (by the consumer) Read returns false promptly; after the stream
+      // ended, at once.
+      if (!stream_->Read(message.get())) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      queued_bytes_ += message->buffer.Length();
+      queue_.push_back(std::move(message));
+      ready_.notify_one();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    ready_.notify_one();
+  }
+
+  grpc::ClientReader<FetchWire>* const stream_;
+  std::mutex mu_;
+  std::condition_variable ready_;                 // a message was queued, or the stream ended
+  std::condition_variable space_;                 // the queue has room, or stopping_
+  std::deque<std::unique_ptr<FetchWire>> queue_;  // guarded by mu_
+  std::vector<std::unique_ptr<FetchWire>> free_;  // guarded by mu_
+  size_t queued_bytes_ = 0;                       // guarded by mu_
+  bool ended_ = false;                            // guarded by mu_
+  bool stopping_ = false;                         // guarded by mu_
+  std::thread reader_;                            // last: started once the members it uses are
+};
+
+// Consumes `stream` through `checker` with a MessagePipe (see there). Returns the first local
+// failure (the call then cancelled and its stream read to its end), or OK once the stream ended.
+absl::Status ConsumePipelined(grpc::ClientReader<FetchWire>* stream, grpc::ClientContext* context,
+                              FetchChecker& checker, const InPlaceVisitor& visitor) {
+  MessagePipe pipe(stream);
+  absl::Status local;
+  while (true) {
+    bool stopped = false;
+    std::unique_ptr<FetchWire> message = pipe.Next(visitor, &stopped);
+    if (stopped) {
+      local = absl::CancelledError("fetch cancelled by the caller");
+      break;
+    }
+    if (message == nullptr) return absl::OkStatus();  // the reader ended with the stream
+    local = checker.Consume(*message);
+    pipe.Recycle(std::move(message));
+    if (!local.ok()) break;
+  }
+  context->TryCancel();
+  pipe.Stop();
+  FetchWire rest;
+  while (stream->Read(&rest)) {
+  }
+  return local;
+}
+
 }  // namespace
 
 absl::Status BeginFetchedTensor(const v1::FetchTensorHeader& header, CkptWriter& writer) {
@@ -215,18 +345,24 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
                                                              with_batches));
   FetchChecker checker(&visitor, request.checkpoint_id());
-  FetchWire message;
   absl::Status local;
-  while (stream->Read(&message)) {
-    local = checker.Consume(message);
-    if (!local.ok()) break;
+  if (const auto* in_place = dynamic_cast<const InPlaceVisitor*>(&visitor)) {
+    local = ConsumePipelined(stream.get(), &context, checker, *in_place);
+  } else {
+    FetchWire message;
+    while (stream->Read(&message)) {
+      local = checker.Consume(message);
+      if (!local.ok()) break;
+    }
+    if (!local.ok()) {
+      // Stop the server producing bytes nobody reads; drain what is already in flight so that
+      // Finish() can complete.
+      context.TryCancel();
+      while (stream->Read(&message)) {
+      }
+    }
   }
   if (!local.ok()) {
-    // Stop the server producing bytes nobody reads; drain what is already in flight so that
-    // Finish() can complete.
-    context.TryCancel();
-    while (stream->Read(&message)) {
-    }
     stream->Finish().ok();  // CANCELLED; the local error is the news
     return local;
   }

@@ -1,6 +1,7 @@
 #include "client/fetch_checker.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +10,129 @@
 #include "core/checksum.h"
 #include "core/status_macros.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace ckpt {
+
+namespace fetch_checker_internal {
+
+void CopyBytes(char* dst, const char* src, size_t n, bool streaming) {
+#if defined(__x86_64__)
+  if (streaming && n >= 256) {
+    constexpr size_t kLine = 64;
+    size_t head = (kLine - (reinterpret_cast<uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    const size_t lines = n / kLine;
+    for (size_t i = 0; i < lines; ++i, dst += kLine, src += kLine) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+    }
+    std::memcpy(dst, src, n - lines * kLine);
+    return;
+  }
+#endif
+  (void)streaming;
+  std::memcpy(dst, src, n);
+}
+
+void StoreFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<InPlaceBand>> InPlaceBand::Start(DType dtype, const Shape& local,
+                                                                int64_t first_row, int64_t rows,
+                                                                int64_t max_bytes, char* tensor,
+                                                                bool streaming) {
+  // The checks and messages of TileBand::Start.
+  if (local.empty()) return absl::InvalidArgumentError("a scalar has no bands of rows");
+  if (ElementBits(dtype) % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bands of ", std::string(DTypeName(dtype)),
+                                                   " (sub-byte elements) are not tiled"));
+  }
+  if (first_row < 0 || rows <= 0 || first_row > local[0] || rows > local[0] - first_row) {
+    return absl::InvalidArgumentError(absl::StrCat("band of ", rows, " rows from row ", first_row,
+                                                   " outside a slice of ", local[0], " rows"));
+  }
+  Box band = Box::Whole(local);
+  band.lo[0] = first_row;
+  band.hi[0] = first_row + rows;
+  CKPT_ASSIGN_OR_RETURN(const int64_t volume, band.Volume());
+  CKPT_ASSIGN_OR_RETURN(const int64_t size, ByteSizeOf(dtype, volume));
+  if (size > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("band ", band.ToString(), " of ", size,
+                                                   " bytes exceeds the limit of ", max_bytes));
+  }
+  // The band's rows are whole rows of the slice: its bytes start first_row rows into it (the
+  // caller checked that the band fits in the memory still due).
+  CKPT_ASSIGN_OR_RETURN(const int64_t first, ByteSizeOf(dtype, volume / rows * first_row));
+  return std::unique_ptr<InPlaceBand>(new InPlaceBand(
+      dtype, std::move(band), volume, static_cast<size_t>(size), tensor + first, streaming));
+}
+
+absl::Status InPlaceBand::Add(const Box& tile, const std::vector<std::string_view>& bytes) {
+  // The checks and messages of TileBand::Add.
+  if (tile.rank() != band_.rank() || tile.empty() || !band_.Contains(tile)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tile ", tile.ToString(), " is not inside band ", band_.ToString()));
+  }
+  for (const Box& earlier : tiles_) {
+    if (Intersect(earlier, tile)) {
+      return absl::InvalidArgumentError(absl::StrCat("tile ", tile.ToString(), " overlaps tile ",
+                                                     earlier.ToString(), " of the band"));
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(const int64_t volume, tile.Volume());
+  CKPT_ASSIGN_OR_RETURN(const int64_t expected, ByteSizeOf(dtype_, volume));
+  size_t got = 0;
+  for (std::string_view b : bytes) got += b.size();
+  if (got != static_cast<size_t>(expected)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tile ", tile.ToString(), " has ", got, " bytes, expected ", expected));
+  }
+  // The tile's runs along the last dim in order, each copied from the pieces to its place.
+  const size_t rank = band_.rank();
+  const int64_t elem = ElementBits(dtype_) / 8;
+  const auto run = static_cast<size_t>(tile.extent(rank - 1) * elem);
+  std::vector<int64_t> lo(tile.lo.begin(), tile.lo.end() - 1);
+  std::vector<int64_t> hi(tile.hi.begin(), tile.hi.end() - 1);
+  std::vector<int64_t> index = lo;
+  size_t piece = 0, offset = 0;
+  do {
+    int64_t at = 0;  // element offset of the run in the band
+    for (size_t d = 0; d + 1 < rank; ++d) at = at * band_.extent(d) + (index[d] - band_.lo[d]);
+    at = at * band_.extent(rank - 1) + (tile.lo[rank - 1] - band_.lo[rank - 1]);
+    char* dst = memory_ + at * elem;
+    for (size_t left = run; left > 0;) {
+      const size_t take = std::min(left, bytes[piece].size() - offset);
+      CopyBytes(dst, bytes[piece].data() + offset, take, streaming_);
+      dst += take;
+      left -= take;
+      offset += take;
+      if (offset == bytes[piece].size()) {
+        ++piece;
+        offset = 0;
+      }
+    }
+  } while (NextIndex(index, lo, hi));
+  tiles_.push_back(tile);
+  covered_ += volume;
+  return absl::OkStatus();
+}
+
+}  // namespace fetch_checker_internal
 
 absl::Status FetchChecker::Consume(const FetchWire& message) {
   if (!message.is_data) return Consume(message.message);
@@ -74,7 +197,9 @@ absl::Status FetchChecker::OnTensor(const v1::FetchTensorHeader& header) {
   current_->total = header.total_bytes();
   if (auto dtype = ParseDType(header.dtype()); dtype.ok()) current_->dtype = *dtype;
   current_->local.assign(header.local_shape().begin(), header.local_shape().end());
-  return visitor_->OnTensor(header);
+  CKPT_RETURN_IF_ERROR(visitor_->OnTensor(header));
+  if (in_place_ != nullptr) current_->memory = in_place_->TensorMemory();
+  return absl::OkStatus();
 }
 
 absl::Status FetchChecker::OnData(const v1::FetchData& data) {
@@ -91,7 +216,7 @@ absl::Status FetchChecker::OnData(const v1::FetchData& data) {
 absl::Status FetchChecker::OnBatch(const v1::FetchTensorBatch& batch) {
   static const std::string kNone = "(none)";
   if (!summary_) return absl::InternalError("fetch stream sent a batch before its plan summary");
-  if (current_ && current_->band) {
+  if (current_ && current_->in_band()) {
     return absl::DataLossError(
         absl::StrCat("tensor ", current_->name, ": a batch inside a band of tiles"));
   }
@@ -153,11 +278,7 @@ absl::Status FetchChecker::OnBatch(const v1::FetchTensorBatch& batch) {
   for (const v1::FetchTensorHeader& header : batch.tensors()) {
     CKPT_RETURN_IF_ERROR(OnTensor(header));
     const auto n = static_cast<uint64_t>(header.total_bytes());
-    if (n > 0) {
-      current_->received = static_cast<int64_t>(n);
-      bytes_ += static_cast<int64_t>(n);
-      CKPT_RETURN_IF_ERROR(visitor_->OnData(data.substr(offset, n)));
-    }
+    if (n > 0) CKPT_RETURN_IF_ERROR(Deliver({data.substr(offset, n)}, n));
     offset += n;
   }
   return absl::OkStatus();
@@ -169,7 +290,7 @@ absl::Status FetchChecker::OnData(const std::vector<std::string_view>& views, ui
                                   absl::Span<const uint64_t> part_checksums,
                                   absl::Span<const int64_t> tile_box, int64_t band_rows) {
   if (!current_) return absl::InternalError("fetch stream sent data outside a tensor");
-  if (current_->band && tile_box.empty()) {
+  if (current_->in_band() && tile_box.empty()) {
     return absl::DataLossError(
         absl::StrCat("tensor ", current_->name, ": row-major data inside a band of tiles"));
   }
@@ -202,8 +323,26 @@ absl::Status FetchChecker::OnData(const std::vector<std::string_view>& views, ui
                                             " of its ", size, " bytes"));
   }
   if (!tile_box.empty()) return AddTiles(views, part_bytes, tile_box, band_rows);
-  current_->received += static_cast<int64_t>(size);
+  return Deliver(views, size);
+}
+
+absl::Status FetchChecker::Deliver(const std::vector<std::string_view>& views, uint64_t size) {
+  Current& c = *current_;
+  if (c.memory != nullptr) {
+    // OnData checked `size` against the bytes still due.
+    char* dst = c.memory + c.received;
+    const bool streaming = c.total >= kStreamingMinBytes;
+    for (std::string_view v : views) {
+      fetch_checker_internal::CopyBytes(dst, v.data(), v.size(), streaming);
+      dst += v.size();
+    }
+  }
+  c.received += static_cast<int64_t>(size);
   bytes_ += static_cast<int64_t>(size);
+  if (c.memory != nullptr) {
+    fetch_checker_internal::StoreFence();
+    return in_place_->OnPlaced(static_cast<int64_t>(size));
+  }
   for (std::string_view v : views) CKPT_RETURN_IF_ERROR(visitor_->OnData(v));
   return absl::OkStatus();
 }
@@ -223,25 +362,38 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
     return fail(absl::StrCat("a data message of ", part_bytes.size(), " parts lists ",
                              tile_box.size(), " tile coordinates for a slice of rank ", rank));
   }
-  if (!c.band) {
+  if (!c.in_band()) {
     Shape row(c.local.begin() + 1, c.local.end());
     auto row_elements = NumElements(row);
     auto row_bytes = row_elements.ok() ? ByteSizeOf(*c.dtype, *row_elements) : row_elements;
     if (!row_bytes.ok() || *row_bytes <= 0 || c.received % *row_bytes != 0) {
       return fail("tiles do not start at a whole row");
     }
-    auto band =
-        TileBand::Start(*c.dtype, c.local, c.received / *row_bytes, band_rows, kMaxBandBytes);
-    if (!band.ok()) return fail(std::string(band.status().message()));
+    const int64_t first_row = c.received / *row_bytes;
+    int64_t band_bytes = 0;
+    if (c.memory != nullptr) {
+      auto band = fetch_checker_internal::InPlaceBand::Start(*c.dtype, c.local, first_row,
+                                                             band_rows, kMaxBandBytes, c.memory,
+                                                             c.total >= kStreamingMinBytes);
+      if (!band.ok()) return fail(std::string(band.status().message()));
+      band_bytes = static_cast<int64_t>((*band)->size());
+      c.placed_band = std::move(*band);
+    } else {
+      auto band = TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
+      if (!band.ok()) return fail(std::string(band.status().message()));
+      band_bytes = static_cast<int64_t>((*band)->bytes().size());
+      c.band = std::move(*band);
+    }
     // Each message was checked against the bytes still due, but the band delivers all of its
     // messages at once: it must fit as a whole too (the header's shape and size may disagree).
-    if (static_cast<int64_t>((*band)->bytes().size()) > c.total - c.received) {
-      return fail(absl::StrCat("a band of ", (*band)->bytes().size(), " bytes exceeds the ",
+    if (band_bytes > c.total - c.received) {
+      c.band.reset();
+      c.placed_band.reset();
+      return fail(absl::StrCat("a band of ", band_bytes, " bytes exceeds the ",
                                c.total - c.received, " announced bytes still due"));
     }
-    c.band = std::move(*band);
-  } else if (band_rows != c.band->box().extent(0)) {
-    return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",
+  } else if (band_rows != c.band_box().extent(0)) {
+    return fail(absl::StrCat("a band of ", c.band_box().extent(0), " rows continues as one of ",
                              band_rows));
   }
   ViewCursor cursor(views);  // the parts cover the views exactly (checked by OnData)
@@ -249,9 +401,20 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
     Box tile;
     tile.lo.assign(tile_box.begin() + 2 * rank * i, tile_box.begin() + 2 * rank * i + rank);
     tile.hi.assign(tile_box.begin() + 2 * rank * i + rank, tile_box.begin() + 2 * rank * (i + 1));
-    if (absl::Status s = c.band->Add(tile, cursor.Next(part_bytes[i])); !s.ok()) {
+    const std::vector<std::string_view>& bytes = cursor.Next(part_bytes[i]);
+    if (absl::Status s = c.band ? c.band->Add(tile, bytes) : c.placed_band->Add(tile, bytes);
+        !s.ok()) {
       return fail(std::string(s.message()));
     }
+  }
+  if (c.placed_band) {
+    if (!c.placed_band->complete()) return absl::OkStatus();
+    const auto size = static_cast<int64_t>(c.placed_band->size());
+    c.received += size;
+    bytes_ += size;
+    c.placed_band.reset();
+    fetch_checker_internal::StoreFence();
+    return in_place_->OnPlaced(size);
   }
   if (!c.band->complete()) return absl::OkStatus();
   const std::string_view band = c.band->bytes();
@@ -279,9 +442,9 @@ absl::Status FetchChecker::Verify(uint64_t actual, uint64_t offset, uint64_t siz
 // Closes the open tensor (if any) at `where`, checking it got all its bytes.
 absl::Status FetchChecker::EndTensor(std::string_view where) {
   if (!current_) return absl::OkStatus();
-  if (current_->band) {
+  if (current_->in_band()) {
     return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a band of tiles ",
-                                            current_->band->box().ToString(),
+                                            current_->band_box().ToString(),
                                             " was incomplete before ", Sv(where)));
   }
   if (current_->received != current_->total) {

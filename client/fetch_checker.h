@@ -9,9 +9,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ckpt.pb.h"
 #include "client/client.h"
@@ -22,7 +24,73 @@
 
 namespace ckpt {
 
+// A TensorVisitor that lends the checker the memory each tensor's bytes go to (the Python client's
+// NumPy arrays). The checker then writes every verified data message there itself, and assembles
+// bands of tiles in place rather than in a band of its own that OnData would then copy: one pass
+// over every byte fewer. CkptClient::Fetch also receives the stream for such a visitor on a thread
+// of its own, so that receiving the next messages overlaps checking and placing this one; the
+// visitor's methods are still all called on the thread that called Fetch.
+class InPlaceVisitor : public TensorVisitor {
+ public:
+  // The memory of the tensor OnTensor just announced: exactly its total_bytes bytes, writable
+  // until that tensor's OnTensorEnd or the end of the fetch. nullptr: the tensor's bytes go to
+  // OnData as for any visitor. Called once per tensor, right after OnTensor succeeded.
+  virtual char* TensorMemory() = 0;
+  // `size` more bytes of the current tensor (a message's, or a band's once it is complete) were
+  // verified and written to its memory. An error aborts the fetch.
+  virtual absl::Status OnPlaced(int64_t size) = 0;
+  // Whether the caller asked the fetch to stop (thread-safe); polled while no message arrives,
+  // so that the fetch ends within a fraction of a second even when the server sends nothing.
+  virtual bool StopRequested() const = 0;
+};
+
 namespace fetch_checker_internal {
+
+// A band of tiles assembled in place, in the memory of the tensor it belongs to: the checks and
+// the placement of TileBand (core/tile_band.h), with the rows written where they end up.
+// Not thread-safe; does not own the memory.
+class InPlaceBand {
+ public:
+  // As TileBand::Start; `tensor` is the memory of the whole slice `local`. `streaming`: write
+  // with streaming stores (a tensor too large to stay in the cache).
+  static absl::StatusOr<std::unique_ptr<InPlaceBand>> Start(DType dtype, const Shape& local,
+                                                            int64_t first_row, int64_t rows,
+                                                            int64_t max_bytes, char* tensor,
+                                                            bool streaming);
+  // As TileBand::Add.
+  absl::Status Add(const Box& tile, const std::vector<std::string_view>& bytes);
+
+  bool complete() const { return covered_ == volume_; }
+  const Box& box() const { return band_; }
+  size_t size() const { return size_; }
+
+ private:
+  InPlaceBand(DType dtype, Box band, int64_t volume, size_t size, char* memory, bool streaming)
+      : dtype_(dtype),
+        band_(std::move(band)),
+        volume_(volume),
+        size_(size),
+        memory_(memory),
+        streaming_(streaming) {}
+
+  const DType dtype_;
+  const Box band_;
+  const int64_t volume_;  // elements
+  const size_t size_;     // bytes
+  char* const memory_;    // the band's first byte in the tensor
+  const bool streaming_;
+  std::vector<Box> tiles_;  // added so far
+  int64_t covered_ = 0;     // elements
+};
+
+// Copies `n` bytes to `dst` (not overlapping `src`); with streaming (non-temporal) stores where
+// the CPU has them when `streaming`, which write a cache line without first reading it from
+// memory, so a copy into memory that is not cached moves each byte across the memory bus once
+// instead of twice. The streaming stores are not fenced: call StoreFence before the bytes are
+// handed on (fencing every small copy would cost more than the copies).
+void CopyBytes(char* dst, const char* src, size_t n, bool streaming);
+// Orders the streaming stores before it before any later store (the hand-over).
+void StoreFence();
 
 // The tensor a FetchChecker is receiving. Outside the class so that it is complete where
 // std::optional checks that it is default-constructible.
@@ -34,6 +102,13 @@ struct Tensor {
   std::optional<DType> dtype;
   Shape local;
   std::unique_ptr<TileBand> band;
+  // For an InPlaceVisitor that lent the tensor's memory: that memory, and the band of tiles
+  // being assembled in it (instead of `band`).
+  char* memory = nullptr;
+  std::unique_ptr<InPlaceBand> placed_band;
+
+  bool in_band() const { return band != nullptr || placed_band != nullptr; }
+  const Box& band_box() const { return band ? band->box() : placed_band->box(); }
 };
 
 }  // namespace fetch_checker_internal
@@ -46,7 +121,9 @@ class FetchChecker {
  public:
   // `checkpoint` names the fetched checkpoint in checksum errors.
   FetchChecker(TensorVisitor* visitor, std::string checkpoint)
-      : visitor_(visitor), checkpoint_(std::move(checkpoint)) {}
+      : visitor_(visitor),
+        in_place_(dynamic_cast<InPlaceVisitor*>(visitor)),
+        checkpoint_(std::move(checkpoint)) {}
 
   absl::Status Consume(const FetchWire& message);
   absl::Status Consume(const v1::FetchResponse& message);
@@ -57,6 +134,10 @@ class FetchChecker {
   using Current = fetch_checker_internal::Tensor;
   // The largest band of tiles the client assembles (the server's bands are about 1 MiB).
   static constexpr int64_t kMaxBandBytes = int64_t{256} << 20;
+  // Tensors at least this large are written to lent memory with streaming stores: a tensor
+  // larger than a core's cache would not stay cached for the caller anyway. Smaller ones are
+  // copied with memcpy and stay in the cache.
+  static constexpr int64_t kStreamingMinBytes = int64_t{4} << 20;
 
   absl::Status OnSummary(const v1::FetchPlanSummary& summary);
   absl::Status OnTensor(const v1::FetchTensorHeader& header);
@@ -76,8 +157,12 @@ class FetchChecker {
   absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const;
   // Closes the open tensor (if any) at `where`, checking it got all its bytes.
   absl::Status EndTensor(std::string_view where);
+  // Hands the current tensor's next `size` verified bytes, the concatenated `views`, on: written
+  // to the tensor's lent memory, or to the visitor's OnData.
+  absl::Status Deliver(const std::vector<std::string_view>& views, uint64_t size);
 
   TensorVisitor* visitor_;
+  InPlaceVisitor* const in_place_;  // visitor_, when it lends memory; else null
   const std::string checkpoint_;
   std::optional<v1::FetchPlanSummary> summary_;
   std::optional<Current> current_;

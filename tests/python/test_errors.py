@@ -333,3 +333,146 @@ def test_a_fetch_holds_its_arrays_and_a_bounded_remainder(tmp_path):
         assert growth <= 1.1 * report["max_rank_bytes"] + (32 << 20), report
     finally:
         server.kill()
+
+
+# ---------------------------------------------------------------------------- crafted streams
+
+
+def _xxh3(data):
+    import xxhash
+    return xxhash.xxh3_64_intdigest(bytes(data))
+
+
+def _header(name, shape):
+    nbytes = int(np.prod(shape)) * 4
+    return pb.FetchResponse(tensor=pb.FetchTensorHeader(
+        name=name, dtype="Float32", local_shape=shape, global_shape=shape,
+        box_lo=[0] * len(shape), box_hi=shape, total_bytes=nbytes))
+
+
+def _rows(array):
+    data = array.tobytes()
+    return pb.FetchResponse.FromString(
+        T.fetch_data(data, part_bytes=[len(data)], part_checksums=[_xxh3(data)]))
+
+
+def _tiles(array, boxes, band_rows, corrupt_tile=None):
+    """A message of tiles of `array` (the slice); tile `corrupt_tile` has a byte flipped after
+    its checksum was taken."""
+    data, sizes, sums, coords = b"", [], [], []
+    for i, (lo, hi) in enumerate(boxes):
+        tile = bytearray(array[tuple(slice(l, u) for l, u in zip(lo, hi))].tobytes())
+        sums.append(_xxh3(tile))
+        if i == corrupt_tile:
+            tile[len(tile) // 2] ^= 0x5A
+        data += bytes(tile)
+        sizes.append(len(tile))
+        coords += list(lo) + list(hi)
+    return pb.FetchResponse.FromString(T.fetch_data(
+        data, part_bytes=sizes, part_checksums=sums, tile_box=coords, band_rows=band_rows))
+
+
+class _CraftedFetch(ckpt_pb2_grpc.CheckpointServiceServicer):
+    """Answers every Fetch with `messages`, then (with `stall`) sends nothing more until the
+    call ends, recording when it did."""
+
+    def __init__(self, messages, stall=False):
+        import threading
+        self.messages = messages
+        self.stall = stall
+        self.ended = threading.Event()
+
+    def Fetch(self, request, context):
+        context.add_callback(self.ended.set)
+        yield from self.messages
+        if self.stall:
+            self.ended.wait(60)
+
+
+def _crafted_server(service):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    ckpt_pb2_grpc.add_CheckpointServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def _three_tensors():
+    rng = np.random.default_rng(11)
+    return {"a": rng.standard_normal((4, 6), dtype=np.float32),
+            "b": rng.standard_normal((8, 6), dtype=np.float32),
+            "c": rng.standard_normal((2, 6), dtype=np.float32)}
+
+
+def _crafted_stream(tensors, corrupt):
+    """Tensor a as rows, b as two bands of 4 rows of two column tiles each (the second band's
+    second tile corrupted when `corrupt`), c as rows."""
+    a, b, c = tensors["a"], tensors["b"], tensors["c"]
+    total = a.nbytes + b.nbytes + c.nbytes
+    return [pb.FetchResponse(summary=pb.FetchPlanSummary(tensor_count=3, total_bytes=total,
+                                                         source_ranks=[0])),
+            _header("a", [4, 6]), _rows(a),
+            _header("b", [8, 6]),
+            _tiles(b, [([0, 0], [4, 3]), ([0, 3], [4, 6])], 4),
+            _tiles(b, [([4, 0], [8, 3]), ([4, 3], [8, 6])], 4, corrupt_tile=1 if corrupt else None),
+            _header("c", [2, 6]), _rows(c)]
+
+
+def test_a_crafted_stream_of_rows_and_tiles_arrives_exactly():
+    tensors = _three_tensors()
+    server, address = _crafted_server(_CraftedFetch(_crafted_stream(tensors, corrupt=False)))
+    try:
+        client = ckptd.Client(address)
+        fetched = client.fetch("ck", merged=True)
+        assert sorted(fetched) == ["a", "b", "c"]
+        for name, array in tensors.items():
+            np.testing.assert_array_equal(fetched[name], array)
+        assert [name for name, _ in client.iter_fetch("ck", merged=True)] == ["a", "b", "c"]
+    finally:
+        server.stop(None)
+
+
+def test_a_corrupt_tile_raises_data_loss_naming_its_bytes_and_delivers_nothing_wrong():
+    tensors = _three_tensors()
+    server, address = _crafted_server(_CraftedFetch(_crafted_stream(tensors, corrupt=True)))
+    try:
+        client = ckptd.Client(address)
+        # The second band starts 4 rows (96 bytes) into b; its second tile is the message's
+        # bytes [48, 96).
+        expected = r"^checkpoint ck tensor b: bytes \[144, 192\) failed their XXH3-64 checksum"
+        with pytest.raises(ckptd.DataLoss) as error:
+            client.fetch("ck", merged=True)
+        assert re.search(expected, error.value.message), error.value.message
+        delivered = []
+        with pytest.raises(ckptd.DataLoss) as error:
+            for name, array in client.iter_fetch("ck", merged=True):
+                delivered.append(name)
+                np.testing.assert_array_equal(array, tensors[name])
+        assert re.search(expected, error.value.message), error.value.message
+        assert delivered == ["a"]
+    finally:
+        server.stop(None)
+
+
+def test_closing_an_iter_fetch_ends_a_stalled_stream_promptly():
+    """close() ends the call within a fraction of a second even when the server sends nothing
+    more (here: the rest of tensor b never comes)."""
+    tensors = _three_tensors()
+    service = _CraftedFetch(_crafted_stream(tensors, corrupt=False)[:5], stall=True)
+    server, address = _crafted_server(service)
+    try:
+        client = ckptd.Client(address)
+        stream = client.iter_fetch("ck", merged=True)
+        name, array = next(stream)
+        assert name == "a"
+        np.testing.assert_array_equal(array, tensors["a"])
+        time.sleep(0.2)  # the stream is stalled inside tensor b
+        assert not service.ended.is_set()
+        start = time.monotonic()
+        stream.close()
+        assert service.ended.wait(5), "the server's call did not end after close()"
+        assert time.monotonic() - start < 2
+        with pytest.raises(StopIteration):
+            next(stream)
+    finally:
+        server.stop(None)

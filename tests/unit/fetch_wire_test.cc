@@ -6,6 +6,8 @@
 #include <string>
 
 #include "client/fetch_checker.h"
+#include "core/box.h"
+#include "core/checksum.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
@@ -363,6 +365,214 @@ TEST(FetchCheckerTest, DamagedOrInconsistentBatchesAreRefused) {
   more.mutable_data()->add_part_bytes(1);
   more.mutable_data()->add_part_checksums(Checksum(std::string_view("x")));
   EXPECT_EQ(checker.Consume(more).code(), absl::StatusCode::kDataLoss);
+}
+
+// Lends each tensor's memory (InPlaceVisitor) and records what the checker wrote there, with
+// guard bytes after each tensor's memory that must stay untouched. `lend` false: lends nothing,
+// so the bytes come through OnData.
+class InPlaceRecorder final : public InPlaceVisitor {
+ public:
+  static constexpr size_t kGuard = 64;
+  explicit InPlaceRecorder(bool lend = true) : lend_(lend) {}
+
+  absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
+  absl::Status OnTensor(const v1::FetchTensorHeader& h) override {
+    const size_t n = static_cast<size_t>(h.total_bytes()) + kGuard;
+    tensors.push_back({h.name(), std::string(n, '\x5a')});
+    placed.push_back(0);
+    return absl::OkStatus();
+  }
+  char* TensorMemory() override { return lend_ ? tensors.back().second.data() : nullptr; }
+  absl::Status OnPlaced(int64_t size) override {
+    placed.back() += size;
+    return absl::OkStatus();
+  }
+  bool StopRequested() const override { return false; }
+  absl::Status OnData(std::string_view data) override {
+    if (lend_) return absl::InternalError("OnData for a tensor whose memory was lent");
+    std::string& t = tensors.back().second;
+    t.replace(static_cast<size_t>(placed.back()), data.size(), data);
+    placed.back() += static_cast<int64_t>(data.size());
+    return absl::OkStatus();
+  }
+  absl::Status OnTensorEnd() override {
+    ++ended;
+    return absl::OkStatus();
+  }
+  // The tensors' bytes without the guards, which must be intact.
+  std::vector<std::pair<std::string, std::string>> Delivered() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& [name, bytes] : tensors) {
+      const size_t n = bytes.size() - kGuard;
+      EXPECT_EQ(bytes.substr(n), std::string(kGuard, '\x5a')) << "written past tensor " << name;
+      out.push_back({name, bytes.substr(0, n)});
+    }
+    return out;
+  }
+
+  std::vector<std::pair<std::string, std::string>> tensors;
+  std::vector<int64_t> placed;
+  int ended = 0;
+
+ private:
+  const bool lend_;
+};
+
+// A data message of tiles of the row-major `array` of shape `shape` (elements of `elem`
+// bytes): one part per box [lo, hi), in the order given.
+using Boxes = std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+
+v1::FetchResponse Tiles(const std::string& array, const std::vector<int64_t>& shape, size_t elem,
+                        const Boxes& boxes, int64_t band_rows) {
+  v1::FetchResponse m;
+  v1::FetchData* d = m.mutable_data();
+  std::string data;
+  for (const auto& [lo, hi] : boxes) {
+    std::string tile;
+    std::vector<int64_t> index = lo;
+    do {
+      int64_t at = 0;
+      for (size_t k = 0; k < shape.size(); ++k) at = at * shape[k] + index[k];
+      tile.append(array, static_cast<size_t>(at) * elem, elem);
+    } while (NextIndex(index, lo, hi));
+    d->add_part_bytes(tile.size());
+    d->add_part_checksums(Checksum(tile));
+    for (int64_t v : lo) d->add_tile_box(v);
+    for (int64_t v : hi) d->add_tile_box(v);
+    data += tile;
+  }
+  d->set_data(data);
+  d->set_band_rows(band_rows);
+  return m;
+}
+
+v1::FetchResponse Rows(const std::string& bytes) {
+  v1::FetchResponse m;
+  m.mutable_data()->set_data(bytes);
+  m.mutable_data()->add_part_bytes(bytes.size());
+  m.mutable_data()->add_part_checksums(Checksum(bytes));
+  return m;
+}
+
+v1::FetchResponse Named(v1::FetchResponse header, const std::string& name) {
+  header.mutable_tensor()->set_name(name);
+  return header;
+}
+
+// A stream of every kind of data message: a tensor as rows in two messages, a 3-D Float32 tensor
+// as two bands of tiles (cut along every dim, sent out of order, a band over two messages), a
+// batch, and a tensor too large for memcpy's path (streaming stores) as one band of tiles.
+std::vector<v1::FetchResponse> MixedStream(int64_t* total) {
+  std::vector<v1::FetchResponse> stream;
+  const std::string rows = Bytes(40, 'r');
+  const std::vector<int64_t> cube = {4, 3, 5};
+  const std::string cube_bytes = Bytes(4 * 3 * 5 * 4, 'c');
+  const std::vector<int64_t> wide = {6, 1 << 18};  // 6 MiB of Float32
+  const std::string wide_bytes = Bytes(size_t{6} << 20, 'w');
+  const std::vector<std::string> small = {"abc", "", "de"};
+  *total = 40 + static_cast<int64_t>(cube_bytes.size() + wide_bytes.size()) + 5;
+  stream.push_back(Summary(6, *total));
+  stream.push_back(Named(TensorHeader("Int8", {40}, 40), "rows"));
+  stream.push_back(Rows(rows.substr(0, 16)));
+  stream.push_back(Rows(rows.substr(16)));
+  stream.push_back(Named(TensorHeader("Float32", cube, 240), "cube"));
+  stream.push_back(Tiles(cube_bytes, cube, 4, {{{0, 1, 0}, {2, 3, 5}}, {{0, 0, 2}, {2, 1, 5}}}, 2));
+  stream.push_back(Tiles(cube_bytes, cube, 4, {{{0, 0, 0}, {2, 1, 2}}}, 2));
+  stream.push_back(Tiles(cube_bytes, cube, 4,
+                         {{{2, 0, 3}, {4, 3, 5}}, {{2, 0, 0}, {4, 2, 3}}, {{2, 2, 0}, {4, 3, 3}}},
+                         2));
+  stream.push_back(Batch(small, 2));
+  stream.push_back(Named(TensorHeader("Float32", wide, 6 << 20), "wide"));
+  stream.push_back(Tiles(wide_bytes, wide, 4,
+                         {{{0, 100001}, {6, 1 << 18}}, {{0, 0}, {6, 100001}}}, 6));
+  return stream;
+}
+
+// Lending memory changes where the bytes go, not which: the checker writes exactly the bytes a
+// visitor without memory receives through OnData (and never calls OnData), for rows, bands of
+// tiles and batches, and nothing beyond each tensor's memory.
+TEST(FetchCheckerTest, LentMemoryReceivesExactlyTheBytesOnDataWould) {
+  int64_t total = 0;
+  const std::vector<v1::FetchResponse> stream = MixedStream(&total);
+  RecordingVisitor reference;
+  FetchChecker reference_checker(&reference, "ck");
+  InPlaceRecorder lent;
+  FetchChecker lent_checker(&lent, "ck");
+  InPlaceRecorder refused(/*lend=*/false);
+  FetchChecker refused_checker(&refused, "ck");
+  for (const v1::FetchResponse& m : stream) {
+    ASSERT_TRUE(reference_checker.Consume(m).ok());
+    ASSERT_TRUE(lent_checker.Consume(m).ok());
+    ASSERT_TRUE(refused_checker.Consume(m).ok());
+  }
+  ASSERT_TRUE(reference_checker.End().ok());
+  ASSERT_TRUE(lent_checker.End().ok());
+  ASSERT_TRUE(refused_checker.End().ok());
+  EXPECT_EQ(lent.Delivered(), reference.tensors);
+  EXPECT_EQ(refused.Delivered(), reference.tensors);
+  ASSERT_EQ(lent.placed.size(), reference.tensors.size());
+  int64_t placed = 0;
+  for (size_t i = 0; i < lent.placed.size(); ++i) {
+    EXPECT_EQ(lent.placed[i], static_cast<int64_t>(reference.tensors[i].second.size()));
+    placed += lent.placed[i];
+  }
+  EXPECT_EQ(placed, total);
+  EXPECT_EQ(lent.ended, reference.ended);
+}
+
+// The refusals are the same with memory lent: a damaged tile names the tensor and byte range,
+// a band larger than the announced bytes and overlapping or stray tiles are refused before they
+// are written, and nothing is written past a tensor's memory.
+TEST(FetchCheckerTest, LentMemoryRefusesWhatOnDataWould) {
+  auto compare = [](const std::vector<v1::FetchResponse>& stream, const std::string& what) {
+    SCOPED_TRACE(what);
+    RecordingVisitor reference;
+    FetchChecker reference_checker(&reference, "ck");
+    InPlaceRecorder lent;
+    FetchChecker lent_checker(&lent, "ck");
+    absl::Status expected, got;
+    for (const v1::FetchResponse& m : stream) {
+      if (expected.ok()) expected = reference_checker.Consume(m);
+      if (got.ok()) got = lent_checker.Consume(m);
+    }
+    if (expected.ok()) expected = reference_checker.End();
+    if (got.ok()) got = lent_checker.End();
+    EXPECT_EQ(got, expected);
+    EXPECT_NE(expected.message().find(what), std::string_view::npos) << expected;
+    lent.Delivered();  // checks the guards
+  };
+  const std::vector<int64_t> shape = {4, 3};
+  const std::string matrix = Bytes(4 * 3 * 2, 'm');
+  auto start = [&](int64_t total) {
+    return std::vector<v1::FetchResponse>{Summary(1, total),
+                                          Named(TensorHeader("Float16", shape, total), "m")};
+  };
+  std::vector<v1::FetchResponse> damaged = start(24);
+  damaged.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {2, 3}}}, 2));
+  damaged.push_back(Tiles(matrix, shape, 2, {{{2, 0}, {4, 1}}, {{2, 1}, {4, 3}}}, 2));
+  (*damaged.back().mutable_data()->mutable_data())[5] ^= 1;  // in the second tile
+  compare(damaged, "checkpoint ck tensor m: bytes [16, 24) failed their XXH3-64 checksum");
+
+  std::vector<v1::FetchResponse> oversized = start(20);
+  oversized.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {4, 1}}}, 4));
+  compare(oversized, "a band of 24 bytes exceeds the 20 announced bytes still due");
+
+  std::vector<v1::FetchResponse> overlapping = start(24);
+  overlapping.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {2, 2}}, {{1, 1}, {2, 3}}}, 2));
+  compare(overlapping, "overlaps tile [0:2, 0:2]");
+
+  std::vector<v1::FetchResponse> stray = start(24);
+  stray.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {2, 3}}}, 2));
+  stray.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {2, 3}}}, 2));  // rows 0-1 again
+  compare(stray, "is not inside band [2:4, 0:3]");
+
+  std::vector<v1::FetchResponse> incomplete = start(24);
+  incomplete.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {4, 2}}}, 4));
+  compare(incomplete, "a band of tiles [0:4, 0:3] was incomplete before the end of the stream");
+
+  std::vector<v1::FetchResponse> too_long = start(24);
+  too_long.push_back(Rows(matrix + "xx"));
+  compare(too_long, "received more than its 24 announced bytes");
 }
 
 }  // namespace

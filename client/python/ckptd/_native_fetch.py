@@ -3,7 +3,9 @@
 ckptd._native (client/python/native/ckptd_native.cc, built by CMake when pybind11 and the Python
 development files are installed) runs a Fetch stream with the C++ client library: the order and
 size checks, the XXH3-64 verification of every part and the assembly of bands of tiles happen in
-C++ with the GIL released, and each tensor's bytes are copied straight into its NumPy array. The
+C++ with the GIL released, the verified bytes written straight into each tensor's NumPy array
+(bands of tiles assembled there in place) while a thread of the library receives the next
+messages. The
 arrays themselves are allocated here, by the same `ArraySink` the grpcio path uses, when a
 tensor's header arrives, so both paths return the same arrays (dtype, shape, bf16 as uint16);
 errors come back as the absl::Status code and message the C++ library reports, which are the
@@ -209,8 +211,8 @@ class NativeFetchIterator(IteratorBase):
 
     The fetch runs on a thread of its own (the C++ library, GIL released) and hands each
     completed tensor over, receiving the next one while the consumer works on it; closing the
-    iterator (close(), leaving a `with` block, or dropping it) stops the fetch at the next
-    message the server sends.
+    iterator (close(), leaving a `with` block, or dropping it) cancels the call within a
+    fraction of a second, even while the server sends nothing.
     """
 
     def __init__(self, connection: Connection, request: bytes, upcast: bool):

@@ -1,7 +1,9 @@
 // ckptd._native: the Python client's fetch fast path, a pybind11 module over the C++ client
-// library (client/client.h). CkptClient::Fetch runs the stream, checks its order and sizes,
-// verifies every part checksum and assembles bands of tiles into rows with the GIL released; the
-// visitor here copies each tensor's bytes straight into the NumPy array Python allocated for it.
+// library (client/client.h). CkptClient::Fetch runs the stream with the GIL released: it checks
+// its order and sizes and verifies every part checksum, and the visitor here lends it the memory
+// of each tensor's NumPy array (InPlaceVisitor, client/fetch_checker.h), into which the library
+// writes the verified bytes and assembles bands of tiles directly, while a thread of its own
+// receives the next messages.
 //
 // The Python side (ckptd/_native_fetch.py) owns everything about arrays and results: the visitor
 // calls back into Python, holding the GIL only for those calls, when the plan summary arrives
@@ -16,13 +18,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -30,56 +40,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/fetch_checker.h"
 #include "core/ckpt_format.h"
 #include "core/dtype.h"
 #include "storage/file_stream.h"
-
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 namespace py = pybind11;
 
 namespace ckpt {
 namespace {
-
-// Tensors at least this large are copied into their arrays with streaming (non-temporal) stores:
-// an array larger than a core's cache would not stay cached for the caller anyway, and a
-// streaming store writes a cache line without first reading it from memory, as ordinary stores
-// (memcpy) must, so the copy moves each byte across the memory bus once instead of twice.
-// Smaller tensors are copied with memcpy and stay in the cache for the caller.
-constexpr int64_t kStreamingCopyMinBytes = int64_t{4} << 20;
-
-// Copies `n` bytes to `dst` (not overlapping `src`) with streaming stores where the CPU has
-// them (SSE2, on every x86-64), memcpy elsewhere and for the unaligned head and the tail. The
-// stores are fenced before returning, so the bytes are visible to any thread that later
-// synchronizes with this one (as the GIL hand-over does).
-void StreamingCopy(char* dst, const char* src, size_t n) {
-#if defined(__x86_64__)
-  constexpr size_t kLine = 64;
-  size_t head = (kLine - (reinterpret_cast<uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
-  if (head > n) head = n;
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
-  const size_t lines = n / kLine;
-  for (size_t i = 0; i < lines; ++i, dst += kLine, src += kLine) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-  }
-  _mm_sfence();
-  std::memcpy(dst, src, n - lines * kLine);
-#else
-  std::memcpy(dst, src, n);
-#endif
-}
 
 using Outcome = std::pair<int, std::string>;
 
@@ -87,8 +56,9 @@ Outcome ToOutcome(const absl::Status& status) {
   return {static_cast<int>(status.code()), std::string(status.message())};
 }
 
-// Set from any thread (FetchIterator.close); checked by the visitors between messages, so that a
-// cancelled fetch stops at the next message the server sends. Thread-safe.
+// Set from any thread (FetchIterator.close). The array visitor checks it between messages and the
+// C++ library polls it while it waits for one (InPlaceVisitor::StopRequested), so that a
+// cancelled fetch stops within a fraction of a second. Thread-safe.
 class StopFlag {
  public:
   void Set() { stopped_.store(true, std::memory_order_relaxed); }
@@ -114,9 +84,101 @@ absl::Status EscapedError(const py::error_already_set& e, const char* what) {
   return absl::InternalError(absl::StrCat("ckptd._native ", what, " callback: ", e.what()));
 }
 
-// Places a fetch into the arrays Python allocates (module comment). Called on the thread running
-// CkptClient::Fetch, which does not hold the GIL. Not thread-safe.
-class ArrayVisitor final : public TensorVisitor {
+// Faults in the pages of the array being filled, on a thread of its own, ahead of the thread
+// writing the fetched bytes into it. A large array's memory is fresh (mapped for it, or heap
+// the process never touched): its first write to every page makes the kernel zero the page (2 MiB
+// at a time with the transparent huge pages NumPy asks for), which would otherwise be a large
+// share of the fetching thread's CPU. madvise(MADV_POPULATE_WRITE) faults the pages in without
+// changing any byte already written, so the two threads may touch the same pages in any order.
+// Where the kernel lacks it (before Linux 5.14) the first call fails and the thread stops trying.
+// Thread-safe between the fetching thread (Start, Finish) and its own thread.
+class Prefaulter {
+ public:
+  Prefaulter() = default;
+  ~Prefaulter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Starts faulting in [data, data + size), which must stay mapped until Finish() returned.
+  void Start(char* data, int64_t size) {
+    if (size < kMinBytes || unsupported_.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    begin_ = data;
+    end_ = data + size;
+    ++generation_;
+    wake_.notify_all();
+  }
+
+  // Stops working on the range Start gave and waits until the thread no longer touches it.
+  void Finish() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (begin_ == nullptr && !busy_) return;
+    begin_ = end_ = nullptr;
+    ++generation_;
+    idle_.wait(lock, [this] { return !busy_; });
+  }
+
+ private:
+  // Arrays smaller than this are left alone (they mostly reuse memory the heap keeps).
+  static constexpr int64_t kMinBytes = int64_t{4} << 20;
+  // Faulted in per call, so that Finish() waits for at most one such step.
+  static constexpr size_t kStepBytes = size_t{2} << 20;
+
+  void Run() {
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      wake_.wait(lock, [this] { return quit_ || begin_ != nullptr; });
+      if (quit_) return;
+      const uint64_t generation = generation_;
+      // Whole pages inside the range: the pages at its ends may hold other objects' bytes,
+      // which MADV_POPULATE_WRITE would not change either, but they are already mapped.
+      auto at = (reinterpret_cast<uintptr_t>(begin_) + page - 1) & ~(page - 1);
+      const auto end = reinterpret_cast<uintptr_t>(end_) & ~(page - 1);
+      busy_ = true;
+      while (at < end && generation == generation_) {
+        const size_t step = std::min<uintptr_t>(kStepBytes, end - at);
+        lock.unlock();
+        const int rc = madvise(reinterpret_cast<void*>(at), step, MADV_POPULATE_WRITE);
+        lock.lock();
+        if (rc != 0) {
+          // EINVAL: the kernel does not know the advice; anything else: leave the rest to the
+          // fetching thread's own faults.
+          if (errno == EINVAL) unsupported_.store(true, std::memory_order_relaxed);
+          break;
+        }
+        at += step;
+      }
+      busy_ = false;
+      if (generation == generation_) begin_ = end_ = nullptr;  // done with this range
+      idle_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;  // a range to work on, or quit_
+  std::condition_variable idle_;  // busy_ went false
+  char* begin_ = nullptr;         // guarded by mu_
+  char* end_ = nullptr;           // guarded by mu_
+  uint64_t generation_ = 0;       // guarded by mu_; bumped by every Start, Finish and quit
+  bool busy_ = false;             // guarded by mu_: the thread is inside a range
+  bool quit_ = false;             // guarded by mu_
+  std::atomic<bool> unsupported_{false};
+  std::thread thread_;
+};
+
+// Places a fetch into the arrays Python allocates (module comment): it lends each array's memory
+// to the C++ library (InPlaceVisitor, client/fetch_checker.h), which writes the verified bytes
+// and assembles bands of tiles there itself. Called on the thread running CkptClient::Fetch,
+// which does not hold the GIL. Not thread-safe, except StopRequested.
+class ArrayVisitor final : public InPlaceVisitor {
  public:
   ArrayVisitor(py::object on_summary, py::object on_begin, py::object on_end,
                const StopFlag* stop)
@@ -126,6 +188,7 @@ class ArrayVisitor final : public TensorVisitor {
         stop_(stop) {}
 
   ~ArrayVisitor() override {
+    prefaulter_.Finish();  // before the array it may be touching can go
     py::gil_scoped_acquire gil;
     signal_error_.reset();
     target_ = py::object();
@@ -145,6 +208,7 @@ class ArrayVisitor final : public TensorVisitor {
   absl::Status OnTensor(const v1::FetchTensorHeader& header) override {
     if (stop_ != nullptr && stop_->IsSet()) return StoppedError();
     const std::string bytes = header.SerializeAsString();
+    prefaulter_.Finish();
     py::gil_scoped_acquire gil;
     target_ = py::object();
     data_ = nullptr;
@@ -173,42 +237,43 @@ class ArrayVisitor final : public TensorVisitor {
     }
     size_ = len;
     target_ = std::move(buffer);
+    prefaulter_.Start(data_, size_);
     return absl::OkStatus();
   }
 
+  char* TensorMemory() override { return data_; }
+
+  bool StopRequested() const override { return stop_ != nullptr && stop_->IsSet(); }
+
+  absl::Status OnPlaced(int64_t size) override {
+    if (StopRequested()) return StoppedError();
+    // The C++ library checked the sizes against the header; checked again because a write past
+    // the array would corrupt the interpreter's memory.
+    if (size > size_ - offset_) return absl::InternalError("fetch data beyond the tensor's array");
+    offset_ += size;
+    return CheckSignals(size);
+  }
+
+  // Only for a tensor whose memory was not lent, which TensorMemory never refuses; kept
+  // correct for any caller of the TensorVisitor interface.
   absl::Status OnData(std::string_view data) override {
-    if (stop_ != nullptr && stop_->IsSet()) return StoppedError();
-    // CkptClient::Fetch checked the sizes against the header; checked again because a write
-    // past the array would corrupt the interpreter's memory.
+    if (StopRequested()) return StoppedError();
     if (static_cast<int64_t>(data.size()) > size_ - offset_) {
       return absl::InternalError("fetch data beyond the tensor's array");
     }
-    if (size_ >= kStreamingCopyMinBytes) {
-      StreamingCopy(data_ + offset_, data.data(), data.size());
-    } else {
-      std::memcpy(data_ + offset_, data.data(), data.size());
-    }
+    std::memcpy(data_ + offset_, data.data(), data.size());
     offset_ += static_cast<int64_t>(data.size());
-    // Python runs signal handlers (Ctrl-C's KeyboardInterrupt) only while it runs Python code;
-    // a long tensor gives it that chance every kSignalCheckBytes (on the main thread only).
-    since_signal_check_ += static_cast<int64_t>(data.size());
-    if (since_signal_check_ >= kSignalCheckBytes) {
-      since_signal_check_ = 0;
-      py::gil_scoped_acquire gil;
-      if (PyErr_CheckSignals() != 0) {
-        signal_error_.emplace();  // takes the exception the handler raised
-        return absl::CancelledError("fetch interrupted by a signal");
-      }
-    }
-    return absl::OkStatus();
+    return CheckSignals(static_cast<int64_t>(data.size()));
   }
 
   // The exception a signal handler raised during the fetch, if any; re-raised by the caller.
   std::optional<py::error_already_set>& signal_error() { return signal_error_; }
 
   absl::Status OnTensorEnd() override {
+    prefaulter_.Finish();
     py::gil_scoped_acquire gil;
     target_ = py::object();
+    size_ = offset_ = 0;
     data_ = nullptr;
     try {
       return CallbackOutcome(on_end_(), "tensor end");
@@ -218,6 +283,20 @@ class ArrayVisitor final : public TensorVisitor {
   }
 
  private:
+  // Python runs signal handlers (Ctrl-C's KeyboardInterrupt) only while it runs Python code;
+  // a long tensor gives it that chance every kSignalCheckBytes (on the main thread only).
+  absl::Status CheckSignals(int64_t size) {
+    since_signal_check_ += size;
+    if (since_signal_check_ < kSignalCheckBytes) return absl::OkStatus();
+    since_signal_check_ = 0;
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) {
+      signal_error_.emplace();  // takes the exception the handler raised
+      return absl::CancelledError("fetch interrupted by a signal");
+    }
+    return absl::OkStatus();
+  }
+
   py::object on_summary_;
   py::object on_begin_;
   py::object on_end_;
@@ -225,6 +304,7 @@ class ArrayVisitor final : public TensorVisitor {
   static constexpr int64_t kSignalCheckBytes = 64 << 20;
 
   py::object target_;  // the current tensor's buffer
+  Prefaulter prefaulter_;  // of target_'s memory
   std::optional<py::error_already_set> signal_error_;
   int64_t since_signal_check_ = 0;
   char* data_ = nullptr;
