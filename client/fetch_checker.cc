@@ -52,85 +52,7 @@ void StoreFence() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<InPlaceBand>> InPlaceBand::Start(DType dtype, const Shape& local,
-                                                                int64_t first_row, int64_t rows,
-                                                                int64_t max_bytes, char* tensor,
-                                                                bool streaming) {
-  // The checks and messages of TileBand::Start.
-  if (local.empty()) return absl::InvalidArgumentError("a scalar has no bands of rows");
-  if (ElementBits(dtype) % 8 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bands of ", std::string(DTypeName(dtype)),
-                                                   " (sub-byte elements) are not tiled"));
-  }
-  if (first_row < 0 || rows <= 0 || first_row > local[0] || rows > local[0] - first_row) {
-    return absl::InvalidArgumentError(absl::StrCat("band of ", rows, " rows from row ", first_row,
-                                                   " outside a slice of ", local[0], " rows"));
-  }
-  Box band = Box::Whole(local);
-  band.lo[0] = first_row;
-  band.hi[0] = first_row + rows;
-  CKPT_ASSIGN_OR_RETURN(const int64_t volume, band.Volume());
-  CKPT_ASSIGN_OR_RETURN(const int64_t size, ByteSizeOf(dtype, volume));
-  if (size > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("band ", band.ToString(), " of ", size,
-                                                   " bytes exceeds the limit of ", max_bytes));
-  }
-  // The band's rows are whole rows of the slice: its bytes start first_row rows into it (the
-  // caller checked that the band fits in the memory still due).
-  CKPT_ASSIGN_OR_RETURN(const int64_t first, ByteSizeOf(dtype, volume / rows * first_row));
-  return std::unique_ptr<InPlaceBand>(new InPlaceBand(
-      dtype, std::move(band), volume, static_cast<size_t>(size), tensor + first, streaming));
-}
-
-absl::Status InPlaceBand::Add(const Box& tile, const std::vector<std::string_view>& bytes) {
-  // The checks and messages of TileBand::Add.
-  if (tile.rank() != band_.rank() || tile.empty() || !band_.Contains(tile)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tile ", tile.ToString(), " is not inside band ", band_.ToString()));
-  }
-  for (const Box& earlier : tiles_) {
-    if (Intersect(earlier, tile)) {
-      return absl::InvalidArgumentError(absl::StrCat("tile ", tile.ToString(), " overlaps tile ",
-                                                     earlier.ToString(), " of the band"));
-    }
-  }
-  CKPT_ASSIGN_OR_RETURN(const int64_t volume, tile.Volume());
-  CKPT_ASSIGN_OR_RETURN(const int64_t expected, ByteSizeOf(dtype_, volume));
-  size_t got = 0;
-  for (std::string_view b : bytes) got += b.size();
-  if (got != static_cast<size_t>(expected)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tile ", tile.ToString(), " has ", got, " bytes, expected ", expected));
-  }
-  // The tile's runs along the last dim in order, each copied from the pieces to its place.
-  const size_t rank = band_.rank();
-  const int64_t elem = ElementBits(dtype_) / 8;
-  const auto run = static_cast<size_t>(tile.extent(rank - 1) * elem);
-  std::vector<int64_t> lo(tile.lo.begin(), tile.lo.end() - 1);
-  std::vector<int64_t> hi(tile.hi.begin(), tile.hi.end() - 1);
-  std::vector<int64_t> index = lo;
-  size_t piece = 0, offset = 0;
-  do {
-    int64_t at = 0;  // element offset of the run in the band
-    for (size_t d = 0; d + 1 < rank; ++d) at = at * band_.extent(d) + (index[d] - band_.lo[d]);
-    at = at * band_.extent(rank - 1) + (tile.lo[rank - 1] - band_.lo[rank - 1]);
-    char* dst = memory_ + at * elem;
-    for (size_t left = run; left > 0;) {
-      const size_t take = std::min(left, bytes[piece].size() - offset);
-      CopyBytes(dst, bytes[piece].data() + offset, take, streaming_);
-      dst += take;
-      left -= take;
-      offset += take;
-      if (offset == bytes[piece].size()) {
-        ++piece;
-        offset = 0;
-      }
-    }
-  } while (NextIndex(index, lo, hi));
-  tiles_.push_back(tile);
-  covered_ += volume;
-  return absl::OkStatus();
-}
+void StreamingCopy(char* dst, const char* src, size_t n) { CopyBytes(dst, src, n, true); }
 
 }  // namespace fetch_checker_internal
 
@@ -370,30 +292,25 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
       return fail("tiles do not start at a whole row");
     }
     const int64_t first_row = c.received / *row_bytes;
-    int64_t band_bytes = 0;
-    if (c.memory != nullptr) {
-      auto band = fetch_checker_internal::InPlaceBand::Start(*c.dtype, c.local, first_row,
-                                                             band_rows, kMaxBandBytes, c.memory,
-                                                             c.total >= kStreamingMinBytes);
-      if (!band.ok()) return fail(std::string(band.status().message()));
-      band_bytes = static_cast<int64_t>((*band)->size());
-      c.placed_band = std::move(*band);
-    } else {
-      auto band = TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
-      if (!band.ok()) return fail(std::string(band.status().message()));
-      band_bytes = static_cast<int64_t>((*band)->bytes().size());
-      c.band = std::move(*band);
-    }
+    // In lent memory the band is assembled where it belongs; otherwise in a buffer of its own.
+    auto band =
+        c.memory != nullptr
+            ? TileBand::StartIn(
+                  *c.dtype, c.local, first_row, band_rows, kMaxBandBytes, c.memory,
+                  c.total >= kStreamingMinBytes ? &fetch_checker_internal::StreamingCopy : nullptr)
+            : TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
+    if (!band.ok()) return fail(std::string(band.status().message()));
     // Each message was checked against the bytes still due, but the band delivers all of its
     // messages at once: it must fit as a whole too (the header's shape and size may disagree).
+    // Nothing is written before this check.
+    const auto band_bytes = static_cast<int64_t>((*band)->bytes().size());
     if (band_bytes > c.total - c.received) {
-      c.band.reset();
-      c.placed_band.reset();
       return fail(absl::StrCat("a band of ", band_bytes, " bytes exceeds the ",
                                c.total - c.received, " announced bytes still due"));
     }
-  } else if (band_rows != c.band_box().extent(0)) {
-    return fail(absl::StrCat("a band of ", c.band_box().extent(0), " rows continues as one of ",
+    c.band = std::move(*band);
+  } else if (band_rows != c.band->box().extent(0)) {
+    return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",
                              band_rows));
   }
   ViewCursor cursor(views);  // the parts cover the views exactly (checked by OnData)
@@ -402,24 +319,18 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
     tile.lo.assign(tile_box.begin() + 2 * rank * i, tile_box.begin() + 2 * rank * i + rank);
     tile.hi.assign(tile_box.begin() + 2 * rank * i + rank, tile_box.begin() + 2 * rank * (i + 1));
     const std::vector<std::string_view>& bytes = cursor.Next(part_bytes[i]);
-    if (absl::Status s = c.band ? c.band->Add(tile, bytes) : c.placed_band->Add(tile, bytes);
-        !s.ok()) {
-      return fail(std::string(s.message()));
-    }
-  }
-  if (c.placed_band) {
-    if (!c.placed_band->complete()) return absl::OkStatus();
-    const auto size = static_cast<int64_t>(c.placed_band->size());
-    c.received += size;
-    bytes_ += size;
-    c.placed_band.reset();
-    fetch_checker_internal::StoreFence();
-    return in_place_->OnPlaced(size);
+    if (absl::Status s = c.band->Add(tile, bytes); !s.ok()) return fail(std::string(s.message()));
   }
   if (!c.band->complete()) return absl::OkStatus();
   const std::string_view band = c.band->bytes();
-  c.received += static_cast<int64_t>(band.size());
-  bytes_ += static_cast<int64_t>(band.size());
+  const auto size = static_cast<int64_t>(band.size());
+  c.received += size;
+  bytes_ += size;
+  if (c.memory != nullptr) {
+    c.band.reset();
+    fetch_checker_internal::StoreFence();
+    return in_place_->OnPlaced(size);
+  }
   CKPT_RETURN_IF_ERROR(visitor_->OnData(band));
   c.band.reset();
   return absl::OkStatus();
@@ -444,7 +355,7 @@ absl::Status FetchChecker::EndTensor(std::string_view where) {
   if (!current_) return absl::OkStatus();
   if (current_->in_band()) {
     return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a band of tiles ",
-                                            current_->band_box().ToString(),
+                                            current_->band->box().ToString(),
                                             " was incomplete before ", Sv(where)));
   }
   if (current_->received != current_->total) {

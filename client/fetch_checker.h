@@ -46,49 +46,14 @@ class InPlaceVisitor : public TensorVisitor {
 
 namespace fetch_checker_internal {
 
-// A band of tiles assembled in place, in the memory of the tensor it belongs to: the checks and
-// the placement of TileBand (core/tile_band.h), with the rows written where they end up.
-// Not thread-safe; does not own the memory.
-class InPlaceBand {
- public:
-  // As TileBand::Start; `tensor` is the memory of the whole slice `local`. `streaming`: write
-  // with streaming stores (a tensor too large to stay in the cache).
-  static absl::StatusOr<std::unique_ptr<InPlaceBand>> Start(DType dtype, const Shape& local,
-                                                            int64_t first_row, int64_t rows,
-                                                            int64_t max_bytes, char* tensor,
-                                                            bool streaming);
-  // As TileBand::Add.
-  absl::Status Add(const Box& tile, const std::vector<std::string_view>& bytes);
-
-  bool complete() const { return covered_ == volume_; }
-  const Box& box() const { return band_; }
-  size_t size() const { return size_; }
-
- private:
-  InPlaceBand(DType dtype, Box band, int64_t volume, size_t size, char* memory, bool streaming)
-      : dtype_(dtype),
-        band_(std::move(band)),
-        volume_(volume),
-        size_(size),
-        memory_(memory),
-        streaming_(streaming) {}
-
-  const DType dtype_;
-  const Box band_;
-  const int64_t volume_;  // elements
-  const size_t size_;     // bytes
-  char* const memory_;    // the band's first byte in the tensor
-  const bool streaming_;
-  std::vector<Box> tiles_;  // added so far
-  int64_t covered_ = 0;     // elements
-};
-
 // Copies `n` bytes to `dst` (not overlapping `src`); with streaming (non-temporal) stores where
 // the CPU has them when `streaming`, which write a cache line without first reading it from
 // memory, so a copy into memory that is not cached moves each byte across the memory bus once
 // instead of twice. The streaming stores are not fenced: call StoreFence before the bytes are
 // handed on (fencing every small copy would cost more than the copies).
 void CopyBytes(char* dst, const char* src, size_t n, bool streaming);
+// CopyBytes with streaming stores (a TileBand::CopyFn).
+void StreamingCopy(char* dst, const char* src, size_t n);
 // Orders the streaming stores before it before any later store (the hand-over).
 void StoreFence();
 
@@ -101,14 +66,13 @@ struct Tensor {
   // For tiles (FetchData.tile_box): the slice's dtype and shape, and the band being assembled.
   std::optional<DType> dtype;
   Shape local;
+  // The band of tiles being assembled: in `memory` when the visitor lent it, else in its own
+  // buffer.
   std::unique_ptr<TileBand> band;
-  // For an InPlaceVisitor that lent the tensor's memory: that memory, and the band of tiles
-  // being assembled in it (instead of `band`).
+  // For an InPlaceVisitor that lent the tensor's memory: that memory.
   char* memory = nullptr;
-  std::unique_ptr<InPlaceBand> placed_band;
 
-  bool in_band() const { return band != nullptr || placed_band != nullptr; }
-  const Box& band_box() const { return band ? band->box() : placed_band->box(); }
+  bool in_band() const { return band != nullptr; }
 };
 
 }  // namespace fetch_checker_internal

@@ -10,9 +10,9 @@
 
 namespace ckpt {
 
-absl::StatusOr<std::unique_ptr<TileBand>> TileBand::Start(DType dtype, const Shape& local,
-                                                          int64_t first_row, int64_t rows,
-                                                          int64_t max_bytes) {
+absl::StatusOr<std::pair<Box, int64_t>> TileBand::CheckBand(DType dtype, const Shape& local,
+                                                            int64_t first_row, int64_t rows,
+                                                            int64_t max_bytes) {
   if (local.empty()) return absl::InvalidArgumentError("a scalar has no bands of rows");
   if (ElementBits(dtype) % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("bands of ", std::string(DTypeName(dtype)),
@@ -32,8 +32,28 @@ absl::StatusOr<std::unique_ptr<TileBand>> TileBand::Start(DType dtype, const Sha
     return absl::InvalidArgumentError(absl::StrCat("band ", band.ToString(), " of ", size,
                                                    " bytes exceeds the limit of ", max_bytes));
   }
-  return std::unique_ptr<TileBand>(
-      new TileBand(dtype, std::move(band), volume, static_cast<size_t>(size)));
+  return std::pair<Box, int64_t>(std::move(band), volume);
+}
+
+absl::StatusOr<std::unique_ptr<TileBand>> TileBand::Start(DType dtype, const Shape& local,
+                                                          int64_t first_row, int64_t rows,
+                                                          int64_t max_bytes) {
+  CKPT_ASSIGN_OR_RETURN(auto band, CheckBand(dtype, local, first_row, rows, max_bytes));
+  CKPT_ASSIGN_OR_RETURN(const int64_t size, ByteSizeOf(dtype, band.second));
+  return std::unique_ptr<TileBand>(new TileBand(dtype, std::move(band.first), band.second,
+                                                static_cast<size_t>(size), nullptr, nullptr));
+}
+
+absl::StatusOr<std::unique_ptr<TileBand>> TileBand::StartIn(DType dtype, const Shape& local,
+                                                            int64_t first_row, int64_t rows,
+                                                            int64_t max_bytes, char* slice,
+                                                            CopyFn copy) {
+  CKPT_ASSIGN_OR_RETURN(auto band, CheckBand(dtype, local, first_row, rows, max_bytes));
+  CKPT_ASSIGN_OR_RETURN(const int64_t size, ByteSizeOf(dtype, band.second));
+  // The band's rows are whole rows of the slice: its bytes start first_row rows into it.
+  CKPT_ASSIGN_OR_RETURN(const int64_t first, ByteSizeOf(dtype, band.second / rows * first_row));
+  return std::unique_ptr<TileBand>(new TileBand(dtype, std::move(band.first), band.second,
+                                                static_cast<size_t>(size), slice + first, copy));
 }
 
 absl::Status TileBand::Add(const Box& tile, const std::vector<std::string_view>& bytes) {
@@ -68,10 +88,14 @@ absl::Status TileBand::Add(const Box& tile, const std::vector<std::string_view>&
     int64_t at = 0;  // element offset of the run in the band
     for (size_t d = 0; d + 1 < rank; ++d) at = at * band_.extent(d) + (index[d] - band_.lo[d]);
     at = at * band_.extent(rank - 1) + (tile.lo[rank - 1] - band_.lo[rank - 1]);
-    char* dst = buffer_.get() + at * elem;
+    char* dst = memory_ + at * elem;
     for (size_t left = run; left > 0;) {
       const size_t take = std::min(left, bytes[piece].size() - offset);
-      std::memcpy(dst, bytes[piece].data() + offset, take);
+      if (copy_ != nullptr) {
+        copy_(dst, bytes[piece].data() + offset, take);
+      } else {
+        std::memcpy(dst, bytes[piece].data() + offset, take);
+      }
       dst += take;
       left -= take;
       offset += take;

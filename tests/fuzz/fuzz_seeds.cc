@@ -6,7 +6,8 @@
 // files (and its whole-tensor file) as UploadRequest streams, one per rank (plain and with small
 // tensors batched) and one of all ranks;
 // for fetch_wire, each sample file as the FetchResponse stream a server sends for it, in rows
-// and, for matrices, as a band of two tiles (after fetch_wire's mode byte). Stream inputs are records (fuzz_streams.h).
+// and, for matrices, as a band of two tiles, each also to a visitor lending its memory (the mode
+// byte's bits, fetch_wire_fuzzer.cc). Stream inputs are records (fuzz_streams.h).
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -32,8 +33,8 @@ constexpr int64_t kMaxFileBytes = int64_t{64} << 20;
 
 void Write(const fs::path& dir, const std::string& name, const std::string& bytes) {
   fs::create_directories(dir);
-  std::ofstream(dir / name, std::ios::binary).write(bytes.data(),
-                                                    static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(dir / name, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string Read(const fs::path& path) {
@@ -214,6 +215,12 @@ int Main(int argc, char** argv) {
       Write(out / "ckpt_decode", name, bytes);
       Write(out / "fetch_wire", name + ".rows", FetchStream(*tensors, false));
       Write(out / "fetch_wire", name + ".tiles", FetchStream(*tensors, true));
+      // The same streams to a visitor that lends each tensor's memory (mode bit 2).
+      for (const bool tiles : {false, true}) {
+        std::string lent = FetchStream(*tensors, tiles);
+        lent[0] = static_cast<char>(lent[0] | 2);
+        Write(out / "fetch_wire", name + (tiles ? ".tiles.lent" : ".rows.lent"), lent);
+      }
       // Sample rank files sit in rank_<r>/ and belong to the "demo" strategy of the upload
       // target; any other file is uploaded as a whole-tensor checkpoint.
       const std::string parent = file.parent_path().filename().string();
@@ -234,8 +241,7 @@ int Main(int argc, char** argv) {
   if (!all_ranks.empty()) Write(out / "upload", "all_ranks", all_ranks);
   for (const auto& entry : fs::directory_iterator(sample)) {
     if (entry.path().extension() == ".json") {
-      AddStrategy(out, entry.path().filename().string(), Read(entry.path()),
-                  StrategyFormat::kJson);
+      AddStrategy(out, entry.path().filename().string(), Read(entry.path()), StrategyFormat::kJson);
     }
   }
   for (const char* target :

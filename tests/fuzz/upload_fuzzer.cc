@@ -1,9 +1,9 @@
 // Fuzz target: the upload stream handler (service/engine/upload_session.h) as ckptd runs it,
 // without gRPC. The input is a sequence of records (fuzz_streams.h), each one UploadRequest as a
 // client sends it; a header message begins a new stream (the previous one is finished first),
-// tensor headers, data and tensor batches go to the current stream, and the last stream is finished at the end,
-// as the upload reactor (service/rpc/upload_reactor.cc) does. The manager and a segment store in
-// a temporary directory live for the whole run, with the sample's strategies registered as
+// tensor headers, data and tensor batches go to the current stream, and the last stream is finished
+// at the end, as the upload reactor (service/rpc/upload_reactor.cc) does. The manager and a segment
+// store in a temporary directory live for the whole run, with the sample's strategies registered as
 // "demo" (2 stages x 4 devices) and "dst" (3 devices); every checkpoint an input names is deleted
 // after it. A crash, leak or undefined behaviour is a finding.
 #include <unistd.h>
@@ -93,9 +93,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   manager = new ckpt::CheckpointManager(store, options);
   for (const auto& [name, strategy] :
        {std::pair{"demo", ckpt::DemoSourceStrategy()}, {"dst", ckpt::DemoDestinationStrategy()}}) {
-    auto put = manager->PutStrategy(
-        name, ckpt::SerializeStrategy(strategy, ckpt::StrategyFormat::kBinary),
-        ckpt::v1::STRATEGY_FORMAT_BINARY, /*overwrite=*/true);
+    auto put =
+        manager->PutStrategy(name, ckpt::SerializeStrategy(strategy, ckpt::StrategyFormat::kBinary),
+                             ckpt::v1::STRATEGY_FORMAT_BINARY, /*overwrite=*/true);
     if (!put.ok()) Die(std::string(put.status().message()));
   }
   return 0;

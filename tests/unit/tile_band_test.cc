@@ -1,6 +1,7 @@
 #include "core/tile_band.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -129,6 +130,37 @@ TEST(TileBandTest, BadTilesAndBandsAreRefusedNamingThem) {
       HasSubstr("outside a slice of 4 rows"));
   EXPECT_THAT(std::string(TileBand::Start(DType::kFloat32, {4, 6}, 0, 4, 95).status().message()),
               HasSubstr("of 96 bytes exceeds the limit of 95"));
+}
+
+size_t copied_by_hook = 0;
+void CountingCopy(char* dst, const char* src, size_t n) {
+  copied_by_hook += n;
+  std::memcpy(dst, src, n);
+}
+
+// In lent memory the band's rows land where they lie in the slice, through the caller's copy
+// function, and nothing outside the band's rows is touched, refused tiles included.
+TEST(TileBandTest, LentMemoryGetsTheBandInPlace) {
+  // A 4 x 6 float32 slice; the band is rows [1, 3), tiled as two column halves.
+  std::string slice(4 * 6 * 4, '.');
+  copied_by_hook = 0;
+  auto band =
+      TileBand::StartIn(DType::kFloat32, {4, 6}, 1, 2, 1 << 20, slice.data(), &CountingCopy);
+  ASSERT_TRUE(band.ok()) << band.status();
+  EXPECT_EQ((*band)->bytes().data(), slice.data() + 6 * 4);  // row 1
+  EXPECT_FALSE((*band)->Add({{1, 2}, {3, 9}}, {std::string(2 * 7 * 4, 'x')}).ok());
+  ASSERT_TRUE((*band)->Add({{1, 3}, {3, 6}}, {std::string(24, 'r')}).ok());
+  ASSERT_TRUE((*band)->Add({{1, 0}, {3, 3}}, {std::string(12, 'l'), std::string(12, 'l')}).ok());
+  EXPECT_TRUE((*band)->complete());
+  EXPECT_EQ(copied_by_hook, 48u);
+  const std::string row = std::string(12, 'l') + std::string(12, 'r');
+  EXPECT_EQ(slice, std::string(24, '.') + row + row + std::string(24, '.'));
+  // The checks of Start hold in lent memory too.
+  EXPECT_THAT(
+      std::string(TileBand::StartIn(DType::kFloat32, {4, 6}, 3, 2, 1 << 20, slice.data(), nullptr)
+                      .status()
+                      .message()),
+      HasSubstr("outside a slice of 4 rows"));
 }
 
 // A slice shape from the wire may have a negative first dimension: no band of it exists, and
