@@ -49,15 +49,32 @@ std::string SeedName(const fs::path& path) {
   return absl::StrCat(path.parent_path().filename().string(), "_", path.filename().string());
 }
 
-// The upload stream of one rank file.
+// The upload stream of one rank file. `batched`: tensors of at most 1 KiB go whole in batch
+// messages (UploadTensorBatch, as the client library sends small tensors), the others as header
+// and data messages.
 void AppendUpload(const std::string& id, const std::string& strategy, int64_t rank,
-                  const std::vector<CkptTensor>& tensors, std::string* out) {
+                  const std::vector<CkptTensor>& tensors, std::string* out, bool batched = false) {
   v1::UploadRequest header;
   header.mutable_header()->set_checkpoint_id(id);
   header.mutable_header()->set_source_strategy(strategy);
   header.mutable_header()->set_rank(rank);
   fuzz::AppendRecord(header.SerializeAsString(), out);
+  v1::UploadRequest batch;
+  auto flush = [&] {
+    if (batch.batch().tensors_size() > 0) fuzz::AppendRecord(batch.SerializeAsString(), out);
+    batch.Clear();
+  };
   for (const CkptTensor& t : tensors) {
+    if (batched && t.data.size() <= 1024) {
+      v1::UploadTensor* whole = batch.mutable_batch()->add_tensors();
+      whole->mutable_header()->set_name(t.name);
+      whole->mutable_header()->set_dtype(std::string(DTypeName(t.dtype)));
+      for (int64_t d : t.dims) whole->mutable_header()->add_dims(d);
+      whole->mutable_header()->set_total_bytes(static_cast<int64_t>(t.data.size()));
+      whole->set_data(t.data);
+      continue;
+    }
+    flush();
     v1::UploadRequest tensor;
     tensor.mutable_tensor()->set_name(t.name);
     tensor.mutable_tensor()->set_dtype(std::string(DTypeName(t.dtype)));
@@ -70,6 +87,7 @@ void AppendUpload(const std::string& id, const std::string& strategy, int64_t ra
       fuzz::AppendRecord(data.SerializeAsString(), out);
     }
   }
+  flush();
 }
 
 // One data message of parts of `bytes` (each at most `part` bytes) with their checksums.
@@ -179,6 +197,7 @@ int Main(int argc, char** argv) {
            fixtures.c_str());
   }
   std::string all_ranks;
+  std::string all_ranks_batched;
   for (const fs::path& dir : dirs) {
     for (const fs::path& file : CkptFiles(dir)) {
       const std::string bytes = Read(file);
@@ -204,6 +223,7 @@ int Main(int argc, char** argv) {
         const int64_t rank = std::stoll(parent.substr(5));
         AppendUpload("ck", "demo", rank, *tensors, &stream);
         AppendUpload("all", "demo", rank, *tensors, &all_ranks);
+        AppendUpload("batched", "demo", rank, *tensors, &all_ranks_batched, /*batched=*/true);
       } else {
         AppendUpload("whole", "", 0, *tensors, &stream);
       }
@@ -211,6 +231,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (!all_ranks.empty()) Write(out / "upload", "all_ranks", all_ranks);
+  if (!all_ranks_batched.empty()) Write(out / "upload", "all_ranks_batched", all_ranks_batched);
   for (const auto& entry : fs::directory_iterator(sample)) {
     if (entry.path().extension() == ".json") {
       AddStrategy(out, entry.path().filename().string(), Read(entry.path()),
