@@ -112,7 +112,7 @@ void PendingCheckpoint::ReleaseRank(int64_t rank) {
   cv_.notify_all();
 }
 
-records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
+std::string PendingCheckpoint::SerializeManifest() {
   records::CheckpointManifest m;
   m.set_id(id_);
   m.set_strategy_name(strategy_name_);
@@ -121,23 +121,38 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
   m.set_data_id(data_id_);
   m.set_chunk_checksum(records::CHUNK_CHECKSUM_XXH3_64);
   m.set_created_unix(absl::ToUnixSeconds(absl::Now()));
-  std::vector<const Tensor*> order;
+  std::vector<Tensor*> order;
+  order.reserve(tensors_.size());
   for (const auto& [name, t] : tensors_) order.push_back(t.get());
   std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) {
     return std::tie(a->first_rank, a->position) < std::tie(b->first_rank, b->position);
   });
-  for (const Tensor* t : order) {
+  // The tensors' and blobs' records are swapped into the manifest rather than copied (a
+  // checkpoint of many small tensors has hundreds of thousands of them), and swapped back once it
+  // is serialised, in the same order.
+  auto for_each_blob = [](Tensor& t, auto&& fn) {
+    for (auto& [cell, blob] : t.cells) fn(blob.record);
+    for (Blob& blob : t.variants) fn(blob.record);
+  };
+  for (Tensor* t : order) {
     records::TensorRecord* r = m.add_tensors();
-    *r = t->record;
+    r->Swap(&t->record);
     r->clear_blobs();
-    for (const auto& [cell, blob] : t->cells) *r->add_blobs() = blob.record;
-    for (const Blob& blob : t->variants) *r->add_blobs() = blob.record;
+    for_each_blob(*t, [r](records::BlobRecord& b) { r->add_blobs()->Swap(&b); });
   }
   for (int64_t r = 0; r < world_size(); ++r) {
     auto it = source_files_.find(r);
     m.add_source_files(it == source_files_.end() ? "" : it->second);
   }
-  return m;
+  std::string bytes = m.SerializeAsString();
+  for (size_t i = 0; i < order.size(); ++i) {
+    records::TensorRecord* r = m.mutable_tensors(static_cast<int>(i));
+    int k = 0;
+    for_each_blob(*order[i], [r, &k](records::BlobRecord& b) { b.Swap(r->mutable_blobs(k++)); });
+    r->clear_blobs();
+    r->Swap(&order[i]->record);
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
@@ -761,9 +776,8 @@ absl::Status RankUpload::CommitLocked() {
                                                      " distinct slices were received"));
     }
   }
-  const records::CheckpointManifest manifest = pending_->BuildManifest();
   CKPT_RETURN_IF_ERROR(pending_->store_->CommitCheckpoint(
-      pending_->id_, manifest.SerializeAsString(), pending_->data_id_));
+      pending_->id_, pending_->SerializeManifest(), pending_->data_id_));
   pending_->committed_ = true;
   return absl::OkStatus();
 }

@@ -109,8 +109,9 @@ class PendingCheckpoint {
     bool storing_variant = false;
   };
 
-  // Builds the manifest; requires mu_ held and every rank received.
-  records::CheckpointManifest BuildManifest() const;
+  // The manifest's wire form; requires mu_ held and every rank received. Leaves the records as
+  // they were.
+  std::string SerializeManifest();
   void ReleaseRank(int64_t rank);  // mu_ held: undo a failed rank's contributions
 
   const std::string id_;
