@@ -327,7 +327,7 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
     t.record.set_sharded(layout != nullptr);
     t.global = *global;
     if (layout) {
-      t.layout = *layout;
+      t.layout = layout;
       t.known_local = local;
       t.cell_grid = layout->Grid(global->size());
     }
@@ -769,7 +769,7 @@ absl::Status RankUpload::CommitLocked() {
   for (const auto& [name, t] : pending_->tensors_) {
     if (!t->layout) continue;
     int64_t cells = 1;
-    for (int64_t g : t->layout->Grid(t->record.global_shape_size())) cells *= g;
+    for (int64_t g : t->cell_grid) cells *= g;
     if (static_cast<int64_t>(t->cells.size()) != cells) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": only ", t->cells.size(),
                                                      " of ", cells,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -92,14 +93,14 @@ class PendingCheckpoint {
   struct Tensor {
     records::TensorRecord record;  // blobs filled at commit
     DType dtype = DType::kFloat32;
-    std::optional<Layout> layout;   // set when sharded
+    const Layout* layout = nullptr;  // sharded: its layout in strategy_ (which outlives it)
     Shape global;                   // the global shape (record.global_shape)
     // Sharded: the first slice's local shape (whose global shape is `global`), the layout's grid
     // of cells, and the chunk grid of a cell (once made: never changed while the tensor lives).
     Shape known_local;
     std::vector<int64_t> cell_grid;
     std::optional<ChunkGrid> cell_chunks;
-    std::map<int64_t, Blob> cells;  // sharded: grid cell -> blob
+    absl::btree_map<int64_t, Blob> cells;  // sharded: grid cell -> blob
     std::vector<Blob> variants;     // verbatim: distinct contents
     std::set<int64_t> ranks;        // ranks that sent it
     int64_t first_rank = 0;         // order key: (first_rank, position)
