@@ -342,6 +342,10 @@ absl::Status SegmentStore::Write(rocksdb::WriteBatch* batch, bool sync, std::str
   CKPT_RETURN_IF_ERROR(CheckFreeDisk(0, doing, sync));
   rocksdb::WriteOptions write_options;
   write_options.sync = sync;
+  // A batch's keys are mostly ascending (PutChunks: one stream's slices in tensor order), while
+  // several streams write into the same key range at once: each batch keeps its own insert
+  // positions in the memtable instead of searching from the top for every key.
+  write_options.memtable_insert_hint_per_batch = true;
   return FromRocks(db_->Write(write_options, batch), doing);
 }
 

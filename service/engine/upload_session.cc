@@ -101,14 +101,18 @@ void PendingCheckpoint::ReleaseRank(int64_t rank) {
         ++v;
       }
     }
-    it = t.ranks.empty() ? tensors_.erase(it) : std::next(it);
+    if (t.ranks.empty()) {
+      tensors_.erase(it++);
+    } else {
+      ++it;
+    }
   }
   source_files_.erase(rank);
   active_.erase(rank);
   cv_.notify_all();
 }
 
-records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
+std::string PendingCheckpoint::SerializeManifest() {
   records::CheckpointManifest m;
   m.set_id(id_);
   m.set_strategy_name(strategy_name_);
@@ -117,23 +121,38 @@ records::CheckpointManifest PendingCheckpoint::BuildManifest() const {
   m.set_data_id(data_id_);
   m.set_chunk_checksum(records::CHUNK_CHECKSUM_XXH3_64);
   m.set_created_unix(absl::ToUnixSeconds(absl::Now()));
-  std::vector<const Tensor*> order;
+  std::vector<Tensor*> order;
+  order.reserve(tensors_.size());
   for (const auto& [name, t] : tensors_) order.push_back(t.get());
   std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) {
     return std::tie(a->first_rank, a->position) < std::tie(b->first_rank, b->position);
   });
-  for (const Tensor* t : order) {
+  // The tensors' and blobs' records are swapped into the manifest rather than copied (a
+  // checkpoint of many small tensors has hundreds of thousands of them), and swapped back once it
+  // is serialised, in the same order.
+  auto for_each_blob = [](Tensor& t, auto&& fn) {
+    for (auto& [cell, blob] : t.cells) fn(blob.record);
+    for (Blob& blob : t.variants) fn(blob.record);
+  };
+  for (Tensor* t : order) {
     records::TensorRecord* r = m.add_tensors();
-    *r = t->record;
+    r->Swap(&t->record);
     r->clear_blobs();
-    for (const auto& [cell, blob] : t->cells) *r->add_blobs() = blob.record;
-    for (const Blob& blob : t->variants) *r->add_blobs() = blob.record;
+    for_each_blob(*t, [r](records::BlobRecord& b) { r->add_blobs()->Swap(&b); });
   }
   for (int64_t r = 0; r < world_size(); ++r) {
     auto it = source_files_.find(r);
     m.add_source_files(it == source_files_.end() ? "" : it->second);
   }
-  return m;
+  std::string bytes = m.SerializeAsString();
+  for (size_t i = 0; i < order.size(); ++i) {
+    records::TensorRecord* r = m.mutable_tensors(static_cast<int>(i));
+    int k = 0;
+    for_each_blob(*order[i], [r, &k](records::BlobRecord& b) { b.Swap(r->mutable_blobs(k++)); });
+    r->clear_blobs();
+    r->Swap(&order[i]->record);
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<RankUpload>> RankUpload::Start(
@@ -259,8 +278,7 @@ absl::StatusOr<Shape> RankUpload::GlobalShape(const std::string& name, const Lay
   return *std::move(g);
 }
 
-absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& local,
-                                         const absl::StatusOr<Shape>& global, Current* cur) {
+absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& local, Current* cur) {
   const std::string& name = cur->name;
   auto& slot = pending_->tensors_[name];
   const bool first = slot == nullptr;
@@ -284,6 +302,13 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
     t.first_rank = rank_;
     t.position = position_;
   }
+  // The global shape is worked out once per tensor: another rank holding a slice of the same
+  // shape (every rank of an even split does) only has its pipeline stage checked.
+  const absl::StatusOr<Shape> global =
+      !first && layout && t.known_local == local &&
+              std::count(layout->stages.begin(), layout->stages.end(), stage_)
+          ? absl::StatusOr<Shape>(t.global)
+          : GlobalShape(name, layout, local);
   if (!global.ok()) {
     if (first) pending_->tensors_.erase(name);
     return global.status();
@@ -300,7 +325,12 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
   } else {
     for (int64_t d : *global) t.record.add_global_shape(d);
     t.record.set_sharded(layout != nullptr);
-    if (layout) t.layout = *layout;
+    t.global = *global;
+    if (layout) {
+      t.layout = layout;
+      t.known_local = local;
+      t.cell_grid = layout->Grid(global->size());
+    }
   }
   t.ranks.insert(rank_);
   cur->tensor_index = t.record.tensor_index();
@@ -314,13 +344,21 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
 
 void RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& layout,
                                  const Shape& global, Current* cur) {
-  const std::vector<int64_t> grid = layout.Grid(global.size());
+  const std::vector<int64_t>& grid = t.cell_grid;
   const std::vector<int64_t> cell = *layout.CellOf(local_rank_, global.size());
   int64_t id = 0;
   for (size_t i = 0; i < cell.size(); ++i) id = id * grid[i] + cell[i];
   cur->cell = id;
   cur->blob_index = static_cast<uint32_t>(id);
   cur->box = CellBox(global, grid, cell);
+  // The chunk grid of a cell, made once per tensor (cells of an even split share their shape)
+  // and never changed afterwards, so BeginTensor reads it without the lock.
+  if (!t.cell_chunks && cur->total > 0) {
+    auto chunks =
+        ChunkGrid::Make(cur->box.shape(), StorageBits(cur->dtype), pending_->options_.chunk_grid);
+    if (chunks.ok()) t.cell_chunks = *std::move(chunks);
+  }
+  cur->grid = t.cell_chunks ? &*t.cell_chunks : nullptr;
   if (t.cells.contains(id)) {
     cur->mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
     return;
@@ -352,15 +390,10 @@ void RankUpload::ClaimVariantLocked(PendingCheckpoint::Tensor& t, const Shape& g
   t.variants.push_back(std::move(blob));
 }
 
-absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
-  if (current_) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", current_->name, " got ",
-                                                   current_->received, " of ", current_->total,
-                                                   " bytes before the next tensor header"));
-  }
-  Current cur;
-  Shape local;
-  CKPT_RETURN_IF_ERROR(CheckHeader(h, &cur, &local));
+absl::Status RankUpload::PrepareTensor(const v1::UploadTensorHeader& h, Prepared* p) const {
+  p->cur = Current();
+  CKPT_RETURN_IF_ERROR(CheckHeader(h, &p->cur, &p->local));
+  Current& cur = p->cur;
   // Checked before anything is claimed or allocated for the tensor: a header only declares a size.
   const int64_t limit = pending_->options_.max_upload_bytes;
   if (cur.total > limit - bytes_announced_) {
@@ -369,33 +402,69 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
         bytes_announced_, " bytes of the tensors before it exceeds the per-upload limit of ", limit,
         " bytes (ckptd --max-upload-gib)"));
   }
-  const Layout* layout =
-      pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur.name, true) : nullptr;
-  if (layout && cur.dtype == DType::kStr) {
+  p->layout = pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur.name, true) : nullptr;
+  if (p->layout && cur.dtype == DType::kStr) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(), ": str tensor ", cur.name, " cannot have a layout in the strategy"));
   }
-  // Reported after the checks against earlier ranks' copies (AddTensorLocked).
-  const absl::StatusOr<Shape> global = GlobalShape(cur.name, layout, local);
-  {
-    std::lock_guard<std::mutex> lock(pending_->mu_);
-    pending_->last_activity_ = absl::Now();
-    CKPT_RETURN_IF_ERROR(AddTensorLocked(layout, local, global, &cur));
-  }
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole) {
   if (cur.total > 0) {
     const Shape storage = cur.dtype == DType::kStr ? Shape{cur.total} : cur.box.shape();
-    auto grid = ChunkGrid::Make(storage, StorageBits(cur.dtype), pending_->options_.chunk_grid);
+    auto grid =
+        cur.grid && cur.grid->shape() == storage
+            ? absl::StatusOr<ChunkGrid>(*cur.grid)
+            : ChunkGrid::Make(storage, StorageBits(cur.dtype), pending_->options_.chunk_grid);
     if (!grid.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Where(), ": tensor ", cur.name, ": ", grid.status().message()));
     }
+    cur.tile = grid->tile();
+    if (whole != nullptr && batching_ && cur.mode != Mode::kBuffer && grid->chunk_count() == 1 &&
+        static_cast<int64_t>(whole->size()) == cur.total) {
+      // The slice is one chunk and all of its bytes are here: checksummed, and (when this rank
+      // writes it) queued for EndBatch as a view of them, without a chunker or a copy.
+      cur.received = cur.total;
+      bytes_received_ += cur.total;
+      cur.checksums.push_back(Checksum(*whole));
+      if (cur.mode == Mode::kWrite) {
+        batch_writes_.push_back({{pending_->data_id_, cur.tensor_index, cur.blob_index, 0},
+                                 *whole,
+                                 static_cast<uint32_t>(rank_)});
+        batch_ends_.push_back(kBorrowedBytes);
+        bytes_stored_ += cur.total;
+      }
+      current_ = std::move(cur);
+      return FinishTensor();
+    }
     cur.chunker.emplace(*std::move(grid));
   }
-  sent_.insert(cur.name);
-  bytes_announced_ += cur.total;
-  ++position_;
   current_ = std::move(cur);
   if (current_->total == 0) return FinishTensor();
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", current_->name, " got ",
+                                                   current_->received, " of ", current_->total,
+                                                   " bytes before the next tensor header"));
+  }
+  Prepared p;
+  CKPT_RETURN_IF_ERROR(PrepareTensor(h, &p));
+  {
+    std::lock_guard<std::mutex> lock(pending_->mu_);
+    pending_->last_activity_ = absl::Now();
+    CKPT_RETURN_IF_ERROR(AddTensorLocked(p.layout, p.local, &p.cur));
+  }
+  const std::string name = p.cur.name;
+  const int64_t total = p.cur.total;
+  CKPT_RETURN_IF_ERROR(BeginTensor(std::move(p.cur), nullptr));
+  sent_.insert(name);
+  bytes_announced_ += total;
+  ++position_;
   return absl::OkStatus();
 }
 
@@ -509,9 +578,7 @@ absl::Status RankUpload::StoreVerbatim() {
   blob.record.set_cell(c.blob_index);
   blob.record.set_blob_index(c.blob_index);
   SetBox(blob.record, c.box);
-  if (c.chunker) {
-    for (int64_t v : c.chunker->grid().tile()) blob.record.add_tile(v);
-  }
+  for (int64_t v : c.tile) blob.record.add_tile(v);
   for (uint64_t x : c.checksums) blob.record.add_chunk_checksums(x);
   blob.record.set_total_bytes(c.total);
   AddHolder(blob.record, rank_);
@@ -531,7 +598,7 @@ absl::Status RankUpload::FinishTensor() {
     slice.name = std::move(c.name);
     slice.cell = c.cell;
     slice.blob_index = c.blob_index;
-    if (c.chunker) slice.tile = c.chunker->grid().tile();
+    slice.tile = std::move(c.tile);
     slice.checksums = std::move(c.checksums);
     slice.total = c.total;
     if (batching_) {
@@ -578,6 +645,7 @@ absl::Status RankUpload::EndBatch() {
   if (!batch_writes_.empty()) {
     size_t begin = 0;
     for (size_t i = 0; i < batch_writes_.size(); ++i) {
+      if (batch_ends_[i] == kBorrowedBytes) continue;  // a view of the caller's bytes
       batch_writes_[i].bytes = std::string_view(batch_bytes_).substr(begin, batch_ends_[i] - begin);
       begin = batch_ends_[i];
     }
@@ -606,6 +674,48 @@ absl::Status RankUpload::EndBatch() {
   pending_->last_activity_ = absl::Now();
   pending_->cv_.notify_all();
   return marked;
+}
+
+absl::Status RankUpload::AddBatch(const std::vector<BatchTensor>& tensors) {
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": a tensor batch came while tensor ",
+                                                   current_->name, "'s bytes were still due"));
+  }
+  const size_t n = tensors.size();
+  if (prepared_.size() < n) prepared_.resize(n);
+  // Every header on its own, in order (a tensor named twice in the batch is refused, as across
+  // batches), and every tensor whole.
+  for (size_t i = 0; i < n; ++i) {
+    const BatchTensor& t = tensors[i];
+    Prepared& p = prepared_[i];
+    CKPT_RETURN_IF_ERROR(PrepareTensor(*t.header, &p));
+    if (static_cast<int64_t>(t.data.size()) != p.cur.total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), ": batched tensor ", p.cur.name, " carries ", t.data.size(),
+                       " of its ", p.cur.total, " bytes (a batch holds whole tensors)"));
+    }
+    sent_.insert(p.cur.name);
+    bytes_announced_ += p.cur.total;
+  }
+  // Every slice claimed under one lock.
+  {
+    std::lock_guard<std::mutex> lock(pending_->mu_);
+    pending_->last_activity_ = absl::Now();
+    for (size_t i = 0; i < n; ++i) {
+      Prepared& p = prepared_[i];
+      CKPT_RETURN_IF_ERROR(AddTensorLocked(p.layout, p.local, &p.cur));
+      ++position_;
+    }
+  }
+  // The bytes; the slices this rank writes are stored together at EndBatch. On an error the
+  // caller drops the upload, and with it what the batch collected.
+  BeginBatch();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string_view data = tensors[i].data;
+    CKPT_RETURN_IF_ERROR(BeginTensor(std::move(prepared_[i].cur), &data));
+    if (current_) CKPT_RETURN_IF_ERROR(Append(data));
+  }
+  return EndBatch();
 }
 
 absl::Status RankUpload::CheckStageSent() const {
@@ -659,16 +769,15 @@ absl::Status RankUpload::CommitLocked() {
   for (const auto& [name, t] : pending_->tensors_) {
     if (!t->layout) continue;
     int64_t cells = 1;
-    for (int64_t g : t->layout->Grid(t->record.global_shape_size())) cells *= g;
+    for (int64_t g : t->cell_grid) cells *= g;
     if (static_cast<int64_t>(t->cells.size()) != cells) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": only ", t->cells.size(),
                                                      " of ", cells,
                                                      " distinct slices were received"));
     }
   }
-  const records::CheckpointManifest manifest = pending_->BuildManifest();
   CKPT_RETURN_IF_ERROR(pending_->store_->CommitCheckpoint(
-      pending_->id_, manifest.SerializeAsString(), pending_->data_id_));
+      pending_->id_, pending_->SerializeManifest(), pending_->data_id_));
   pending_->committed_ = true;
   return absl::OkStatus();
 }

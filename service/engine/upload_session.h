@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -46,6 +48,12 @@ struct UploadOptions {
 
 class RankUpload;
 
+// One whole tensor of a batch (an UploadTensorBatch): its header and all of its bytes, borrowed.
+struct BatchTensor {
+  const v1::UploadTensorHeader* header = nullptr;
+  std::string_view data;
+};
+
 // The shared state of one checkpoint being uploaded. Thread-safe (one mutex); owned by the
 // manager's pending map and by every RankUpload of it (shared_ptr).
 class PendingCheckpoint {
@@ -70,6 +78,12 @@ class PendingCheckpoint {
  private:
   friend class RankUpload;
 
+  // One whole tensor of a batch (an UploadTensorBatch): its header and all of its bytes, borrowed.
+  struct BatchTensor {
+    const v1::UploadTensorHeader* header = nullptr;
+    std::string_view data;
+  };
+
   enum class BlobState { kWriting, kDone };
   struct Blob {
     records::BlobRecord record;
@@ -79,8 +93,14 @@ class PendingCheckpoint {
   struct Tensor {
     records::TensorRecord record;  // blobs filled at commit
     DType dtype = DType::kFloat32;
-    std::optional<Layout> layout;   // set when sharded
-    std::map<int64_t, Blob> cells;  // sharded: grid cell -> blob
+    const Layout* layout = nullptr;  // sharded: its layout in strategy_ (which outlives it)
+    Shape global;                   // the global shape (record.global_shape)
+    // Sharded: the first slice's local shape (whose global shape is `global`), the layout's grid
+    // of cells, and the chunk grid of a cell (once made: never changed while the tensor lives).
+    Shape known_local;
+    std::vector<int64_t> cell_grid;
+    std::optional<ChunkGrid> cell_chunks;
+    absl::btree_map<int64_t, Blob> cells;  // sharded: grid cell -> blob
     std::vector<Blob> variants;     // verbatim: distinct contents
     std::set<int64_t> ranks;        // ranks that sent it
     int64_t first_rank = 0;         // order key: (first_rank, position)
@@ -90,8 +110,9 @@ class PendingCheckpoint {
     bool storing_variant = false;
   };
 
-  // Builds the manifest; requires mu_ held and every rank received.
-  records::CheckpointManifest BuildManifest() const;
+  // The manifest's wire form; requires mu_ held and every rank received. Leaves the records as
+  // they were.
+  std::string SerializeManifest();
   void ReleaseRank(int64_t rank);  // mu_ held: undo a failed rank's contributions
 
   const std::string id_;
@@ -104,7 +125,7 @@ class PendingCheckpoint {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, std::unique_ptr<Tensor>> tensors_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_;
   std::uint32_t next_tensor_index_ = 0;
   std::set<int64_t> received_;
   std::set<int64_t> active_;
@@ -132,6 +153,11 @@ class RankUpload {
   // open at EndBatch.
   void BeginBatch();
   absl::Status EndBatch();
+  // A whole UploadTensorBatch: each tensor started and given all of its bytes between BeginBatch
+  // and EndBatch. INVALID_ARGUMENT when a tensor's header is refused or its bytes are not exactly
+  // the announced ones, or when a tensor's bytes were still due before the batch; on any error
+  // the caller drops the upload, which undoes what the batch collected.
+  absl::Status AddBatch(const std::vector<BatchTensor>& tensors);
   // Validates completeness, waits for replicas being written by other ranks, and commits the
   // checkpoint when this was its last rank.
   absl::StatusOr<v1::UploadResponse> Finish();
@@ -156,7 +182,9 @@ class RankUpload {
     uint32_t tensor_index = 0;
     uint32_t blob_index = 0;
     PendingCheckpoint::Tensor* tensor = nullptr;  // set by AddTensorLocked (see WrittenSlice)
+    const ChunkGrid* grid = nullptr;     // the tensor's cell_chunks, when made (AddTensorLocked)
     std::optional<BandChunker> chunker;  // cuts the slice's bytes into chunks, band by band
+    std::vector<int64_t> tile;           // the slice's chunk tile (empty for 0 bytes)
     std::string value;  // the whole value, while buffered for a verbatim comparison (kBuffer)
     std::vector<uint64_t> checksums;  // per chunk, in chunk order
   };
@@ -179,7 +207,19 @@ class RankUpload {
     Box box;
   };
 
-  // StartTensor's steps. Checks the header on its own and fills cur's name, dtype and total and
+  // A tensor header checked on its own: the slice to claim (cur), its local shape and its layout
+  // (null: verbatim).
+  struct Prepared {
+    Current cur;
+    Shape local;
+    const Layout* layout = nullptr;
+  };
+  absl::Status PrepareTensor(const v1::UploadTensorHeader& header, Prepared* p) const;
+  // Makes the claimed slice `cur` current: its chunk grid and chunker. `whole`: all of its bytes
+  // (a batched tensor), for a slice of one chunk checksummed and queued as a view of them at once
+  // (the tensor is then finished).
+  absl::Status BeginTensor(Current cur, const std::string_view* whole);
+  // PrepareTensor's steps. Checks the header on its own and fills cur's name, dtype and total and
   // the slice's local shape (dims [0] and str values are scalars).
   absl::Status CheckHeader(const v1::UploadTensorHeader& header, Current* cur, Shape* local) const;
   // The global shape of a slice of shape `local` under `layout` (null: the tensor is verbatim, so
@@ -188,10 +228,9 @@ class RankUpload {
   absl::StatusOr<Shape> GlobalShape(const std::string& name, const Layout* layout,
                                     const Shape& local) const;
   // Records the slice in the pending checkpoint (creating its tensor on first sight), checks it
-  // against the copies earlier ranks sent, and claims its cell or variant in `cur`. `global` is
-  // GlobalShape's result; its error is returned after the dtype check. pending_->mu_ held.
-  absl::Status AddTensorLocked(const Layout* layout, const Shape& local,
-                               const absl::StatusOr<Shape>& global, Current* cur);
+  // against the copies earlier ranks sent, and claims its cell or variant in `cur`. GlobalShape's
+  // error is returned after the dtype check. pending_->mu_ held.
+  absl::Status AddTensorLocked(const Layout* layout, const Shape& local, Current* cur);
   // A sharded slice: its grid cell, written by this rank or verified against the rank that
   // writes it. pending_->mu_ held.
   void ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& layout, const Shape& global,
@@ -228,7 +267,9 @@ class RankUpload {
   bool batching_ = false;
   std::vector<ChunkWrite> batch_writes_;
   std::string batch_bytes_;
-  std::vector<size_t> batch_ends_;
+  std::vector<size_t> batch_ends_;  // kBorrowedBytes: the write's bytes are the caller's
+  static constexpr size_t kBorrowedBytes = ~size_t{0};
+  std::vector<Prepared> prepared_;  // AddBatch's, reused
   std::vector<WrittenSlice> batch_slices_;
   std::vector<ChunkWrite> band_writes_;  // FlushBand's, reused
   int64_t bytes_received_ = 0;

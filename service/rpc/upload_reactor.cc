@@ -9,86 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "service/engine/upload_session.h"
+#include "service/engine/upload_wire.h"
 #include "service/rpc/checkpoint_service.h"
 #include "service/rpc/grpc_status.h"
 #include "service/rpc/wire_format.h"
 
 namespace ckpt {
 namespace {
-
-// One varint at the front of `in` (consumed); false when `in` does not start with one.
-bool ReadVarint(std::string_view& in, uint64_t* value) {
-  uint64_t v = 0;
-  for (int shift = 0; shift < 64 && !in.empty(); shift += 7) {
-    const auto b = static_cast<uint8_t>(in.front());
-    in.remove_prefix(1);
-    v |= uint64_t{b & 0x7fu} << shift;
-    if ((b & 0x80) == 0) {
-      *value = v;
-      return true;
-    }
-  }
-  return false;
-}
-
-// One length-delimited field at the front of `in` (consumed): its field number and bytes; false
-// when `in` does not start with one.
-bool ReadLengthDelimited(std::string_view& in, uint64_t* field, std::string_view* bytes) {
-  uint64_t tag = 0;
-  uint64_t length = 0;
-  if (!ReadVarint(in, &tag) || (tag & 7) != 2 || !ReadVarint(in, &length) ||
-      length > in.size()) {
-    return false;
-  }
-  *field = tag >> 3;
-  *bytes = in.substr(0, static_cast<size_t>(length));
-  in.remove_prefix(static_cast<size_t>(length));
-  return true;
-}
-
-// One tensor of a batch as views of the message's bytes: its UploadTensorHeader's wire form and
-// its data.
-struct BatchEntry {
-  std::string_view header;
-  std::string_view data;
-};
-
-// When `message` is exactly UploadRequest{batch = UploadTensorBatch{tensors...}} with every
-// UploadTensor holding at most one header and at most one data field and nothing else, its
-// tensors as views (no copy, no message objects: a batch carries thousands of small tensors, and
-// parsing it into messages costs allocations per tensor). False for any other form, which the
-// generic parse then handles with protobuf's full semantics (repeated fields merged, unknown
-// fields skipped).
-bool PlainBatchViews(std::string_view message, std::vector<BatchEntry>* out) {
-  out->clear();
-  uint64_t field = 0;
-  std::string_view batch;
-  if (!ReadLengthDelimited(message, &field, &batch) || field != 4 || !message.empty()) {
-    return false;
-  }
-  while (!batch.empty()) {
-    std::string_view tensor;
-    if (!ReadLengthDelimited(batch, &field, &tensor) || field != 1) return false;
-    BatchEntry entry;
-    bool header = false;
-    bool data = false;
-    while (!tensor.empty()) {
-      std::string_view bytes;
-      if (!ReadLengthDelimited(tensor, &field, &bytes)) return false;
-      if (field == 1 && !header) {
-        entry.header = bytes;
-        header = true;
-      } else if (field == 2 && !data) {
-        entry.data = bytes;
-        data = true;
-      } else {
-        return false;
-      }
-    }
-    out->push_back(entry);
-  }
-  return true;
-}
 
 // Reads one rank's stream. Each message is handled on the executor, and the next read starts
 // only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
@@ -123,6 +50,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       slices_.clear();
       data_.clear();
       single_ = grpc::Slice();
+      views_.data = {};
+      views_.tensors.clear();
+      batch_.clear();
       if (!s.ok()) {
         upload_.reset();  // undoes this rank's contributions
         Done(s);
@@ -139,6 +69,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
  private:
   absl::Status Handle() {
+    // A data message (the bulk of a large tensor's bytes) is read in place from its slices.
     if (UploadDataViews(request_, &slices_, &data_)) {
       size_t size = 0;
       for (std::string_view d : data_) size += d.size();
@@ -147,15 +78,22 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       service_->CountUploadBytes(static_cast<int64_t>(size));
       return absl::OkStatus();
     }
-    // A batch of small tensors, read in place.
-    if (request_.Length() > 0 && request_.DumpToSingleSlice(&single_).ok() &&
-        PlainBatchViews(std::string_view(reinterpret_cast<const char*>(single_.begin()),
-                                         single_.size()),
-                        &entries_)) {
-      return HandleBatchViews();
+    // Any other message in one piece (a batch is at most a data message's size), walked whole
+    // before any of it is used.
+    std::string_view message;
+    if (slices_.size() == 1) {
+      message =
+          std::string_view(reinterpret_cast<const char*>(slices_[0].begin()), slices_[0].size());
+    } else if (slices_.size() > 1) {
+      if (!request_.DumpToSingleSlice(&single_).ok()) {
+        return absl::InvalidArgumentError("unreadable upload message");
+      }
+      message = std::string_view(reinterpret_cast<const char*>(single_.begin()), single_.size());
     }
+    CKPT_ASSIGN_OR_RETURN(const UploadWireKind kind, ReadUploadMessage(message, &views_));
+    if (kind == UploadWireKind::kBatch) return HandleBatchViews();
     v1::UploadRequest request;
-    if (!grpc::SerializationTraits<v1::UploadRequest>::Deserialize(&request_, &request).ok()) {
+    if (!request.ParseFromArray(message.data(), static_cast<int>(message.size()))) {
       return absl::InvalidArgumentError("malformed upload message (not a ckpt.v1.UploadRequest)");
     }
     switch (request.kind_case()) {
@@ -170,8 +108,12 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       case v1::UploadRequest::kTensor:
         if (!upload_) return absl::InvalidArgumentError("the first message must be the header");
         return upload_->StartTensor(request.tensor());
-      case v1::UploadRequest::kBatch:
-        return HandleBatch(request.batch());
+      case v1::UploadRequest::kBatch: {
+        const v1::UploadTensorBatch& batch = request.batch();
+        batch_.clear();
+        for (const v1::UploadTensor& t : batch.tensors()) batch_.push_back({&t.header(), t.data()});
+        return HandleBatch();
+      }
       case v1::UploadRequest::kData:
         CKPT_RETURN_IF_ERROR(CheckData(request.data().size()));
         CKPT_RETURN_IF_ERROR(upload_->Append(request.data()));
@@ -183,57 +125,32 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     return absl::InvalidArgumentError("unknown upload message");
   }
 
-  // Every tensor of the batch, each whole; the batch's bytes count as one data message's.
-  absl::Status HandleBatch(const v1::UploadTensorBatch& batch) {
-    return HandleTensors(
-        batch.tensors_size(), [&](int i) -> const v1::UploadTensorHeader& {
-          return batch.tensors(i).header();
-        },
-        [&](int i) -> std::string_view { return batch.tensors(i).data(); });
-  }
-
-  // HandleBatch for the tensors PlainBatchViews found in single_: every header is parsed (into
-  // headers_, whose messages are reused from batch to batch) before any tensor is started, as
-  // the generic parse refuses a malformed message before anything of it is used.
+  // The tensors ReadUploadMessage found in a batch: every header is parsed (into headers_, whose
+  // messages are reused from batch to batch) before any tensor is started, as protobuf's parser
+  // refuses a malformed message before anything of it is used.
   absl::Status HandleBatchViews() {
-    const int n = static_cast<int>(entries_.size());
-    if (static_cast<int>(headers_.size()) < n) headers_.resize(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) {
-      const std::string_view h = entries_[static_cast<size_t>(i)].header;
-      if (!headers_[static_cast<size_t>(i)].ParseFromArray(h.data(), static_cast<int>(h.size()))) {
-        return absl::InvalidArgumentError(
-            "malformed upload message (not a ckpt.v1.UploadRequest)");
+    const size_t n = views_.tensors.size();
+    if (headers_.size() < n) headers_.resize(n);
+    batch_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const std::string_view h = views_.tensors[i].header;
+      if (!headers_[i].ParseFromArray(h.data(), static_cast<int>(h.size()))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "malformed upload message (not a ckpt.v1.UploadRequest): the header of tensor ", i,
+            " of the batch is not a ckpt.v1.UploadTensorHeader"));
       }
+      batch_.push_back({&headers_[i], views_.tensors[i].data});
     }
-    return HandleTensors(
-        n, [&](int i) -> const v1::UploadTensorHeader& { return headers_[static_cast<size_t>(i)]; },
-        [&](int i) { return entries_[static_cast<size_t>(i)].data; });
+    return HandleBatch();
   }
 
-  // The tensors of a batch: header(i) and data(i) for i in [0, n).
-  template <typename HeaderFn, typename DataFn>
-  absl::Status HandleTensors(int n, HeaderFn header, DataFn data) {
+  // The tensors of batch_, each whole; the batch's bytes count as one data message's.
+  absl::Status HandleBatch() {
     size_t size = 0;
-    for (int i = 0; i < n; ++i) size += data(i).size();
+    for (const BatchTensor& t : batch_) size += t.data.size();
     CKPT_RETURN_IF_ERROR(CheckData(size));
-    if (upload_->tensor_open()) {
-      return absl::InvalidArgumentError(
-          "a tensor batch came while a tensor's bytes were still due");
-    }
     // On an error the caller drops the upload, and with it what the batch collected.
-    upload_->BeginBatch();
-    for (int i = 0; i < n; ++i) {
-      const v1::UploadTensorHeader& h = header(i);
-      const std::string_view d = data(i);
-      CKPT_RETURN_IF_ERROR(upload_->StartTensor(h));
-      if (!d.empty()) CKPT_RETURN_IF_ERROR(upload_->Append(d));
-      if (upload_->tensor_open()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("batched tensor ", h.name(), " carries ", d.size(), " of its ",
-                         h.total_bytes(), " bytes (a batch holds whole tensors)"));
-      }
-    }
-    CKPT_RETURN_IF_ERROR(upload_->EndBatch());
+    CKPT_RETURN_IF_ERROR(upload_->AddBatch(batch_));
     service_->CountUploadBytes(static_cast<int64_t>(size));
     return absl::OkStatus();
   }
@@ -294,11 +211,14 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer* const response_;  // an UploadResponse
   const absl::Time start_;
   grpc::ByteBuffer request_;         // an UploadRequest
-  std::vector<grpc::Slice> slices_;  // of a data message's request_, and views of its bytes
+  // The message being handled: its slices, and views of a data message's bytes in them; its
+  // bytes in one piece when it came in several slices, and what ReadUploadMessage read of them.
+  std::vector<grpc::Slice> slices_;
   std::vector<std::string_view> data_;
-  grpc::Slice single_;                // a batch message's bytes, in one piece
-  std::vector<BatchEntry> entries_;   // views into single_ (PlainBatchViews)
-  std::vector<v1::UploadTensorHeader> headers_;  // parsed from entries_, reused
+  grpc::Slice single_;
+  UploadMessageViews views_;
+  std::vector<v1::UploadTensorHeader> headers_;  // parsed from views_.tensors, reused
+  std::vector<BatchTensor> batch_;               // the batch's tensors, for RankUpload::AddBatch
   v1::UploadHeader header_;
   std::unique_ptr<RankUpload> upload_;
   const Principal principal_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "google/protobuf/io/coded_stream.h"
+#include "service/engine/upload_wire.h"
 
 namespace ckpt {
 namespace {
@@ -149,7 +150,7 @@ bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* s
   data->clear();
   if (!buffer.Dump(slices).ok()) return false;
   // The tag and length: at most 1 + 10 bytes, which may span slices.
-  uint8_t head[1 + 10];
+  char head[1 + 10];
   size_t head_size = 0;
   for (const grpc::Slice& slice : *slices) {
     const size_t n = std::min(slice.size(), sizeof(head) - head_size);
@@ -157,12 +158,8 @@ bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* s
     head_size += n;
     if (head_size == sizeof(head)) break;
   }
-  google::protobuf::io::CodedInputStream in(head, static_cast<int>(head_size));
-  constexpr uint32_t kRequestData = (3 << 3) | 2;  // UploadRequest.data (length-delimited)
-  uint64_t length = 0;
-  if (in.ReadTag() != kRequestData || !in.ReadVarint64(&length)) return false;
-  size_t skip = static_cast<size_t>(in.CurrentPosition());
-  if (length != buffer.Length() - skip) return false;  // more fields follow: not a plain one
+  size_t skip = UploadDataOffset(std::string_view(head, head_size), buffer.Length());
+  if (skip == 0) return false;
   for (const grpc::Slice& slice : *slices) {
     std::string_view bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
     const size_t n = std::min(skip, bytes.size());

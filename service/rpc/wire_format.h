@@ -1,7 +1,7 @@
-// The protobuf wire format of the two messages that carry tensor bytes, written and read by
-// hand so that the bytes stay in gRPC slices instead of being copied into or out of messages.
-// The field numbers are those of proto/ckpt.proto; wire_format_test checks both functions
-// against protobuf's own parser and serialiser.
+// The protobuf wire format of the two messages that carry tensor bytes, written and read so that
+// the bytes stay in gRPC slices instead of being copied into or out of messages. The field
+// numbers are those of proto/ckpt.proto; wire_format_test checks both functions against
+// protobuf's own parser and serialiser.
 #ifndef CKPT_SERVICE_RPC_WIRE_FORMAT_H_
 #define CKPT_SERVICE_RPC_WIRE_FORMAT_H_
 
@@ -24,8 +24,9 @@ namespace ckpt {
 grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece);
 
 // If `buffer` is exactly the wire format of UploadRequest{data} (as the client library writes
-// data messages), fills `data` with views of the bytes in `slices` (the buffer's slices, which
-// own them) and returns true. Otherwise returns false: the message is to be parsed by protobuf.
+// data messages; UploadDataOffset of service/engine/upload_wire.h decides from its first bytes),
+// fills `data` with views of the bytes in `slices` (the buffer's slices, which own them) and
+// returns true. Otherwise returns false: the message is read whole by ReadUploadMessage.
 bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
                      std::vector<std::string_view>* data);
 

@@ -3,11 +3,11 @@
 //   ckpt_fuzz_seeds SAMPLE_DIR FIXTURES_DIR OUT_DIR
 // OUT_DIR/<target>/ gets, for ckpt_decode, every .ckpt; for strategy_binary and strategy_json,
 // every strategy in its own format and converted to the other; for upload, the sample's rank
-// files (and its whole-tensor file) as UploadRequest streams, one per rank (plain and with small
-// tensors batched) and one of all ranks;
-// for fetch_wire, each sample file as the FetchResponse stream a server sends for it, in rows
-// and, for matrices, as a band of two tiles, each also to a visitor lending its memory (the mode
-// byte's bits, fetch_wire_fuzzer.cc). Stream inputs are records (fuzz_streams.h).
+// files (and its whole-tensor file) as UploadRequest streams, one per rank and one of all ranks
+// (plain, and with small tensors batched); for fetch_wire, each sample file as the FetchResponse
+// stream a server sends for it, in rows and, for matrices, as a band of two tiles, each also to a
+// visitor lending its memory (the mode byte's bits, fetch_wire_fuzzer.cc). Stream inputs are
+// records (fuzz_streams.h).
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -51,9 +51,9 @@ std::string SeedName(const fs::path& path) {
   return absl::StrCat(path.parent_path().filename().string(), "_", path.filename().string());
 }
 
-// The upload stream of one rank file: each tensor as its header and data messages of 96 bytes,
-// or with `batched`, tensors of at most 256 bytes in runs of up to 4 per UploadTensorBatch (as the
-// client library sends small tensors).
+// The upload stream of one rank file. `batched`: tensors of at most 1 KiB go whole in batch
+// messages (UploadTensorBatch, as the client library sends small tensors), the others as header
+// and data messages.
 void AppendUpload(const std::string& id, const std::string& strategy, int64_t rank,
                   const std::vector<CkptTensor>& tensors, std::string* out, bool batched = false) {
   v1::UploadRequest header;
@@ -62,25 +62,26 @@ void AppendUpload(const std::string& id, const std::string& strategy, int64_t ra
   header.mutable_header()->set_rank(rank);
   fuzz::AppendRecord(header.SerializeAsString(), out);
   v1::UploadRequest batch;
-  const auto flush = [&] {
-    if (batch.batch().tensors_size() == 0) return;
-    fuzz::AppendRecord(batch.SerializeAsString(), out);
+  auto flush = [&] {
+    if (batch.batch().tensors_size() > 0) fuzz::AppendRecord(batch.SerializeAsString(), out);
     batch.Clear();
   };
   for (const CkptTensor& t : tensors) {
+    if (batched && t.data.size() <= 1024) {
+      v1::UploadTensor* whole = batch.mutable_batch()->add_tensors();
+      whole->mutable_header()->set_name(t.name);
+      whole->mutable_header()->set_dtype(std::string(DTypeName(t.dtype)));
+      for (int64_t d : t.dims) whole->mutable_header()->add_dims(d);
+      whole->mutable_header()->set_total_bytes(static_cast<int64_t>(t.data.size()));
+      whole->set_data(t.data);
+      continue;
+    }
+    flush();
     v1::UploadRequest tensor;
     tensor.mutable_tensor()->set_name(t.name);
     tensor.mutable_tensor()->set_dtype(std::string(DTypeName(t.dtype)));
     for (int64_t d : t.dims) tensor.mutable_tensor()->add_dims(d);
     tensor.mutable_tensor()->set_total_bytes(static_cast<int64_t>(t.data.size()));
-    if (batched && t.data.size() <= 256) {
-      v1::UploadTensor* entry = batch.mutable_batch()->add_tensors();
-      *entry->mutable_header() = tensor.tensor();
-      entry->set_data(t.data);
-      if (batch.batch().tensors_size() == 4) flush();
-      continue;
-    }
-    flush();
     fuzz::AppendRecord(tensor.SerializeAsString(), out);
     for (size_t at = 0; at < t.data.size(); at += 96) {
       v1::UploadRequest data;
@@ -198,6 +199,7 @@ int Main(int argc, char** argv) {
            fixtures.c_str());
   }
   std::string all_ranks;
+  std::string all_ranks_batched;
   for (const fs::path& dir : dirs) {
     for (const fs::path& file : CkptFiles(dir)) {
       const std::string bytes = Read(file);
@@ -229,9 +231,7 @@ int Main(int argc, char** argv) {
         const int64_t rank = std::stoll(parent.substr(5));
         AppendUpload("ck", "demo", rank, *tensors, &stream);
         AppendUpload("all", "demo", rank, *tensors, &all_ranks);
-        std::string batched;
-        AppendUpload("ck", "demo", rank, *tensors, &batched, /*batched=*/true);
-        Write(out / "upload", name + ".batched", batched);
+        AppendUpload("batched", "demo", rank, *tensors, &all_ranks_batched, /*batched=*/true);
       } else {
         AppendUpload("whole", "", 0, *tensors, &stream);
       }
@@ -239,6 +239,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (!all_ranks.empty()) Write(out / "upload", "all_ranks", all_ranks);
+  if (!all_ranks_batched.empty()) Write(out / "upload", "all_ranks_batched", all_ranks_batched);
   for (const auto& entry : fs::directory_iterator(sample)) {
     if (entry.path().extension() == ".json") {
       AddStrategy(out, entry.path().filename().string(), Read(entry.path()), StrategyFormat::kJson);

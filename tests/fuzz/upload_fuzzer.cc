@@ -1,9 +1,11 @@
 // Fuzz target: the upload stream handler (service/engine/upload_session.h) as ckptd runs it,
 // without gRPC. The input is a sequence of records (fuzz_streams.h), each one UploadRequest as a
-// client sends it; a header message begins a new stream (the previous one is finished first),
-// tensor headers, data and tensor batches go to the current stream, and the last stream is finished
-// at the end, as the upload reactor (service/rpc/upload_reactor.cc) does. The manager and a segment
-// store in a temporary directory live for the whole run, with the sample's strategies registered as
+// client sends it, read as the upload reactor (service/rpc/upload_reactor.cc) reads it: by the wire
+// reader (service/engine/upload_wire.h), then by protobuf for the forms it leaves to it. A header
+// message begins a new stream (the previous one is finished first), tensor headers, data and
+// batches of whole tensors go to the current stream, and the last stream is finished at the end,
+// as the reactor does. The manager and a segment store in
+// a temporary directory live for the whole run, with the sample's strategies registered as
 // "demo" (2 stages x 4 devices) and "dst" (3 devices); every checkpoint an input names is deleted
 // after it. A crash, leak or undefined behaviour is a finding.
 #include <unistd.h>
@@ -17,12 +19,14 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ckpt.pb.h"
 #include "client/ckptctl/sample.h"
 #include "core/strategy.h"
 #include "service/engine/manager.h"
 #include "service/engine/upload_session.h"
+#include "service/engine/upload_wire.h"
 #include "storage/checkpoint_store.h"
 #include "tests/fuzz/fuzz_streams.h"
 
@@ -53,24 +57,6 @@ void FinishStream(std::unique_ptr<ckpt::RankUpload>& upload, const std::string& 
   upload.reset();
 }
 
-// A batch of whole tensors, under the reactor's rules: no tensor may be open when it comes, its
-// bytes count as one data message's, and each of its tensors must be whole.
-absl::Status UploadBatch(ckpt::RankUpload* upload, const ckpt::v1::UploadTensorBatch& batch) {
-  int64_t size = 0;
-  for (const auto& tensor : batch.tensors()) size += static_cast<int64_t>(tensor.data().size());
-  if (upload == nullptr || size > kMaxDataMessageBytes || upload->tensor_open()) {
-    return absl::InvalidArgumentError("no header, batch too large, or a tensor still open");
-  }
-  upload->BeginBatch();
-  for (const auto& tensor : batch.tensors()) {
-    absl::Status status = upload->StartTensor(tensor.header());
-    if (status.ok() && !tensor.data().empty()) status = upload->Append(tensor.data());
-    if (!status.ok()) return status;
-    if (upload->tensor_open()) return absl::InvalidArgumentError("a batched tensor is not whole");
-  }
-  return upload->EndBatch();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -93,9 +79,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   manager = new ckpt::CheckpointManager(store, options);
   for (const auto& [name, strategy] :
        {std::pair{"demo", ckpt::DemoSourceStrategy()}, {"dst", ckpt::DemoDestinationStrategy()}}) {
-    auto put =
-        manager->PutStrategy(name, ckpt::SerializeStrategy(strategy, ckpt::StrategyFormat::kBinary),
-                             ckpt::v1::STRATEGY_FORMAT_BINARY, /*overwrite=*/true);
+    auto put = manager->PutStrategy(
+        name, ckpt::SerializeStrategy(strategy, ckpt::StrategyFormat::kBinary),
+        ckpt::v1::STRATEGY_FORMAT_BINARY, /*overwrite=*/true);
     if (!put.ok()) Die(std::string(put.status().message()));
   }
   return 0;
@@ -106,10 +92,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::set<std::string> ids;
   std::unique_ptr<ckpt::RankUpload> upload;
   std::string id;
+  ckpt::UploadMessageViews views;
+  std::vector<ckpt::v1::UploadTensorHeader> headers;
+  std::vector<ckpt::BatchTensor> batch;
   for (std::string_view record : ckpt::fuzz::SplitRecords(input, 4096)) {
+    // As the reactor reads a message: the wire reader first (data and batches in place), then
+    // protobuf's parser for the other forms.
+    auto kind = ckpt::ReadUploadMessage(record, &views);
+    if (!kind.ok()) break;
     ckpt::v1::UploadRequest request;
-    if (!request.ParseFromArray(record.data(), static_cast<int>(record.size()))) break;
+    batch.clear();
     absl::Status status;
+    if (*kind == ckpt::UploadWireKind::kData) {
+      request.set_data(std::string(views.data));
+    } else if (*kind == ckpt::UploadWireKind::kBatch) {
+      if (headers.size() < views.tensors.size()) headers.resize(views.tensors.size());
+      for (size_t i = 0; i < views.tensors.size() && status.ok(); ++i) {
+        const std::string_view h = views.tensors[i].header;
+        if (!headers[i].ParseFromArray(h.data(), static_cast<int>(h.size()))) {
+          status = absl::InvalidArgumentError("malformed tensor header");
+        }
+        batch.push_back({&headers[i], views.tensors[i].data});
+      }
+      if (!status.ok()) break;
+      request.mutable_batch();  // its tensors are in `batch`
+    } else if (!request.ParseFromArray(record.data(), static_cast<int>(record.size()))) {
+      break;
+    } else if (request.kind_case() == ckpt::v1::UploadRequest::kBatch) {
+      for (const ckpt::v1::UploadTensor& t : request.batch().tensors()) {
+        batch.push_back({&t.header(), t.data()});
+      }
+    }
     switch (request.kind_case()) {
       case ckpt::v1::UploadRequest::kHeader: {
         FinishStream(upload, id);
@@ -131,9 +144,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           status = upload->Append(request.data());
         }
         break;
-      case ckpt::v1::UploadRequest::kBatch:
-        status = UploadBatch(upload.get(), request.batch());
+      case ckpt::v1::UploadRequest::kBatch: {
+        int64_t bytes = 0;
+        for (const ckpt::BatchTensor& t : batch) bytes += static_cast<int64_t>(t.data.size());
+        if (!upload || bytes > kMaxDataMessageBytes) {
+          status = absl::InvalidArgumentError("no header, or batch too large");
+        } else {
+          status = upload->AddBatch(batch);
+        }
         break;
+      }
       case ckpt::v1::UploadRequest::KIND_NOT_SET:
         status = absl::InvalidArgumentError("empty upload message");
         break;
