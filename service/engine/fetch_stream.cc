@@ -35,7 +35,77 @@ DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offse
   return s;
 }
 
+// Appends `v` as a protobuf varint.
+void AppendVarint(uint64_t v, std::string* out) {
+  char buf[10];
+  size_t n = 0;
+  while (v >= 0x80) {
+    buf[n++] = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  buf[n++] = static_cast<char>(v);
+  out->append(buf, n);
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// A length-delimited field (wire type 2) of `bytes`, omitted when empty (proto3).
+void AppendBytesField(int field, std::string_view bytes, std::string* out) {
+  if (bytes.empty()) return;
+  out->push_back(static_cast<char>(field << 3 | 2));
+  AppendVarint(bytes.size(), out);
+  out->append(bytes);
+}
+
+// A packed repeated int64 field of the `n` values `value(i)`, omitted when empty.
+template <typename F>
+void AppendPackedField(int field, size_t n, F value, std::string* out) {
+  if (n == 0) return;
+  size_t size = 0;
+  for (size_t i = 0; i < n; ++i) size += VarintSize(static_cast<uint64_t>(value(i)));
+  out->push_back(static_cast<char>(field << 3 | 2));
+  AppendVarint(size, out);
+  for (size_t i = 0; i < n; ++i) AppendVarint(static_cast<uint64_t>(value(i)), out);
+}
+
 }  // namespace
+
+void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, const Box& box,
+                             std::span<const int64_t> global_shape, int64_t total_bytes,
+                             bool verbatim, std::string* out) {
+  // The header's size first (FetchTensorBatch.tensors is length-delimited): the fields are
+  // written after a placeholder of the largest varint a header's size can need, then moved up.
+  out->push_back(static_cast<char>(1 << 3 | 2));
+  const size_t size_at = out->size();
+  out->append(5, '\0');
+  const size_t start = out->size();
+  AppendBytesField(1, name, out);
+  AppendBytesField(2, dtype, out);
+  const size_t rank = box.lo.size();
+  AppendPackedField(3, rank, [&](size_t i) { return box.hi[i] - box.lo[i]; }, out);
+  AppendPackedField(4, global_shape.size(), [&](size_t i) { return global_shape[i]; }, out);
+  AppendPackedField(5, rank, [&](size_t i) { return box.lo[i]; }, out);
+  AppendPackedField(6, rank, [&](size_t i) { return box.hi[i]; }, out);
+  if (total_bytes != 0) {
+    out->push_back(static_cast<char>(7 << 3));
+    AppendVarint(static_cast<uint64_t>(total_bytes), out);
+  }
+  if (verbatim) {
+    out->push_back(static_cast<char>(8 << 3));
+    out->push_back(1);
+  }
+  const size_t size = out->size() - start;
+  std::string varint;
+  AppendVarint(size, &varint);
+  out->replace(size_at, 5, varint);
+}
 
 // When every piece supplies whole rows of the band (all dims but the first span the band) that
 // are also whole rows of its chunk, each piece is one contiguous byte range of its chunk and the
@@ -515,21 +585,23 @@ bool FetchStream::Batchable(int64_t bytes) const {
 }
 
 absl::Status FetchStream::BatchPiece(FetchPiece* out) {
-  v1::FetchTensorBatch* batch = out->message.mutable_batch();
+  // The headers go to out->batch_headers, serialised as they come; the message holds the batch.
+  out->message.mutable_batch();
+  int count = 0;
   // A batch's tensors come as rows: bands that stored chunks do not stack into are assembled here.
   const bool tiles = tiles_;
   tiles_ = false;
   absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
   if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
-  while (tensor_ < plan_->tensors.size() && batch->tensors_size() < batch_tensors_) {
+  while (tensor_ < plan_->tensors.size() && count < batch_tensors_) {
     const TensorPlan& t = plan_->tensors[tensor_];
     const int64_t bytes = TensorBytes(t);
-    if (!Batchable(bytes) ||
-        (batch->tensors_size() > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
+    if (!Batchable(bytes) || (count > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
       break;
     }
     StartTensor();
-    FillHeader(t, batch->add_tensors());
+    AppendHeader(t, &out->batch_headers);
+    ++count;
     int64_t produced = 0;
     while (!tensor_done_) {
       CKPT_RETURN_IF_ERROR(BuildBand());
@@ -571,6 +643,11 @@ void FetchStream::FillHeader(const TensorPlan& t, v1::FetchTensorHeader* h) cons
   for (int64_t v : t.dst_box.hi) h->add_box_hi(v);
   h->set_total_bytes(TensorBytes(t));
   h->set_verbatim(t.kind == TensorKind::kVerbatim);
+}
+
+void FetchStream::AppendHeader(const TensorPlan& t, std::string* out) const {
+  AppendBatchTensorHeader(t.name, DTypeName(t.dtype), t.dst_box, t.global_shape, TensorBytes(t),
+                          t.kind == TensorKind::kVerbatim, out);
 }
 
 void FetchStream::TilePiece(FetchPiece* out) {
@@ -641,6 +718,7 @@ absl::Status FetchStream::DataPiece(FetchReader reader, FetchPiece* out) {
 
 absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader) {
   out->message.Clear();
+  out->batch_headers.clear();
   out->segments.clear();
   out->parts.clear();
   out->data_bytes = 0;

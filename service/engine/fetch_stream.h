@@ -94,6 +94,10 @@ struct ChecksumPart {
 // or, when `message` holds a batch (FetchTensorBatch: its headers only), that batch's data.
 struct FetchPiece {
   v1::FetchResponse message;
+  // For a batch: its tensors' headers serialised as protobuf writes FetchTensorBatch.tensors
+  // (AppendBatchTensorHeader), ahead of any in message.batch().tensors. FetchStream writes them
+  // here rather than building a message per tensor.
+  std::string batch_headers;
   std::vector<DataSegment> segments;
   // FetchReader::kClient: the parts in order, at least one; they cover the segments exactly.
   // Empty for kInProcess.
@@ -104,6 +108,14 @@ struct FetchPiece {
   std::vector<int64_t> tile_box;
   int64_t band_rows = 0;
 };
+
+// Appends FetchTensorBatch.tensors entry (field 1) holding FetchTensorHeader{name, dtype,
+// local_shape (box's shape), global_shape, box_lo, box_hi, total_bytes, verbatim} to `out`, byte
+// for byte as protobuf serialises it (fields in number order, defaults omitted, repeated int64
+// packed).
+void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, const Box& box,
+                             std::span<const int64_t> global_shape, int64_t total_bytes,
+                             bool verbatim, std::string* out);
 
 // Not thread-safe: one producer at a time.
 class FetchStream {
@@ -185,6 +197,8 @@ class FetchStream {
   // Resets the per-tensor state for the next tensor, and fills `h` with its header.
   void StartTensor();
   void FillHeader(const TensorPlan& t, v1::FetchTensorHeader* h) const;
+  // FillHeader's header, serialised onto `out` (AppendBatchTensorHeader).
+  void AppendHeader(const TensorPlan& t, std::string* out) const;
   // Whether a tensor of `bytes` bytes may go in a batch (options_.batches).
   bool Batchable(int64_t bytes) const;
   // A FetchTensorBatch of the tensors from the current one on (the current one batchable): each

@@ -275,7 +275,8 @@ class SharedReadsTest : public ::testing::Test {
         }
         offset += static_cast<size_t>(p.bytes);
       }
-      absl::StrAppend(&out.messages, piece.message.SerializeAsString(), "|", data, "|");
+      absl::StrAppend(&out.messages, piece.message.SerializeAsString(), piece.batch_headers, "|",
+                      data, "|");
       for (const ChecksumPart& p : piece.parts) absl::StrAppend(&out.messages, p.bytes, ",");
       for (int64_t v : piece.tile_box) absl::StrAppend(&out.messages, v, ",");
       absl::StrAppend(&out.messages, piece.band_rows, "\n");
