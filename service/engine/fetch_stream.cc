@@ -257,10 +257,27 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
     if (cache_.front().chunk->corrupt()) return cache_.front().chunk->Verify();
     return cache_.front().chunk;
   }
-  auto shared = chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
-  if (!shared.ok()) return shared.status();
-  std::shared_ptr<StreamChunk> chunk = *std::move(shared);
-  if (member_) member_->Advanced(static_cast<int64_t>(chunk->data->bytes().size()));
+  // Got ahead by PrefetchBatch (its position counted then): usually the next one, in order.
+  std::optional<absl::StatusOr<std::shared_ptr<StreamChunk>>> prefetched;
+  for (size_t p = prefetch_next_; p < prefetched_.size() && p < prefetch_next_ + 16; ++p) {
+    if (prefetch_taken_[p] || KeyOf(prefetched_[p].address) != key) continue;
+    prefetched = std::move(prefetched_[p].result);
+    prefetch_taken_[p] = 1;
+    while (prefetch_next_ < prefetched_.size() && prefetch_taken_[prefetch_next_]) {
+      ++prefetch_next_;
+    }
+    break;
+  }
+  std::shared_ptr<StreamChunk> chunk;
+  if (prefetched) {
+    if (!prefetched->ok()) return prefetched->status();
+    chunk = **std::move(prefetched);
+  } else {
+    auto shared = chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
+    if (!shared.ok()) return shared.status();
+    chunk = *std::move(shared);
+    if (member_) member_->Advanced(static_cast<int64_t>(chunk->data->bytes().size()));
+  }
   cache_.push_front({key, chunk, row_end});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
@@ -286,16 +303,88 @@ void FetchStream::DropConsumedChunks(uint32_t tensor, int64_t first_row) {
 
 absl::Status FetchStream::ResolveSources() {
   if (sources_tensor_ == tensor_) return absl::OkStatus();
-  const TensorPlan& t = plan_->tensors[tensor_];
-  const records::TensorRecord& r = Record(t);
+  while (ahead_next_ < ahead_count_ && ahead_[ahead_next_].tensor < tensor_) ++ahead_next_;
+  if (ahead_next_ < ahead_count_ && ahead_[ahead_next_].tensor == tensor_) {
+    AheadSources& a = ahead_[ahead_next_++];
+    std::swap(sources_, a.sources);  // both keep their storage
+    source_count_ = a.count;
+    sources_tensor_ = tensor_;
+    return absl::OkStatus();
+  }
   sources_tensor_ = std::numeric_limits<size_t>::max();  // until every op is resolved
-  // The Source objects are kept from tensor to tensor (source_count_ of them in use), so that
-  // their vectors keep their storage: many small tensors would otherwise allocate all of it
-  // again for each.
-  if (sources_.size() < t.ops.size()) sources_.resize(t.ops.size());
-  source_count_ = 0;
+  CKPT_RETURN_IF_ERROR(ResolveSourcesInto(tensor_, &sources_, &source_count_));
+  sources_tensor_ = tensor_;
+  return absl::OkStatus();
+}
+
+void FetchStream::PrefetchBatch() {
+  ReleasePrefetched();
+  const uint64_t data_id = checkpoint_->manifest.data_id();
+  int count = 0;
+  int64_t batch_bytes = 0;
+  for (size_t k = tensor_; k < plan_->tensors.size() && count < batch_tensors_; ++k) {
+    // The tensors BatchPiece will take (the same conditions).
+    const TensorPlan& t = plan_->tensors[k];
+    const int64_t bytes = TensorBytes(t);
+    if (!Batchable(bytes) || (count > 0 && batch_bytes + bytes > options_.max_message_bytes)) {
+      break;
+    }
+    batch_bytes += bytes;
+    ++count;
+    if (t.dtype == DType::kStr) continue;  // raw chunks, got as their bands come
+    if (ahead_count_ == ahead_.size()) ahead_.emplace_back();
+    AheadSources& a = ahead_[ahead_count_];
+    if (!ResolveSourcesInto(k, &a.sources, &a.count).ok()) break;  // the band reports it
+    a.tensor = k;
+    ++ahead_count_;
+    const records::TensorRecord& r = Record(t);
+    // As CollectPieces asks for them for a band of the whole tensor.
+    for (size_t j = 0; j < a.count; ++j) {
+      const Source& s = a.sources[j];
+      if (!IntersectInto(s.region, t.dst_box, &part_)) continue;
+      local_ = part_;
+      ShiftInPlace(&local_, s.blob_lo, -1);
+      s.grid.ChunksOverlapping(local_, &overlapping_);
+      for (int64_t chunk : overlapping_) {
+        if (chunk >= s.blob->chunk_checksums_size()) break;  // the band reports it
+        prefetched_.push_back({{data_id, r.tensor_index(), s.blob->blob_index(),
+                                static_cast<uint32_t>(chunk)},
+                               s.blob->chunk_checksums(static_cast<int>(chunk)),
+                               absl::StatusOr<std::shared_ptr<StreamChunk>>()});
+      }
+    }
+  }
+  if (prefetched_.empty()) return;
+  chunks_->GetMany(std::span<SharedChunks::Request>(prefetched_),
+                   member_ ? member_->cohort() : nullptr, this);
+  prefetch_taken_.assign(prefetched_.size(), 0);
+  int64_t bytes = 0;
+  for (const SharedChunks::Request& q : prefetched_) {
+    if (q.result.ok()) bytes += static_cast<int64_t>((*q.result)->data->bytes().size());
+  }
+  if (member_ && bytes > 0) member_->Advanced(bytes);
+}
+
+void FetchStream::ReleasePrefetched() {
+  prefetched_.clear();
+  prefetch_taken_.clear();
+  prefetch_next_ = 0;
+  ahead_count_ = 0;
+  ahead_next_ = 0;
+}
+
+absl::Status FetchStream::ResolveSourcesInto(size_t tensor, std::vector<Source>* sources,
+                                             size_t* count) {
+  const TensorPlan& t = plan_->tensors[tensor];
+  const records::TensorRecord& r = Record(t);
+  // The Source objects are kept from tensor to tensor (*count of them in use), so that their
+  // vectors keep their storage: many small tensors would otherwise allocate all of it again for
+  // each.
+  if (sources->size() < t.ops.size()) sources->resize(t.ops.size());
+  size_t& n = *count;
+  n = 0;
   for (const CopyOp& op : t.ops) {
-    Source& s = sources_[source_count_];
+    Source& s = (*sources)[n];
     s.region.lo.resize(op.extent.size());
     s.region.hi.resize(op.extent.size());
     for (size_t i = 0; i < op.extent.size(); ++i) {
@@ -320,9 +409,8 @@ absl::Status FetchStream::ResolveSources() {
     if (absl::Status st = s.grid.Reset(blob_shape_, blob_tile_, ElementBits(t.dtype)); !st.ok()) {
       return Annotate(absl::DataLossError(st.message()));
     }
-    ++source_count_;
+    ++n;
   }
-  sources_tensor_ = tensor_;
   return absl::OkStatus();
 }
 
@@ -593,6 +681,8 @@ absl::Status FetchStream::BatchPiece(FetchPiece* out) {
   tiles_ = false;
   absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
   if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
+  PrefetchBatch();
+  absl::Cleanup release_prefetched = [this] { ReleasePrefetched(); };
   while (tensor_ < plan_->tensors.size() && count < batch_tensors_) {
     const TensorPlan& t = plan_->tensors[tensor_];
     const int64_t bytes = TensorBytes(t);

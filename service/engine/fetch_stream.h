@@ -207,9 +207,17 @@ class FetchStream {
   absl::Status BatchPiece(FetchPiece* out);
   void TilePiece(FetchPiece* out);
   absl::Status DataPiece(FetchReader reader, FetchPiece* out);
-  // Fills sources_ for the current tensor (unless done): errors name a copy op without a stored
-  // slice, or a slice whose recorded grid is invalid.
+  // Fills sources_ for the current tensor (unless done, or resolved ahead by PrefetchBatch):
+  // errors name a copy op without a stored slice, or a slice whose recorded grid is invalid.
   absl::Status ResolveSources();
+  // Resolves the copy ops of plan_->tensors[tensor] into the first `*count` of `*sources`.
+  absl::Status ResolveSourcesInto(size_t tensor, std::vector<Source>* sources, size_t* count);
+  // Before a batch: resolves its tensors' sources and gets every stored chunk they overlap with
+  // one SharedChunks::GetMany, into prefetched_ (in the order the batch's bands ask for them).
+  // Anything it cannot resolve is left to the bands, which report it.
+  void PrefetchBatch();
+  // Drops what PrefetchBatch got that the batch did not take.
+  void ReleasePrefetched();
   // Appends the stored chunks overlapping `band_box` (global coordinates), each with the region
   // of the band it supplies, to pieces_[0, piece_count_) (reset first).
   absl::Status CollectPieces(const Box& band_box);
@@ -263,6 +271,21 @@ class FetchStream {
   // source_count_ of sources_ (kept with their storage from tensor to tensor).
   std::vector<Source> sources_;
   size_t source_count_ = 0;
+  // PrefetchBatch's sources of the batch's tensors, in tensor order (the first ahead_count_;
+  // ahead_next_ is the next to be used), swapped into sources_ as each tensor starts.
+  struct AheadSources {
+    size_t tensor = 0;
+    std::vector<Source> sources;
+    size_t count = 0;
+  };
+  std::vector<AheadSources> ahead_;
+  size_t ahead_count_ = 0;
+  size_t ahead_next_ = 0;
+  // PrefetchBatch's chunks (results of GetMany), which Chunk takes before asking SharedChunks;
+  // prefetch_taken_[i] once taken; prefetch_next_: the first not taken.
+  std::vector<SharedChunks::Request> prefetched_;
+  std::vector<uint8_t> prefetch_taken_;
+  size_t prefetch_next_ = 0;
   size_t sources_tensor_ = std::numeric_limits<size_t>::max();
   Shape blob_shape_, blob_tile_;      // scratch of ResolveSources
   std::vector<int64_t> overlapping_;  // scratch of CollectPieces
