@@ -233,7 +233,12 @@ int64_t FetchStream::TensorBytes(const TensorPlan& t) const {
 const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
                                                 const CopyOp& op) const {
   if (r.sharded()) {
-    // Blobs of sharded tensors are sorted by cell.
+    // Blobs of sharded tensors are sorted by cell: where every cell has one (the usual case),
+    // cell i is blob i, found without a search.
+    if (op.src_box_id >= 0 && op.src_box_id < r.blobs_size() &&
+        r.blobs(static_cast<int>(op.src_box_id)).cell() == op.src_box_id) {
+      return &r.blobs(static_cast<int>(op.src_box_id));
+    }
     auto it = std::lower_bound(
         r.blobs().begin(), r.blobs().end(), op.src_box_id,
         [](const records::BlobRecord& b, int64_t cell) { return b.cell() < cell; });
