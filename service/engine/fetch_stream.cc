@@ -486,8 +486,8 @@ absl::Status FetchStream::BuildStrBand(const TensorPlan& t, const records::Tenso
 }
 
 bool FetchStream::NextBandRows(const TensorPlan& t, Box* band_box, int64_t* row_bytes) {
-  const Shape local = t.dst_box.shape();
-  if (local.empty()) {  // a scalar: one band of one element
+  const size_t rank = t.dst_box.lo.size();
+  if (rank == 0) {  // a scalar: one band of one element
     if (next_row_ > 0) {
       tensor_done_ = true;
       return false;
@@ -495,14 +495,18 @@ bool FetchStream::NextBandRows(const TensorPlan& t, Box* band_box, int64_t* row_
     next_row_ = 1;
     return true;
   }
-  if (next_row_ >= local[0]) {
+  const int64_t local_rows = t.dst_box.hi[0] - t.dst_box.lo[0];
+  if (next_row_ >= local_rows) {
     tensor_done_ = true;
     return false;
   }
-  Shape row_shape(local.begin() + 1, local.end());
-  *row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, *NumElements(row_shape)));
+  // The elements of one row: the tensor's bytes were sized when it was planned, so the product
+  // does not overflow.
+  int64_t row_elements = 1;
+  for (size_t i = 1; i < rank; ++i) row_elements *= t.dst_box.hi[i] - t.dst_box.lo[i];
+  *row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, row_elements));
   const int64_t rows =
-      std::clamp<int64_t>(options_.band_bytes / *row_bytes, 1, local[0] - next_row_);
+      std::clamp<int64_t>(options_.band_bytes / *row_bytes, 1, local_rows - next_row_);
   band_box->lo[0] = t.dst_box.lo[0] + next_row_;
   band_box->hi[0] = band_box->lo[0] + rows;
   next_row_ += rows;
@@ -584,7 +588,10 @@ absl::Status FetchStream::BuildBand() {
   band_offset_ = 0;
   if (t.dtype == DType::kStr) return BuildStrBand(t, r);
 
-  Box band_box = t.dst_box;
+  // A member, so that its vectors keep their storage from band to band.
+  Box& band_box = band_box_;
+  band_box.lo.assign(t.dst_box.lo.begin(), t.dst_box.lo.end());
+  band_box.hi.assign(t.dst_box.hi.begin(), t.dst_box.hi.end());
   int64_t row_bytes = 1;
   if (!NextBandRows(t, &band_box, &row_bytes)) return absl::OkStatus();  // the tensor is done
   const bool scalar = t.dst_box.lo.empty();

@@ -295,6 +295,7 @@ class FetchStream {
   std::vector<Piece> pieces_;
   size_t piece_count_ = 0;
   Box part_, local_;  // scratch of CollectPieces
+  Box band_box_;      // scratch of BuildBand
 
   // LRU of recently read chunks (most recent first), indexed by (tensor << 32 | blob, chunk).
   using ChunkKey = std::pair<uint64_t, uint64_t>;

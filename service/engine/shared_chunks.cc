@@ -133,6 +133,10 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
     std::shared_ptr<Read> read;          // kToRead
   };
   std::vector<Pending> pending(requests.size());
+  // The Reads this call registers, one allocation for all (each handed out by an aliasing
+  // pointer, which keeps the block alive while any waiter holds one).
+  std::shared_ptr<std::vector<Read>> reads;
+  size_t to_read = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const ChunkAddress& a = requests[i].address;
     pending[i].key = Key{a.data_id, a.tensor, a.blob, a.chunk, requests[i].checksum};
@@ -161,7 +165,8 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
         p.found = Found::kInFlight;  // waited for below, once this call's own reads are filled
       } else {
         p.found = Found::kToRead;
-        p.read = std::make_shared<Read>();
+        if (!reads) reads = std::make_shared<std::vector<Read>>(pending.size() - i);
+        p.read = std::shared_ptr<Read>(reads, &(*reads)[to_read++]);
         entry.in_flight = p.read;
       }
     }
@@ -170,6 +175,8 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
   // This call's reads first: other streams may be waiting for them.
   std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>> data;
   std::vector<std::shared_ptr<StreamChunk>> read_chunks;
+  data.reserve(to_read);
+  read_chunks.reserve(to_read);
   for (size_t i = 0; i < pending.size(); ++i) {
     if (pending[i].found != Found::kToRead) continue;
     data.push_back(store_->ReadChunkUnverified(requests[i].address));
