@@ -175,19 +175,27 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
   // This call's reads first: other streams may be waiting for them.
   std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>> data;
   std::vector<std::shared_ptr<StreamChunk>> read_chunks;
-  data.reserve(to_read);
-  read_chunks.reserve(to_read);
-  for (size_t i = 0; i < pending.size(); ++i) {
-    if (pending[i].found != Found::kToRead) continue;
-    data.push_back(store_->ReadChunkUnverified(requests[i].address));
-    std::shared_ptr<StreamChunk> chunk;
-    if (data.back().ok()) {
-      chunk = std::make_shared<StreamChunk>();
-      chunk->address = requests[i].address;
-      chunk->data = *std::move(data.back());
-      chunk->checksum = pending[i].key.checksum;
+  if (to_read > 0) {
+    std::vector<ChunkAddress> addresses;
+    addresses.reserve(to_read);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].found == Found::kToRead) addresses.push_back(requests[i].address);
     }
-    read_chunks.push_back(std::move(chunk));
+    store_->ReadChunksUnverified(addresses, &data);
+    read_chunks.reserve(to_read);
+    size_t k = 0;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].found != Found::kToRead) continue;
+      std::shared_ptr<StreamChunk> chunk;
+      if (data[k].ok()) {
+        chunk = std::make_shared<StreamChunk>();
+        chunk->address = requests[i].address;
+        chunk->data = *std::move(data[k]);
+        chunk->checksum = pending[i].key.checksum;
+      }
+      read_chunks.push_back(std::move(chunk));
+      ++k;
+    }
   }
   if (!data.empty()) {
     {
