@@ -86,9 +86,8 @@ class SegmentStore final : public CheckpointStore {
   absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override;
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
       const ChunkAddress& address) override;
-  void ReadChunksUnverified(
-      std::span<const ChunkAddress> addresses,
-      std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) override;
+  void ReadChunksUnverified(std::span<const ChunkAddress> addresses,
+                            std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) override;
   absl::Status DiscardData(uint64_t data_id) override;
 
   absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,

@@ -241,8 +241,8 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(const ChunkAddress& address,
-                                                                    const ChunkLocation& location,
-                                                                    std::string key) {
+                                                                     const ChunkLocation& location,
+                                                                     std::string key) {
   auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
   absl::StatusOr<std::unique_ptr<ChunkData>> data =
       reader_->Read(address.data_id, location.offset, location.length, "");
@@ -257,8 +257,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(const Chunk
     }
   }
   if (!data.ok()) {
-    return absl::Status(data.status().code(),
-                        absl::StrCat(what(), ": ", data.status().message()));
+    return absl::Status(data.status().code(), absl::StrCat(what(), ": ", data.status().message()));
   }
   chunks_read_.fetch_add(1, std::memory_order_relaxed);
   chunk_bytes_read_.fetch_add(static_cast<int64_t>(location.length), std::memory_order_relaxed);

@@ -89,10 +89,14 @@ void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, cons
   AppendBytesField(1, name, out);
   AppendBytesField(2, dtype, out);
   const size_t rank = box.lo.size();
-  AppendPackedField(3, rank, [&](size_t i) { return box.hi[i] - box.lo[i]; }, out);
-  AppendPackedField(4, global_shape.size(), [&](size_t i) { return global_shape[i]; }, out);
-  AppendPackedField(5, rank, [&](size_t i) { return box.lo[i]; }, out);
-  AppendPackedField(6, rank, [&](size_t i) { return box.hi[i]; }, out);
+  auto local_shape = [&](size_t i) { return box.hi[i] - box.lo[i]; };
+  auto global = [&](size_t i) { return global_shape[i]; };
+  auto lo = [&](size_t i) { return box.lo[i]; };
+  auto hi = [&](size_t i) { return box.hi[i]; };
+  AppendPackedField(3, rank, local_shape, out);
+  AppendPackedField(4, global_shape.size(), global, out);
+  AppendPackedField(5, rank, lo, out);
+  AppendPackedField(6, rank, hi, out);
   if (total_bytes != 0) {
     out->push_back(static_cast<char>(7 << 3));
     AppendVarint(static_cast<uint64_t>(total_bytes), out);
@@ -352,10 +356,10 @@ void FetchStream::PrefetchBatch() {
       s.grid.ChunksOverlapping(local_, &overlapping_);
       for (int64_t chunk : overlapping_) {
         if (chunk >= s.blob->chunk_checksums_size()) break;  // the band reports it
-        prefetched_.push_back({{data_id, r.tensor_index(), s.blob->blob_index(),
-                                static_cast<uint32_t>(chunk)},
-                               s.blob->chunk_checksums(static_cast<int>(chunk)),
-                               absl::StatusOr<std::shared_ptr<StreamChunk>>()});
+        prefetched_.push_back(
+            {{data_id, r.tensor_index(), s.blob->blob_index(), static_cast<uint32_t>(chunk)},
+             s.blob->chunk_checksums(static_cast<int>(chunk)),
+             absl::StatusOr<std::shared_ptr<StreamChunk>>()});
       }
     }
   }

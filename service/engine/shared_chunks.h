@@ -226,10 +226,10 @@ class SharedChunks {
   // Get for each of `requests`, with the table looked up for all of them under one lock (the
   // slots prefetched ahead), the chunks no one has read read with one
   // CheckpointStore::ReadChunksUnverified and published under one lock: for streams of many
-  // small chunks, whose cost is this bookkeeping. Every result is what Get would have returned (verified when shared, DATA_LOSS
-  // when damaged, the store's error), each independent of the others. Reads of this call are
-  // all filled before it waits for any other stream's read, so callers never wait on each other
-  // in a cycle.
+  // small chunks, whose cost is this bookkeeping. Every result is what Get would have returned
+  // (verified when shared, DATA_LOSS when damaged, the store's error), each independent of the
+  // others. Reads of this call are all filled before it waits for any other stream's read, so
+  // callers never wait on each other in a cycle.
   void GetMany(std::span<Request> requests, const FetchCohort* cohort = nullptr,
                const void* taker = nullptr);
 

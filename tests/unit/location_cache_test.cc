@@ -19,8 +19,8 @@ TEST(LocationCacheTest, FindManyIsFindOfEach) {
   locations[1] = LocationCache::kNoChunk;
   cache.Insert({1, 2, 3, 0}, locations);
   cache.Insert({1, 2, 4, 0}, Blob(1, 7000));
-  const std::vector<ChunkAddress> addresses = {
-      {1, 2, 3, 2}, {1, 2, 3, 1}, {1, 2, 5, 0}, {1, 2, 4, 0}, {1, 2, 3, 9}, {1, 2, 3, 0}};
+  const std::vector<ChunkAddress> addresses = {{1, 2, 3, 2}, {1, 2, 3, 1}, {1, 2, 5, 0},
+                                               {1, 2, 4, 0}, {1, 2, 3, 9}, {1, 2, 3, 0}};
   std::vector<LocationCache::Lookup> many = {LocationCache::Lookup{}};  // replaced
   cache.FindMany(addresses, &many);
   ASSERT_EQ(many.size(), addresses.size());

@@ -154,13 +154,17 @@ TEST(WireFormatTest, BatchTensorHeadersAsProtobufWritesThem) {
     int64_t total_bytes;
     bool verbatim;
   };
-  const std::vector<Case> cases = {
-      {"w", "Float32", {0, 0}, {4, 8}, {24, 8}, 128, false},
-      {"", "Int8", {}, {}, {}, 1, false},  // a scalar, no name
-      {std::string(300, 'x'), "BFloat16", {5}, {5}, {10}, 0, true},
-      {"big", "Float64", {int64_t{1} << 40, 127}, {(int64_t{1} << 40) + 3, 128},
-       {int64_t{1} << 41, 128}, int64_t{3} << 33, false},
-      {"str", "str", {0}, {16384}, {16384}, 65536, true}};
+  const std::vector<Case> cases = {{"w", "Float32", {0, 0}, {4, 8}, {24, 8}, 128, false},
+                                   {"", "Int8", {}, {}, {}, 1, false},  // a scalar, no name
+                                   {std::string(300, 'x'), "BFloat16", {5}, {5}, {10}, 0, true},
+                                   {"big",
+                                    "Float64",
+                                    {int64_t{1} << 40, 127},
+                                    {(int64_t{1} << 40) + 3, 128},
+                                    {int64_t{1} << 41, 128},
+                                    int64_t{3} << 33,
+                                    false},
+                                   {"str", "str", {0}, {16384}, {16384}, 65536, true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name.substr(0, 8));
     v1::FetchTensorBatch batch;
