@@ -19,6 +19,14 @@ absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
                       address.ToString(), kChecksumName, expected_checksum, actual));
 }
 
+void CheckpointStore::ReadChunksUnverified(
+    std::span<const ChunkAddress> addresses,
+    std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) {
+  out->clear();
+  out->reserve(addresses.size());
+  for (const ChunkAddress& a : addresses) out->push_back(ReadChunkUnverified(a));
+}
+
 absl::StatusOr<std::unique_ptr<ChunkData>> CheckpointStore::ReadChunk(const ChunkAddress& address,
                                                                       uint64_t expected_checksum) {
   absl::StatusOr<std::unique_ptr<ChunkData>> data = ReadChunkUnverified(address);

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -124,6 +125,11 @@ class CheckpointStore {
   // a Fetch of whole chunks then hashes each byte once, on the client, instead of twice.
   virtual absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
       const ChunkAddress& address) = 0;
+  // ReadChunkUnverified of each of `addresses`, in order, into `out` (replacing its contents):
+  // each result is what ReadChunkUnverified gives, independent of the others. The segment store
+  // looks the locations of many chunks up at once; this default reads them one by one.
+  virtual void ReadChunksUnverified(std::span<const ChunkAddress> addresses,
+                                    std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out);
   // Deletes every chunk of a live data id and forgets it.
   virtual absl::Status DiscardData(uint64_t data_id) = 0;
 

@@ -86,6 +86,8 @@ class SegmentStore final : public CheckpointStore {
   absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override;
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
       const ChunkAddress& address) override;
+  void ReadChunksUnverified(std::span<const ChunkAddress> addresses,
+                            std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) override;
   absl::Status DiscardData(uint64_t data_id) override;
 
   absl::Status CommitCheckpoint(const std::string& id, std::string_view manifest,
@@ -151,6 +153,11 @@ class SegmentStore final : public CheckpointStore {
   // the chunk is then looked up alone).
   std::optional<segment_store_internal::ChunkLocation> ScanBlobLocations(
       const ChunkAddress& address);
+  // Reads the chunk at `address` from `location` (ReadChunkUnverified's last step). `key`: the
+  // chunk's location key if built already (else built here, only on error).
+  absl::StatusOr<std::unique_ptr<ChunkData>> ReadLocated(
+      const ChunkAddress& address, const segment_store_internal::ChunkLocation& location,
+      std::string key);
   // Moves a live data id to kClosing and waits for its in-flight PutChunks calls to finish.
   absl::Status ClaimLiveData(uint64_t data_id);
   // Finishes a claim: forgets the data id, or (the commit failed) makes it live again.

@@ -235,29 +235,51 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
       }
     }
   }
-  if (location) {
-    absl::StatusOr<std::unique_ptr<ChunkData>> data =
-        reader_->Read(address.data_id, location->offset, location->length, "");
-    if (absl::IsDataLoss(data.status())) {
-      // The checkpoint may have been deleted between the lookup and the read (its segment file
-      // goes right after its records): that is NOT_FOUND, not damage.
-      if (key.empty()) key = ChunkKey(address);
-      rocksdb::PinnableSlice again;
-      if (db_->Get(rocksdb::ReadOptions(), locations_, key, &again).IsNotFound()) {
-        return absl::NotFoundError(
-            absl::StrCat("chunk ", address.ToString(), " not found (deleted while being read)"));
-      }
-    }
-    if (!data.ok()) {
-      return absl::Status(data.status().code(),
-                          absl::StrCat(what(), ": ", data.status().message()));
-    }
-    chunks_read_.fetch_add(1, std::memory_order_relaxed);
-    chunk_bytes_read_.fetch_add(static_cast<int64_t>(location->length), std::memory_order_relaxed);
-    return *std::move(data);
-  }
+  if (location) return ReadLocated(address, *location, std::move(key));
   if (!found.IsNotFound()) return FromRocks(found, what());
   return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
+}
+
+absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(const ChunkAddress& address,
+                                                                     const ChunkLocation& location,
+                                                                     std::string key) {
+  auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
+  absl::StatusOr<std::unique_ptr<ChunkData>> data =
+      reader_->Read(address.data_id, location.offset, location.length, "");
+  if (absl::IsDataLoss(data.status())) {
+    // The checkpoint may have been deleted between the lookup and the read (its segment file
+    // goes right after its records): that is NOT_FOUND, not damage.
+    if (key.empty()) key = ChunkKey(address);
+    rocksdb::PinnableSlice again;
+    if (db_->Get(rocksdb::ReadOptions(), locations_, key, &again).IsNotFound()) {
+      return absl::NotFoundError(
+          absl::StrCat("chunk ", address.ToString(), " not found (deleted while being read)"));
+    }
+  }
+  if (!data.ok()) {
+    return absl::Status(data.status().code(), absl::StrCat(what(), ": ", data.status().message()));
+  }
+  chunks_read_.fetch_add(1, std::memory_order_relaxed);
+  chunk_bytes_read_.fetch_add(static_cast<int64_t>(location.length), std::memory_order_relaxed);
+  return *std::move(data);
+}
+
+void SegmentStore::ReadChunksUnverified(
+    std::span<const ChunkAddress> addresses,
+    std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) {
+  out->clear();
+  out->reserve(addresses.size());
+  // The locations of every chunk whose blob is cached, under one lock; the others (blobs not
+  // scanned yet, chunks of live data) as ReadChunkUnverified finds them.
+  std::vector<LocationCache::Lookup> found;
+  location_cache_->FindMany(addresses, &found);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (found[i].blob_cached && found[i].location) {
+      out->push_back(ReadLocated(addresses[i], *found[i].location, std::string()));
+    } else {
+      out->push_back(ReadChunkUnverified(addresses[i]));
+    }
+  }
 }
 
 absl::Status SegmentStore::ClaimLiveData(uint64_t data_id) {

@@ -35,7 +35,81 @@ DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offse
   return s;
 }
 
+// Appends `v` as a protobuf varint.
+void AppendVarint(uint64_t v, std::string* out) {
+  char buf[10];
+  size_t n = 0;
+  while (v >= 0x80) {
+    buf[n++] = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  buf[n++] = static_cast<char>(v);
+  out->append(buf, n);
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// A length-delimited field (wire type 2) of `bytes`, omitted when empty (proto3).
+void AppendBytesField(int field, std::string_view bytes, std::string* out) {
+  if (bytes.empty()) return;
+  out->push_back(static_cast<char>(field << 3 | 2));
+  AppendVarint(bytes.size(), out);
+  out->append(bytes);
+}
+
+// A packed repeated int64 field of the `n` values `value(i)`, omitted when empty.
+template <typename F>
+void AppendPackedField(int field, size_t n, F value, std::string* out) {
+  if (n == 0) return;
+  size_t size = 0;
+  for (size_t i = 0; i < n; ++i) size += VarintSize(static_cast<uint64_t>(value(i)));
+  out->push_back(static_cast<char>(field << 3 | 2));
+  AppendVarint(size, out);
+  for (size_t i = 0; i < n; ++i) AppendVarint(static_cast<uint64_t>(value(i)), out);
+}
+
 }  // namespace
+
+void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, const Box& box,
+                             std::span<const int64_t> global_shape, int64_t total_bytes,
+                             bool verbatim, std::string* out) {
+  // The header's size first (FetchTensorBatch.tensors is length-delimited): the fields are
+  // written after a placeholder of the largest varint a header's size can need, then moved up.
+  out->push_back(static_cast<char>(1 << 3 | 2));
+  const size_t size_at = out->size();
+  out->append(5, '\0');
+  const size_t start = out->size();
+  AppendBytesField(1, name, out);
+  AppendBytesField(2, dtype, out);
+  const size_t rank = box.lo.size();
+  auto local_shape = [&](size_t i) { return box.hi[i] - box.lo[i]; };
+  auto global = [&](size_t i) { return global_shape[i]; };
+  auto lo = [&](size_t i) { return box.lo[i]; };
+  auto hi = [&](size_t i) { return box.hi[i]; };
+  AppendPackedField(3, rank, local_shape, out);
+  AppendPackedField(4, global_shape.size(), global, out);
+  AppendPackedField(5, rank, lo, out);
+  AppendPackedField(6, rank, hi, out);
+  if (total_bytes != 0) {
+    out->push_back(static_cast<char>(7 << 3));
+    AppendVarint(static_cast<uint64_t>(total_bytes), out);
+  }
+  if (verbatim) {
+    out->push_back(static_cast<char>(8 << 3));
+    out->push_back(1);
+  }
+  const size_t size = out->size() - start;
+  std::string varint;
+  AppendVarint(size, &varint);
+  out->replace(size_at, 5, varint);
+}
 
 // When every piece supplies whole rows of the band (all dims but the first span the band) that
 // are also whole rows of its chunk, each piece is one contiguous byte range of its chunk and the
@@ -163,7 +237,12 @@ int64_t FetchStream::TensorBytes(const TensorPlan& t) const {
 const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
                                                 const CopyOp& op) const {
   if (r.sharded()) {
-    // Blobs of sharded tensors are sorted by cell.
+    // Blobs of sharded tensors are sorted by cell: where every cell has one (the usual case),
+    // cell i is blob i, found without a search.
+    if (op.src_box_id >= 0 && op.src_box_id < r.blobs_size() &&
+        r.blobs(static_cast<int>(op.src_box_id)).cell() == op.src_box_id) {
+      return &r.blobs(static_cast<int>(op.src_box_id));
+    }
     auto it = std::lower_bound(
         r.blobs().begin(), r.blobs().end(), op.src_box_id,
         [](const records::BlobRecord& b, int64_t cell) { return b.cell() < cell; });
@@ -187,10 +266,27 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddre
     if (cache_.front().chunk->corrupt()) return cache_.front().chunk->Verify();
     return cache_.front().chunk;
   }
-  auto shared = chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
-  if (!shared.ok()) return shared.status();
-  std::shared_ptr<StreamChunk> chunk = *std::move(shared);
-  if (member_) member_->Advanced(static_cast<int64_t>(chunk->data->bytes().size()));
+  // Got ahead by PrefetchBatch (its position counted then): usually the next one, in order.
+  std::optional<absl::StatusOr<std::shared_ptr<StreamChunk>>> prefetched;
+  for (size_t p = prefetch_next_; p < prefetched_.size() && p < prefetch_next_ + 16; ++p) {
+    if (prefetch_taken_[p] || KeyOf(prefetched_[p].address) != key) continue;
+    prefetched = std::move(prefetched_[p].result);
+    prefetch_taken_[p] = 1;
+    while (prefetch_next_ < prefetched_.size() && prefetch_taken_[prefetch_next_]) {
+      ++prefetch_next_;
+    }
+    break;
+  }
+  std::shared_ptr<StreamChunk> chunk;
+  if (prefetched) {
+    if (!prefetched->ok()) return prefetched->status();
+    chunk = **std::move(prefetched);
+  } else {
+    auto shared = chunks_->Get(address, checksum, member_ ? member_->cohort() : nullptr, this);
+    if (!shared.ok()) return shared.status();
+    chunk = *std::move(shared);
+    if (member_) member_->Advanced(static_cast<int64_t>(chunk->data->bytes().size()));
+  }
   cache_.push_front({key, chunk, row_end});
   cache_index_[key] = cache_.begin();
   cache_bytes_ += static_cast<int64_t>(chunk->data->bytes().size());
@@ -216,16 +312,88 @@ void FetchStream::DropConsumedChunks(uint32_t tensor, int64_t first_row) {
 
 absl::Status FetchStream::ResolveSources() {
   if (sources_tensor_ == tensor_) return absl::OkStatus();
-  const TensorPlan& t = plan_->tensors[tensor_];
-  const records::TensorRecord& r = Record(t);
+  while (ahead_next_ < ahead_count_ && ahead_[ahead_next_].tensor < tensor_) ++ahead_next_;
+  if (ahead_next_ < ahead_count_ && ahead_[ahead_next_].tensor == tensor_) {
+    AheadSources& a = ahead_[ahead_next_++];
+    std::swap(sources_, a.sources);  // both keep their storage
+    source_count_ = a.count;
+    sources_tensor_ = tensor_;
+    return absl::OkStatus();
+  }
   sources_tensor_ = std::numeric_limits<size_t>::max();  // until every op is resolved
-  // The Source objects are kept from tensor to tensor (source_count_ of them in use), so that
-  // their vectors keep their storage: many small tensors would otherwise allocate all of it
-  // again for each.
-  if (sources_.size() < t.ops.size()) sources_.resize(t.ops.size());
-  source_count_ = 0;
+  CKPT_RETURN_IF_ERROR(ResolveSourcesInto(tensor_, &sources_, &source_count_));
+  sources_tensor_ = tensor_;
+  return absl::OkStatus();
+}
+
+void FetchStream::PrefetchBatch() {
+  ReleasePrefetched();
+  const uint64_t data_id = checkpoint_->manifest.data_id();
+  int count = 0;
+  int64_t batch_bytes = 0;
+  for (size_t k = tensor_; k < plan_->tensors.size() && count < batch_tensors_; ++k) {
+    // The tensors BatchPiece will take (the same conditions).
+    const TensorPlan& t = plan_->tensors[k];
+    const int64_t bytes = TensorBytes(t);
+    if (!Batchable(bytes) || (count > 0 && batch_bytes + bytes > options_.max_message_bytes)) {
+      break;
+    }
+    batch_bytes += bytes;
+    ++count;
+    if (t.dtype == DType::kStr) continue;  // raw chunks, got as their bands come
+    if (ahead_count_ == ahead_.size()) ahead_.emplace_back();
+    AheadSources& a = ahead_[ahead_count_];
+    if (!ResolveSourcesInto(k, &a.sources, &a.count).ok()) break;  // the band reports it
+    a.tensor = k;
+    ++ahead_count_;
+    const records::TensorRecord& r = Record(t);
+    // As CollectPieces asks for them for a band of the whole tensor.
+    for (size_t j = 0; j < a.count; ++j) {
+      const Source& s = a.sources[j];
+      if (!IntersectInto(s.region, t.dst_box, &part_)) continue;
+      local_ = part_;
+      ShiftInPlace(&local_, s.blob_lo, -1);
+      s.grid.ChunksOverlapping(local_, &overlapping_);
+      for (int64_t chunk : overlapping_) {
+        if (chunk >= s.blob->chunk_checksums_size()) break;  // the band reports it
+        prefetched_.push_back(
+            {{data_id, r.tensor_index(), s.blob->blob_index(), static_cast<uint32_t>(chunk)},
+             s.blob->chunk_checksums(static_cast<int>(chunk)),
+             absl::StatusOr<std::shared_ptr<StreamChunk>>()});
+      }
+    }
+  }
+  if (prefetched_.empty()) return;
+  chunks_->GetMany(std::span<SharedChunks::Request>(prefetched_),
+                   member_ ? member_->cohort() : nullptr, this);
+  prefetch_taken_.assign(prefetched_.size(), 0);
+  int64_t bytes = 0;
+  for (const SharedChunks::Request& q : prefetched_) {
+    if (q.result.ok()) bytes += static_cast<int64_t>((*q.result)->data->bytes().size());
+  }
+  if (member_ && bytes > 0) member_->Advanced(bytes);
+}
+
+void FetchStream::ReleasePrefetched() {
+  prefetched_.clear();
+  prefetch_taken_.clear();
+  prefetch_next_ = 0;
+  ahead_count_ = 0;
+  ahead_next_ = 0;
+}
+
+absl::Status FetchStream::ResolveSourcesInto(size_t tensor, std::vector<Source>* sources,
+                                             size_t* count) {
+  const TensorPlan& t = plan_->tensors[tensor];
+  const records::TensorRecord& r = Record(t);
+  // The Source objects are kept from tensor to tensor (*count of them in use), so that their
+  // vectors keep their storage: many small tensors would otherwise allocate all of it again for
+  // each.
+  if (sources->size() < t.ops.size()) sources->resize(t.ops.size());
+  size_t& n = *count;
+  n = 0;
   for (const CopyOp& op : t.ops) {
-    Source& s = sources_[source_count_];
+    Source& s = (*sources)[n];
     s.region.lo.resize(op.extent.size());
     s.region.hi.resize(op.extent.size());
     for (size_t i = 0; i < op.extent.size(); ++i) {
@@ -250,9 +418,8 @@ absl::Status FetchStream::ResolveSources() {
     if (absl::Status st = s.grid.Reset(blob_shape_, blob_tile_, ElementBits(t.dtype)); !st.ok()) {
       return Annotate(absl::DataLossError(st.message()));
     }
-    ++source_count_;
+    ++n;
   }
-  sources_tensor_ = tensor_;
   return absl::OkStatus();
 }
 
@@ -323,8 +490,8 @@ absl::Status FetchStream::BuildStrBand(const TensorPlan& t, const records::Tenso
 }
 
 bool FetchStream::NextBandRows(const TensorPlan& t, Box* band_box, int64_t* row_bytes) {
-  const Shape local = t.dst_box.shape();
-  if (local.empty()) {  // a scalar: one band of one element
+  const size_t rank = t.dst_box.lo.size();
+  if (rank == 0) {  // a scalar: one band of one element
     if (next_row_ > 0) {
       tensor_done_ = true;
       return false;
@@ -332,14 +499,18 @@ bool FetchStream::NextBandRows(const TensorPlan& t, Box* band_box, int64_t* row_
     next_row_ = 1;
     return true;
   }
-  if (next_row_ >= local[0]) {
+  const int64_t local_rows = t.dst_box.hi[0] - t.dst_box.lo[0];
+  if (next_row_ >= local_rows) {
     tensor_done_ = true;
     return false;
   }
-  Shape row_shape(local.begin() + 1, local.end());
-  *row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, *NumElements(row_shape)));
+  // The elements of one row: the tensor's bytes were sized when it was planned, so the product
+  // does not overflow.
+  int64_t row_elements = 1;
+  for (size_t i = 1; i < rank; ++i) row_elements *= t.dst_box.hi[i] - t.dst_box.lo[i];
+  *row_bytes = std::max<int64_t>(1, *ByteSizeOf(t.dtype, row_elements));
   const int64_t rows =
-      std::clamp<int64_t>(options_.band_bytes / *row_bytes, 1, local[0] - next_row_);
+      std::clamp<int64_t>(options_.band_bytes / *row_bytes, 1, local_rows - next_row_);
   band_box->lo[0] = t.dst_box.lo[0] + next_row_;
   band_box->hi[0] = band_box->lo[0] + rows;
   next_row_ += rows;
@@ -421,7 +592,10 @@ absl::Status FetchStream::BuildBand() {
   band_offset_ = 0;
   if (t.dtype == DType::kStr) return BuildStrBand(t, r);
 
-  Box band_box = t.dst_box;
+  // A member, so that its vectors keep their storage from band to band.
+  Box& band_box = band_box_;
+  band_box.lo.assign(t.dst_box.lo.begin(), t.dst_box.lo.end());
+  band_box.hi.assign(t.dst_box.hi.begin(), t.dst_box.hi.end());
   int64_t row_bytes = 1;
   if (!NextBandRows(t, &band_box, &row_bytes)) return absl::OkStatus();  // the tensor is done
   const bool scalar = t.dst_box.lo.empty();
@@ -515,21 +689,25 @@ bool FetchStream::Batchable(int64_t bytes) const {
 }
 
 absl::Status FetchStream::BatchPiece(FetchPiece* out) {
-  v1::FetchTensorBatch* batch = out->message.mutable_batch();
+  // The headers go to out->batch_headers, serialised as they come; the message holds the batch.
+  out->message.mutable_batch();
+  int count = 0;
   // A batch's tensors come as rows: bands that stored chunks do not stack into are assembled here.
   const bool tiles = tiles_;
   tiles_ = false;
   absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
   if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
-  while (tensor_ < plan_->tensors.size() && batch->tensors_size() < batch_tensors_) {
+  PrefetchBatch();
+  absl::Cleanup release_prefetched = [this] { ReleasePrefetched(); };
+  while (tensor_ < plan_->tensors.size() && count < batch_tensors_) {
     const TensorPlan& t = plan_->tensors[tensor_];
     const int64_t bytes = TensorBytes(t);
-    if (!Batchable(bytes) ||
-        (batch->tensors_size() > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
+    if (!Batchable(bytes) || (count > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
       break;
     }
     StartTensor();
-    FillHeader(t, batch->add_tensors());
+    AppendHeader(t, &out->batch_headers);
+    ++count;
     int64_t produced = 0;
     while (!tensor_done_) {
       CKPT_RETURN_IF_ERROR(BuildBand());
@@ -571,6 +749,11 @@ void FetchStream::FillHeader(const TensorPlan& t, v1::FetchTensorHeader* h) cons
   for (int64_t v : t.dst_box.hi) h->add_box_hi(v);
   h->set_total_bytes(TensorBytes(t));
   h->set_verbatim(t.kind == TensorKind::kVerbatim);
+}
+
+void FetchStream::AppendHeader(const TensorPlan& t, std::string* out) const {
+  AppendBatchTensorHeader(t.name, DTypeName(t.dtype), t.dst_box, t.global_shape, TensorBytes(t),
+                          t.kind == TensorKind::kVerbatim, out);
 }
 
 void FetchStream::TilePiece(FetchPiece* out) {
@@ -641,6 +824,7 @@ absl::Status FetchStream::DataPiece(FetchReader reader, FetchPiece* out) {
 
 absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader) {
   out->message.Clear();
+  out->batch_headers.clear();
   out->segments.clear();
   out->parts.clear();
   out->data_bytes = 0;

@@ -94,6 +94,10 @@ struct ChecksumPart {
 // or, when `message` holds a batch (FetchTensorBatch: its headers only), that batch's data.
 struct FetchPiece {
   v1::FetchResponse message;
+  // For a batch: its tensors' headers serialised as protobuf writes FetchTensorBatch.tensors
+  // (AppendBatchTensorHeader), ahead of any in message.batch().tensors. FetchStream writes them
+  // here rather than building a message per tensor.
+  std::string batch_headers;
   std::vector<DataSegment> segments;
   // FetchReader::kClient: the parts in order, at least one; they cover the segments exactly.
   // Empty for kInProcess.
@@ -104,6 +108,14 @@ struct FetchPiece {
   std::vector<int64_t> tile_box;
   int64_t band_rows = 0;
 };
+
+// Appends FetchTensorBatch.tensors entry (field 1) holding FetchTensorHeader{name, dtype,
+// local_shape (box's shape), global_shape, box_lo, box_hi, total_bytes, verbatim} to `out`, byte
+// for byte as protobuf serialises it (fields in number order, defaults omitted, repeated int64
+// packed).
+void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, const Box& box,
+                             std::span<const int64_t> global_shape, int64_t total_bytes,
+                             bool verbatim, std::string* out);
 
 // Not thread-safe: one producer at a time.
 class FetchStream {
@@ -185,6 +197,8 @@ class FetchStream {
   // Resets the per-tensor state for the next tensor, and fills `h` with its header.
   void StartTensor();
   void FillHeader(const TensorPlan& t, v1::FetchTensorHeader* h) const;
+  // FillHeader's header, serialised onto `out` (AppendBatchTensorHeader).
+  void AppendHeader(const TensorPlan& t, std::string* out) const;
   // Whether a tensor of `bytes` bytes may go in a batch (options_.batches).
   bool Batchable(int64_t bytes) const;
   // A FetchTensorBatch of the tensors from the current one on (the current one batchable): each
@@ -193,9 +207,17 @@ class FetchStream {
   absl::Status BatchPiece(FetchPiece* out);
   void TilePiece(FetchPiece* out);
   absl::Status DataPiece(FetchReader reader, FetchPiece* out);
-  // Fills sources_ for the current tensor (unless done): errors name a copy op without a stored
-  // slice, or a slice whose recorded grid is invalid.
+  // Fills sources_ for the current tensor (unless done, or resolved ahead by PrefetchBatch):
+  // errors name a copy op without a stored slice, or a slice whose recorded grid is invalid.
   absl::Status ResolveSources();
+  // Resolves the copy ops of plan_->tensors[tensor] into the first `*count` of `*sources`.
+  absl::Status ResolveSourcesInto(size_t tensor, std::vector<Source>* sources, size_t* count);
+  // Before a batch: resolves its tensors' sources and gets every stored chunk they overlap with
+  // one SharedChunks::GetMany, into prefetched_ (in the order the batch's bands ask for them).
+  // Anything it cannot resolve is left to the bands, which report it.
+  void PrefetchBatch();
+  // Drops what PrefetchBatch got that the batch did not take.
+  void ReleasePrefetched();
   // Appends the stored chunks overlapping `band_box` (global coordinates), each with the region
   // of the band it supplies, to pieces_[0, piece_count_) (reset first).
   absl::Status CollectPieces(const Box& band_box);
@@ -249,6 +271,21 @@ class FetchStream {
   // source_count_ of sources_ (kept with their storage from tensor to tensor).
   std::vector<Source> sources_;
   size_t source_count_ = 0;
+  // PrefetchBatch's sources of the batch's tensors, in tensor order (the first ahead_count_;
+  // ahead_next_ is the next to be used), swapped into sources_ as each tensor starts.
+  struct AheadSources {
+    size_t tensor = 0;
+    std::vector<Source> sources;
+    size_t count = 0;
+  };
+  std::vector<AheadSources> ahead_;
+  size_t ahead_count_ = 0;
+  size_t ahead_next_ = 0;
+  // PrefetchBatch's chunks (results of GetMany), which Chunk takes before asking SharedChunks;
+  // prefetch_taken_[i] once taken; prefetch_next_: the first not taken.
+  std::vector<SharedChunks::Request> prefetched_;
+  std::vector<uint8_t> prefetch_taken_;
+  size_t prefetch_next_ = 0;
   size_t sources_tensor_ = std::numeric_limits<size_t>::max();
   Shape blob_shape_, blob_tile_;      // scratch of ResolveSources
   std::vector<int64_t> overlapping_;  // scratch of CollectPieces
@@ -258,6 +295,7 @@ class FetchStream {
   std::vector<Piece> pieces_;
   size_t piece_count_ = 0;
   Box part_, local_;  // scratch of CollectPieces
+  Box band_box_;      // scratch of BuildBand
 
   // LRU of recently read chunks (most recent first), indexed by (tensor << 32 | blob, chunk).
   using ChunkKey = std::pair<uint64_t, uint64_t>;

@@ -49,7 +49,14 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
                                                                const FetchCohort* cohort,
                                                                const void* taker) {
   const Key key{address.data_id, address.tensor, address.blob, address.chunk, checksum};
-  Shared shared = Share(key, taker, /*count=*/true);
+  return Finish(key, address, Share(key, taker, /*count=*/true), cohort, taker);
+}
+
+absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Finish(const Key& key,
+                                                                  const ChunkAddress& address,
+                                                                  Shared shared,
+                                                                  const FetchCohort* cohort,
+                                                                  const void* taker) {
   if (!shared.kept_copy_damaged) {
     if (!shared.status.ok()) return shared.status;
     if (shared.chunk) return shared.chunk;
@@ -115,6 +122,142 @@ SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool
   return out;
 }
 
+void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohort,
+                           const void* taker) {
+  // What the locked pass found for each request.
+  enum class Found : uint8_t { kLive, kInFlight, kToRead };
+  struct Pending {
+    Key key;
+    Found found;
+    std::shared_ptr<StreamChunk> chunk;  // kLive
+    std::shared_ptr<Read> read;          // kToRead
+  };
+  std::vector<Pending> pending(requests.size());
+  // The Reads this call registers, one allocation for all (each handed out by an aliasing
+  // pointer, which keeps the block alive while any waiter holds one).
+  std::shared_ptr<std::vector<Read>> reads;
+  size_t to_read = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ChunkAddress& a = requests[i].address;
+    pending[i].key = Key{a.data_id, a.tensor, a.blob, a.chunk, requests[i].checksum};
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The table is large when many small chunks are kept: its slots are fetched a few requests
+    // ahead so that their cache misses overlap.
+    constexpr size_t kAhead = 8;
+    for (size_t i = 0; i < std::min(kAhead, pending.size()); ++i) entries_.prefetch(pending[i].key);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (i + kAhead < pending.size()) entries_.prefetch(pending[i + kAhead].key);
+      Pending& p = pending[i];
+      ++stats_.requests;
+      Entry& entry = entries_[p.key];
+      if (std::shared_ptr<StreamChunk> live = entry.live.lock(); live && !live->corrupt()) {
+        if (entry.cached) {
+          ++stats_.cache_hits;
+          TakenLocked(entry, taker);
+        } else {
+          ++stats_.live_hits;
+        }
+        p.found = Found::kLive;
+        p.chunk = std::move(live);
+      } else if (entry.in_flight) {
+        p.found = Found::kInFlight;  // waited for below, once this call's own reads are filled
+      } else {
+        p.found = Found::kToRead;
+        if (!reads) reads = std::make_shared<std::vector<Read>>(pending.size() - i);
+        p.read = std::shared_ptr<Read>(reads, &(*reads)[to_read++]);
+        entry.in_flight = p.read;
+      }
+    }
+    MaybeSweepLocked();
+  }
+  // This call's reads first: other streams may be waiting for them.
+  std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>> data;
+  std::vector<std::shared_ptr<StreamChunk>> read_chunks;
+  if (to_read > 0) {
+    std::vector<ChunkAddress> addresses;
+    addresses.reserve(to_read);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].found == Found::kToRead) addresses.push_back(requests[i].address);
+    }
+    store_->ReadChunksUnverified(addresses, &data);
+    read_chunks.reserve(to_read);
+    size_t k = 0;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].found != Found::kToRead) continue;
+      std::shared_ptr<StreamChunk> chunk;
+      if (data[k].ok()) {
+        chunk = std::make_shared<StreamChunk>();
+        chunk->address = requests[i].address;
+        chunk->data = *std::move(data[k]);
+        chunk->checksum = pending[i].key.checksum;
+      }
+      read_chunks.push_back(std::move(chunk));
+      ++k;
+    }
+  }
+  if (!data.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t k = 0;
+      for (size_t i = 0; i < pending.size(); ++i) {
+        if (pending[i].found != Found::kToRead) continue;
+        PublishLocked(pending[i].key, pending[i].read, data[k], read_chunks[k], cohort, taker);
+        ++k;
+      }
+    }
+    read_done_.notify_all();
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Pending& p = pending[i];
+    switch (p.found) {
+      case Found::kToRead:
+        // Read for this caller: unverified, as Get returns it.
+        if (data[k].ok()) {
+          requests[i].result = std::move(read_chunks[k]);
+        } else {
+          requests[i].result = data[k].status();
+        }
+        ++k;
+        break;
+      case Found::kLive: {
+        // As Share does for a live copy: verified before it is shared.
+        Shared shared;
+        shared.status = VerifyShared(p.key, p.chunk);
+        shared.kept_copy_damaged = !shared.status.ok();
+        if (shared.status.ok()) shared.chunk = std::move(p.chunk);
+        requests[i].result = Finish(p.key, requests[i].address, std::move(shared), cohort, taker);
+        break;
+      }
+      case Found::kInFlight:
+        requests[i].result =
+            Finish(p.key, requests[i].address, Share(p.key, taker, /*count=*/false), cohort, taker);
+        break;
+    }
+  }
+}
+
+void SharedChunks::PublishLocked(const Key& key, const std::shared_ptr<Read>& read,
+                                 const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
+                                 const std::shared_ptr<StreamChunk>& chunk,
+                                 const FetchCohort* cohort, const void* taker) {
+  read->done = true;
+  read->status = data.status();
+  read->chunk = chunk;
+  Entry& entry = entries_[key];  // references into the table may have moved meanwhile
+  entry.in_flight.reset();
+  if (chunk) {
+    ++stats_.store_reads;
+    stats_.store_bytes_read += static_cast<int64_t>(chunk->data->bytes().size());
+    entry.live = chunk;
+    // Kept for the cohort's other open members.
+    const int takers = cohort ? cohort->pacing() - 1 : 0;
+    CacheLocked(key, entry, chunk, takers, taker);
+  }
+}
+
 absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key& key,
                                                                       const ChunkAddress& address,
                                                                       std::shared_ptr<Read> read,
@@ -132,19 +275,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key&
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    read->done = true;
-    read->status = data.status();
-    read->chunk = chunk;
-    Entry& entry = entries_[key];  // references into the table may have moved meanwhile
-    entry.in_flight.reset();
-    if (chunk) {
-      ++stats_.store_reads;
-      stats_.store_bytes_read += static_cast<int64_t>(chunk->data->bytes().size());
-      entry.live = chunk;
-      // Kept for the cohort's other open members.
-      const int takers = cohort ? cohort->pacing() - 1 : 0;
-      CacheLocked(key, entry, chunk, takers, taker);
-    }
+    PublishLocked(key, read, data, chunk, cohort, taker);
   }
   read_done_.notify_all();
   if (!data.ok()) return data.status();

@@ -67,6 +67,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -216,6 +217,22 @@ class SharedChunks {
                                                    const FetchCohort* cohort = nullptr,
                                                    const void* taker = nullptr);
 
+  // One chunk of GetMany: in, its address and manifest checksum; out, what Get would return.
+  struct Request {
+    ChunkAddress address;
+    uint64_t checksum = 0;
+    absl::StatusOr<std::shared_ptr<StreamChunk>> result;
+  };
+  // Get for each of `requests`, with the table looked up for all of them under one lock (the
+  // slots prefetched ahead), the chunks no one has read read with one
+  // CheckpointStore::ReadChunksUnverified and published under one lock: for streams of many
+  // small chunks, whose cost is this bookkeeping. Every result is what Get would have returned
+  // (verified when shared, DATA_LOSS when damaged, the store's error), each independent of the
+  // others. Reads of this call are all filled before it waits for any other stream's read, so
+  // callers never wait on each other in a cycle.
+  void GetMany(std::span<Request> requests, const FetchCohort* cohort = nullptr,
+               const void* taker = nullptr);
+
   // Joins the cohort named `key` (streams with identical plans of one checkpoint) and the pace
   // group named `pace_key` (the streams of one job), creating them if needed; the stream leaves
   // when the returned membership is destroyed. A member joins pacing, at position 0.
@@ -273,6 +290,17 @@ class SharedChunks {
   // Looks `key` up: a live or cached copy (verified), another stream's read in flight (waited
   // for, verified), or else registers a Read in flight for the caller. `count`: counts a request.
   Shared Share(const Key& key, const void* taker, bool count);
+  // Get's steps after Share: the chunk shared, or read for every waiter, or (a damaged kept
+  // copy) read once more and verified.
+  absl::StatusOr<std::shared_ptr<StreamChunk>> Finish(const Key& key, const ChunkAddress& address,
+                                                      Shared shared, const FetchCohort* cohort,
+                                                      const void* taker);
+  // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
+  // for the cohort (mu_ held; the caller notifies read_done_).
+  void PublishLocked(const Key& key, const std::shared_ptr<Read>& read,
+                     const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
+                     const std::shared_ptr<StreamChunk>& chunk, const FetchCohort* cohort,
+                     const void* taker);
   // Reads `key` from the store for every requester waiting on `read`, keeps it for the cohort,
   // and returns it unverified.
   absl::StatusOr<std::shared_ptr<StreamChunk>> ReadForAll(const Key& key,

@@ -111,7 +111,11 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   const uint8_t kPartBytes = batch ? (3 << 3) | 2 : (2 << 3) | 2;
   const uint8_t kPartChecksums = batch ? (4 << 3) | 2 : (3 << 3) | 2;
   // A batch's headers, as protobuf writes FetchTensorBatch{tensors} (field 1 of each).
-  const std::string headers = batch ? piece.message.batch().SerializeAsString() : std::string();
+  std::string headers;
+  if (batch) {
+    headers = std::move(piece.batch_headers);
+    headers.append(piece.message.batch().SerializeAsString());
+  }
   const auto length = static_cast<uint64_t>(piece.data_bytes);
   // The fields after the bytes: the parts' sizes and checksums, then the tiles.
   const std::vector<uint8_t> tail = EncodeTail(piece, kPartBytes, kPartChecksums);

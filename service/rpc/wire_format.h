@@ -19,8 +19,9 @@ namespace ckpt {
 // the wire format of FetchResponse{data: FetchData{data, part_bytes, part_checksums, tile_box,
 // band_rows}} whose bytes are slices that reference the piece's segments (kept alive by their
 // owners until gRPC drops them; runs of segments under 4 KiB are copied into one slice instead);
-// a batch with data (the piece's message holds its headers) as FetchResponse{batch:
-// FetchTensorBatch{tensors, data, part_bytes, part_checksums}}, its data referenced the same way.
+// a batch with data (its headers in the piece's batch_headers, then any in its message) as
+// FetchResponse{batch: FetchTensorBatch{tensors, data, part_bytes, part_checksums}}, its data
+// referenced the same way.
 grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece);
 
 // If `buffer` is exactly the wire format of UploadRequest{data} (as the client library writes

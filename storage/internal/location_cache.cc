@@ -6,6 +6,17 @@ namespace ckpt::segment_store_internal {
 
 LocationCache::Lookup LocationCache::Find(const ChunkAddress& address) {
   std::lock_guard<std::mutex> lock(mu_);
+  return FindLocked(address);
+}
+
+void LocationCache::FindMany(std::span<const ChunkAddress> addresses, std::vector<Lookup>* out) {
+  out->clear();
+  out->reserve(addresses.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ChunkAddress& a : addresses) out->push_back(FindLocked(a));
+}
+
+LocationCache::Lookup LocationCache::FindLocked(const ChunkAddress& address) {
   auto it = index_.find(BlobKey{address.data_id, address.tensor, address.blob});
   if (it == index_.end()) return {};
   lru_.splice(lru_.begin(), lru_, it->second);

@@ -12,6 +12,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,8 @@ class LocationCache {
     std::optional<ChunkLocation> location;  // and has the chunk, there
   };
   Lookup Find(const ChunkAddress& address);
+  // Find of each of `addresses`, under one lock, into `out` (replacing its contents).
+  void FindMany(std::span<const ChunkAddress> addresses, std::vector<Lookup>* out);
   // Keeps the locations of the blob of `address` (its chunk index is ignored), replacing any
   // kept before, and drops least recently used blobs beyond the bound.
   void Insert(const ChunkAddress& address, Locations locations);
@@ -58,6 +61,8 @@ class LocationCache {
   using Entry = std::pair<BlobKey, Locations>;
 
   void EraseLocked(std::list<Entry>::iterator it);
+  // Find with mu_ held.
+  Lookup FindLocked(const ChunkAddress& address);
 
   const size_t max_locations_;
   mutable std::mutex mu_;

@@ -12,6 +12,32 @@ LocationCache::Locations Blob(size_t n, uint64_t base) {
   return locations;
 }
 
+// FindMany gives, in order, what Find gives for each address.
+TEST(LocationCacheTest, FindManyIsFindOfEach) {
+  LocationCache cache(100);
+  LocationCache::Locations locations = Blob(3, 1000);
+  locations[1] = LocationCache::kNoChunk;
+  cache.Insert({1, 2, 3, 0}, locations);
+  cache.Insert({1, 2, 4, 0}, Blob(1, 7000));
+  const std::vector<ChunkAddress> addresses = {{1, 2, 3, 2}, {1, 2, 3, 1}, {1, 2, 5, 0},
+                                               {1, 2, 4, 0}, {1, 2, 3, 9}, {1, 2, 3, 0}};
+  std::vector<LocationCache::Lookup> many = {LocationCache::Lookup{}};  // replaced
+  cache.FindMany(addresses, &many);
+  ASSERT_EQ(many.size(), addresses.size());
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const LocationCache::Lookup one = cache.Find(addresses[i]);
+    EXPECT_EQ(many[i].blob_cached, one.blob_cached) << i;
+    ASSERT_EQ(many[i].location.has_value(), one.location.has_value()) << i;
+    if (one.location) {
+      EXPECT_EQ(many[i].location->offset, one.location->offset) << i;
+    }
+  }
+  EXPECT_EQ(many[0].location->offset, 1200u);
+  EXPECT_FALSE(many[1].location.has_value());
+  EXPECT_FALSE(many[2].blob_cached);
+  EXPECT_EQ(many[3].location->offset, 7000u);
+}
+
 TEST(LocationCacheTest, FindsKeptChunksAndTellsAKeptBlobFromAnUnknownOne) {
   LocationCache cache(100);
   EXPECT_FALSE(cache.Find({1, 2, 3, 0}).blob_cached);

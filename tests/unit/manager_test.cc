@@ -249,6 +249,14 @@ class ManagerTest : public ::testing::Test {
       if (!more.ok()) return more.status();
       if (!*more) break;
       msg = piece.message;
+      if (!piece.batch_headers.empty()) {
+        // A batch's headers, serialised (FetchPiece::batch_headers), ahead of any in the message.
+        EXPECT_TRUE(msg.has_batch());
+        v1::FetchTensorBatch headers;
+        EXPECT_TRUE(headers.ParseFromString(piece.batch_headers));
+        headers.MergeFrom(msg.batch());
+        *msg.mutable_batch() = std::move(headers);
+      }
       for (const DataSegment& s : piece.segments) data += s.bytes;
       EXPECT_EQ(static_cast<int64_t>(data.size()), piece.data_bytes);
       if (!piece.segments.empty()) CheckPieceChecksums(piece, data);

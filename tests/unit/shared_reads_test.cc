@@ -147,6 +147,7 @@ struct StreamOutput {
   bool client_caught = false;
   std::string messages;  // a canonical dump of every message
   int64_t data_bytes = 0;
+  int batches = 0;  // FetchTensorBatch messages
 };
 
 class SharedReadsTest : public ::testing::Test {
@@ -205,11 +206,12 @@ class SharedReadsTest : public ::testing::Test {
     faulty_->TakeReads();
   }
 
-  static v1::FetchRequest Request(int64_t rank) {
+  v1::FetchRequest Request(int64_t rank) const {
     v1::FetchRequest req;
     req.set_checkpoint_id("ck");
     req.set_destination_strategy("dst");
     req.set_rank(rank);
+    req.set_accept_batches(batches_);
     return req;
   }
 
@@ -265,6 +267,7 @@ class SharedReadsTest : public ::testing::Test {
         return out;
       }
       if (!*more) return out;
+      out.batches += piece.message.has_batch();
       std::string data;
       for (const DataSegment& s : piece.segments) data += s.bytes;
       out.data_bytes += static_cast<int64_t>(data.size());
@@ -275,7 +278,8 @@ class SharedReadsTest : public ::testing::Test {
         }
         offset += static_cast<size_t>(p.bytes);
       }
-      absl::StrAppend(&out.messages, piece.message.SerializeAsString(), "|", data, "|");
+      absl::StrAppend(&out.messages, piece.message.SerializeAsString(), piece.batch_headers, "|",
+                      data, "|");
       for (const ChecksumPart& p : piece.parts) absl::StrAppend(&out.messages, p.bytes, ",");
       for (int64_t v : piece.tile_box) absl::StrAppend(&out.messages, v, ",");
       absl::StrAppend(&out.messages, piece.band_rows, "\n");
@@ -324,6 +328,9 @@ class SharedReadsTest : public ::testing::Test {
   Strategy src_ = MakeStrategy({8}, false);
   Strategy dst_ = MakeStrategy({kDp, kTp}, true);
   int64_t unique_bytes_ = 0;
+  // Streams read batches of small tensors (FetchRequest.accept_batches), whose chunks a stream
+  // gets together (SharedChunks::GetMany).
+  bool batches_ = false;
 };
 
 // 64 streams at once deliver exactly, message for message, what each rank's lone fetch delivers,
@@ -441,6 +448,122 @@ TEST_F(SharedReadsTest, DamagedSharedChunkIsDataLossOnEveryStreamThatNeedsIt) {
     EXPECT_EQ(o.messages, single[3].messages);
   }
   EXPECT_GE(faulty_->TakeReads()[bad.ToString()], 1) << "the damaged chunk was not read again";
+}
+
+// Streams reading batches get each batch's chunks at once (SharedChunks::GetMany): 64 of them
+// still deliver what each lone fetch delivers, read each chunk about once, and all fail with
+// DATA_LOSS where a shared chunk is damaged.
+TEST_F(SharedReadsTest, BatchedStreamsMatchSingleFetchesReadOnceAndFailOnDamage) {
+  batches_ = true;
+  std::vector<StreamOutput> single(kTp);
+  for (int r = 0; r < kTp; ++r) {
+    manager_->shared_chunks()->Clear();
+    single[r] = Run(r);
+    ASSERT_TRUE(single[r].status.ok()) << r << ": " << single[r].status;
+    ASSERT_FALSE(single[r].client_caught);
+  }
+  EXPECT_GT(single[0].batches, 0);
+  manager_->shared_chunks()->Clear();
+  const int64_t read_before = store_->stats().chunk_bytes_read;
+  std::vector<StreamOutput> together = RunAllConcurrently();
+  const int64_t read = store_->stats().chunk_bytes_read - read_before;
+  for (int r = 0; r < kTp * kDp; ++r) {
+    ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
+    EXPECT_FALSE(together[r].client_caught) << r;
+    EXPECT_EQ(together[r].messages, single[r % kTp].messages) << "rank " << r;
+  }
+  EXPECT_LE(static_cast<double>(read), 1.1 * static_cast<double>(unique_bytes_))
+      << read << " bytes read for " << unique_bytes_ << " unique bytes";
+
+  const ChunkAddress bad = FirstChunkOf(3);
+  faulty_->Corrupt(bad);
+  together = RunAllConcurrently();
+  int failed = 0;
+  for (int r = 0; r < kTp * kDp; ++r) {
+    const StreamOutput& o = together[r];
+    if (r % kTp == 3) {
+      failed += absl::IsDataLoss(o.status) || o.client_caught;
+    } else if (o.status.ok()) {
+      EXPECT_FALSE(o.client_caught) << "rank " << r;
+      EXPECT_EQ(o.messages, single[r % kTp].messages) << "rank " << r;
+    } else {
+      EXPECT_TRUE(absl::IsDataLoss(o.status)) << "rank " << r << " " << o.status;
+    }
+  }
+  EXPECT_EQ(failed, kDp);
+  faulty_->Corrupt(std::nullopt);
+  StreamOutput again = Run(3);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.messages, single[3].messages);
+}
+
+// GetMany with one damaged chunk among many: each result is what Get gives. The first caller
+// reads them all for itself (unverified, as Get returns a chunk nobody shares); a second caller
+// shares them, verified: DATA_LOSS for the damaged one only, which is then forgotten, read once
+// more (still damaged) and never kept; once the store gives good bytes it is served again.
+TEST_F(SharedReadsTest, GetManyWithOneDamagedChunkAmongMany) {
+  ASSERT_TRUE(Run(0).status.ok());
+  std::vector<ChunkAddress> addresses = faulty_->ReadOrder();
+  std::sort(addresses.begin(), addresses.end(), [](const ChunkAddress& a, const ChunkAddress& b) {
+    return a.ToString() < b.ToString();
+  });
+  addresses.erase(std::unique(addresses.begin(), addresses.end()), addresses.end());
+  ASSERT_GE(addresses.size(), 4u);
+  std::vector<uint64_t> checksums;
+  for (const ChunkAddress& a : addresses) {
+    auto data = store_->ReadChunkUnverified(a);
+    ASSERT_TRUE(data.ok()) << data.status();
+    checksums.push_back(Checksum((*data)->bytes()));
+  }
+  const size_t bad = addresses.size() / 2;
+  faulty_->TakeReads();
+  faulty_->Corrupt(addresses[bad]);
+  SharedChunks chunks(store_.get(), int64_t{1} << 20);
+  std::unique_ptr<CohortMember> a = chunks.JoinCohort("c", "job", 2);
+  std::unique_ptr<CohortMember> b = chunks.JoinCohort("c", "job", 2);
+  auto requests = [&] {
+    std::vector<SharedChunks::Request> out;
+    for (size_t i = 0; i < addresses.size(); ++i) {
+      SharedChunks::Request q;
+      q.address = addresses[i];
+      q.checksum = checksums[i];
+      out.push_back(std::move(q));
+    }
+    return out;
+  };
+  std::vector<SharedChunks::Request> first = requests();
+  chunks.GetMany(std::span<SharedChunks::Request>(first), a->cohort(), a.get());
+  for (size_t i = 0; i < first.size(); ++i) {
+    ASSERT_TRUE(first[i].result.ok()) << i << ": " << first[i].result.status();
+    EXPECT_EQ(Checksum((*first[i].result)->data->bytes()) == checksums[i], i != bad) << i;
+  }
+  std::vector<SharedChunks::Request> second = requests();
+  chunks.GetMany(std::span<SharedChunks::Request>(second), b->cohort(), b.get());
+  for (size_t i = 0; i < second.size(); ++i) {
+    if (i == bad) {
+      EXPECT_TRUE(absl::IsDataLoss(second[i].result.status())) << second[i].result.status();
+      EXPECT_NE(second[i].result.status().message().find(addresses[bad].ToString()),
+                std::string_view::npos);
+      continue;
+    }
+    ASSERT_TRUE(second[i].result.ok()) << i << ": " << second[i].result.status();
+    EXPECT_EQ(second[i].result->get(), first[i].result->get()) << "not shared: " << i;
+    EXPECT_TRUE((*second[i].result)->verified()) << i;
+  }
+  std::map<std::string, int> reads = faulty_->TakeReads();
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    EXPECT_EQ(reads[addresses[i].ToString()], i == bad ? 2 : 1) << i;
+  }
+  EXPECT_GE(chunks.stats().corrupt_chunks, 1);
+  faulty_->Corrupt(std::nullopt);
+  first.clear();  // the first caller's damaged copy goes too
+  std::vector<SharedChunks::Request> third = requests();
+  chunks.GetMany(std::span<SharedChunks::Request>(third), b->cohort(), b.get());
+  for (size_t i = 0; i < third.size(); ++i) {
+    ASSERT_TRUE(third[i].result.ok()) << i << ": " << third[i].result.status();
+    EXPECT_EQ(Checksum((*third[i].result)->data->bytes()), checksums[i]) << i;
+  }
+  EXPECT_EQ(faulty_->TakeReads()[addresses[bad].ToString()], 1);
 }
 
 // The LRU stays within its budget and a deleted checkpoint's chunks leave it.

@@ -245,6 +245,48 @@ TEST_P(StoreConformanceTest, ChunksRoundTrip) {
   EXPECT_OK(store_->PutChunks({}));
 }
 
+// ReadChunksUnverified gives, in order, what ReadChunkUnverified gives for each address, with
+// missing chunks among the present ones: while the data is live, and once committed (the segment
+// store then finds the locations of whole blobs, scanned on first use, under one lock).
+TEST_P(StoreConformanceTest, ReadChunksUnverifiedIsReadChunkUnverifiedOfEach) {
+  std::vector<std::pair<ChunkAddress, std::string>> chunks;
+  for (uint32_t i = 0; i < 200; ++i) {
+    chunks.emplace_back(Addr(0, i % 5, i % 3, i), RandomBytes(1 + (i * 53) % 900, 20 + i));
+  }
+  const uint64_t id = Upload(&chunks);
+  std::vector<ChunkAddress> addresses;
+  for (const auto& [address, bytes] : chunks) addresses.push_back(address);
+  // Missing: a tensor never written, a chunk past a written blob's, a data id never begun.
+  const size_t present = addresses.size();
+  addresses.insert(addresses.begin() + 7, Addr(id, 99, 0, 0));
+  addresses.insert(addresses.begin() + 50, Addr(id, 1, 1, 9999));
+  addresses.push_back(Addr(id + 1000, 0, 0, 0));
+  auto check = [&](const char* when) {
+    SCOPED_TRACE(when);
+    std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>> many;
+    store_->ReadChunksUnverified(addresses, &many);
+    ASSERT_EQ(many.size(), addresses.size());
+    size_t next = 0;
+    for (size_t i = 0; i < addresses.size(); ++i) {
+      absl::StatusOr<std::unique_ptr<ChunkData>> one = store_->ReadChunkUnverified(addresses[i]);
+      ASSERT_EQ(many[i].status().code(), one.status().code()) << addresses[i].ToString();
+      if (!one.ok()) {
+        EXPECT_EQ(one.status().code(), absl::StatusCode::kNotFound) << addresses[i].ToString();
+        continue;
+      }
+      ASSERT_LT(next, present);
+      EXPECT_EQ(addresses[i], chunks[next].first);
+      EXPECT_TRUE((*many[i])->bytes() == chunks[next].second) << addresses[i].ToString();
+      ++next;
+    }
+    EXPECT_EQ(next, present);
+  };
+  check("live");
+  ASSERT_OK(store_->CommitCheckpoint("many", "manifest", id));
+  check("committed, locations not read yet");
+  check("committed, locations cached");
+}
+
 TEST_P(StoreConformanceTest, ChunkDataStaysValidAfterLaterWrites) {
   std::vector<std::pair<ChunkAddress, std::string>> chunks = {
       {Addr(0, 0, 0, 0), RandomBytes(100000, 4)}};

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "ckpt.pb.h"
 #include "core/checksum.h"
 #include "gtest/gtest.h"
@@ -142,6 +143,81 @@ TEST(WireFormatTest, FetchBatchesParseAsProtobuf) {
     EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
     EXPECT_EQ(owner.use_count(), 1) << "the encoded message still holds the segments";
   }
+}
+
+// AppendBatchTensorHeader writes what protobuf writes for FetchTensorBatch{tensors: [header]},
+// byte for byte: scalars, empty and long names, zero sizes, large values, verbatim values.
+TEST(WireFormatTest, BatchTensorHeadersAsProtobufWritesThem) {
+  struct Case {
+    std::string name, dtype;
+    std::vector<int64_t> lo, hi, global;
+    int64_t total_bytes;
+    bool verbatim;
+  };
+  const std::vector<Case> cases = {{"w", "Float32", {0, 0}, {4, 8}, {24, 8}, 128, false},
+                                   {"", "Int8", {}, {}, {}, 1, false},  // a scalar, no name
+                                   {std::string(300, 'x'), "BFloat16", {5}, {5}, {10}, 0, true},
+                                   {"big",
+                                    "Float64",
+                                    {int64_t{1} << 40, 127},
+                                    {(int64_t{1} << 40) + 3, 128},
+                                    {int64_t{1} << 41, 128},
+                                    int64_t{3} << 33,
+                                    false},
+                                   {"str", "str", {0}, {16384}, {16384}, 65536, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name.substr(0, 8));
+    v1::FetchTensorBatch batch;
+    v1::FetchTensorHeader* h = batch.add_tensors();
+    h->set_name(c.name);
+    h->set_dtype(c.dtype);
+    for (size_t i = 0; i < c.lo.size(); ++i) h->add_local_shape(c.hi[i] - c.lo[i]);
+    for (int64_t d : c.global) h->add_global_shape(d);
+    for (int64_t v : c.lo) h->add_box_lo(v);
+    for (int64_t v : c.hi) h->add_box_hi(v);
+    h->set_total_bytes(c.total_bytes);
+    h->set_verbatim(c.verbatim);
+    Box box;
+    box.lo = c.lo;
+    box.hi = c.hi;
+    std::string got = "prefix";
+    AppendBatchTensorHeader(c.name, c.dtype, box, c.global, c.total_bytes, c.verbatim, &got);
+    EXPECT_EQ(got, "prefix" + batch.SerializeAsString());
+  }
+}
+
+// A batch whose headers come serialised (FetchPiece::batch_headers, as FetchStream writes them)
+// encodes as the same FetchResponse as one whose headers are messages.
+TEST(WireFormatTest, FetchBatchWithSerialisedHeaders) {
+  const std::vector<std::string> parts = {Bytes(100, 'a'), Bytes(3000, 'b')};
+  std::shared_ptr<std::string> owner;
+  FetchPiece piece = DataPiece(parts, &owner);
+  piece.message.mutable_batch();
+  v1::FetchResponse expected;
+  std::string all;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Box box;
+    box.lo = {0};
+    box.hi = {static_cast<int64_t>(parts[i].size())};
+    const std::vector<int64_t> global = {static_cast<int64_t>(parts[i].size())};
+    const std::string name = absl::StrCat("t", i);
+    AppendBatchTensorHeader(name, "Int8", box, global, box.hi[0], false, &piece.batch_headers);
+    v1::FetchTensorHeader* h = expected.mutable_batch()->add_tensors();
+    h->set_name(name);
+    h->set_dtype("Int8");
+    h->add_local_shape(box.hi[0]);
+    h->add_global_shape(box.hi[0]);
+    h->add_box_lo(0);
+    h->add_box_hi(box.hi[0]);
+    h->set_total_bytes(box.hi[0]);
+    all += parts[i];
+  }
+  piece.parts.push_back({static_cast<int64_t>(all.size()), Checksum(all)});
+  expected.mutable_batch()->set_data(all);
+  expected.mutable_batch()->add_part_bytes(all.size());
+  expected.mutable_batch()->add_part_checksums(Checksum(all));
+  const v1::FetchResponse got = Parse<v1::FetchResponse>(EncodeFetchResponse(std::move(piece)));
+  EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
 }
 
 using ::ckpt::testing::SlicedByteBuffer;
