@@ -1,6 +1,8 @@
 #include "service/engine/fetch_stream.h"
 
 #include <algorithm>
+#include <cassert>
+#include <cstring>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,8 @@
 #include "core/chunk_grid.h"
 #include "core/status_macros.h"
 #include "core/strided_copy.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace ckpt {
 namespace {
@@ -35,44 +39,49 @@ DataSegment ChunkSegment(const std::shared_ptr<StreamChunk>& chunk, size_t offse
   return s;
 }
 
-// Appends `v` as a protobuf varint.
-void AppendVarint(uint64_t v, std::string* out) {
-  char buf[10];
-  size_t n = 0;
-  while (v >= 0x80) {
-    buf[n++] = static_cast<char>(v | 0x80);
-    v >>= 7;
-  }
-  buf[n++] = static_cast<char>(v);
-  out->append(buf, n);
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedOutputStream;
+
+// Size and writer of a length-delimited field (a string, bytes, a packed repeated field or a
+// message) whose payload is `payload` bytes; protobuf's own encoders (io/coded_stream.h,
+// wire_format_lite.h) write the tag and the length.
+size_t DelimitedFieldSize(int field, size_t payload) {
+  return WireFormatLite::TagSize(field, WireFormatLite::TYPE_BYTES) +
+         CodedOutputStream::VarintSize64(payload) + payload;
 }
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
+uint8_t* WriteDelimitedHead(int field, size_t payload, uint8_t* at) {
+  at = WireFormatLite::WriteTagToArray(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED, at);
+  return CodedOutputStream::WriteVarint64ToArray(payload, at);
 }
 
-// A length-delimited field (wire type 2) of `bytes`, omitted when empty (proto3).
-void AppendBytesField(int field, std::string_view bytes, std::string* out) {
-  if (bytes.empty()) return;
-  out->push_back(static_cast<char>(field << 3 | 2));
-  AppendVarint(bytes.size(), out);
-  out->append(bytes);
+// A string field, omitted when empty (proto3).
+uint8_t* WriteStringField(int field, std::string_view bytes, uint8_t* at) {
+  if (bytes.empty()) return at;
+  at = WriteDelimitedHead(field, bytes.size(), at);
+  std::memcpy(at, bytes.data(), bytes.size());
+  return at + bytes.size();
 }
 
-// A packed repeated int64 field of the `n` values `value(i)`, omitted when empty.
+size_t StringFieldSize(int field, std::string_view bytes) {
+  return bytes.empty() ? 0 : DelimitedFieldSize(field, bytes.size());
+}
+
+// The payload of a packed repeated int64 field of the `n` values `value(i)`.
 template <typename F>
-void AppendPackedField(int field, size_t n, F value, std::string* out) {
-  if (n == 0) return;
+size_t PackedPayload(size_t n, F value) {
   size_t size = 0;
-  for (size_t i = 0; i < n; ++i) size += VarintSize(static_cast<uint64_t>(value(i)));
-  out->push_back(static_cast<char>(field << 3 | 2));
-  AppendVarint(size, out);
-  for (size_t i = 0; i < n; ++i) AppendVarint(static_cast<uint64_t>(value(i)), out);
+  for (size_t i = 0; i < n; ++i) size += WireFormatLite::Int64Size(value(i));
+  return size;
+}
+
+// That field, omitted when empty.
+template <typename F>
+uint8_t* WritePackedField(int field, size_t n, size_t payload, F value, uint8_t* at) {
+  if (n == 0) return at;
+  at = WriteDelimitedHead(field, payload, at);
+  for (size_t i = 0; i < n; ++i) at = WireFormatLite::WriteInt64NoTagToArray(value(i), at);
+  return at;
 }
 
 }  // namespace
@@ -80,35 +89,41 @@ void AppendPackedField(int field, size_t n, F value, std::string* out) {
 void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, const Box& box,
                              std::span<const int64_t> global_shape, int64_t total_bytes,
                              bool verbatim, std::string* out) {
-  // The header's size first (FetchTensorBatch.tensors is length-delimited): the fields are
-  // written after a placeholder of the largest varint a header's size can need, then moved up.
-  out->push_back(static_cast<char>(1 << 3 | 2));
-  const size_t size_at = out->size();
-  out->append(5, '\0');
-  const size_t start = out->size();
-  AppendBytesField(1, name, out);
-  AppendBytesField(2, dtype, out);
   const size_t rank = box.lo.size();
   auto local_shape = [&](size_t i) { return box.hi[i] - box.lo[i]; };
   auto global = [&](size_t i) { return global_shape[i]; };
   auto lo = [&](size_t i) { return box.lo[i]; };
   auto hi = [&](size_t i) { return box.hi[i]; };
-  AppendPackedField(3, rank, local_shape, out);
-  AppendPackedField(4, global_shape.size(), global, out);
-  AppendPackedField(5, rank, lo, out);
-  AppendPackedField(6, rank, hi, out);
-  if (total_bytes != 0) {
-    out->push_back(static_cast<char>(7 << 3));
-    AppendVarint(static_cast<uint64_t>(total_bytes), out);
-  }
-  if (verbatim) {
-    out->push_back(static_cast<char>(8 << 3));
-    out->push_back(1);
-  }
-  const size_t size = out->size() - start;
-  std::string varint;
-  AppendVarint(size, &varint);
-  out->replace(size_at, 5, varint);
+  const size_t local_payload = PackedPayload(rank, local_shape);
+  const size_t global_payload = PackedPayload(global_shape.size(), global);
+  const size_t lo_payload = PackedPayload(rank, lo);
+  const size_t hi_payload = PackedPayload(rank, hi);
+  auto packed_size = [](int field, size_t n, size_t payload) {
+    return n == 0 ? 0 : DelimitedFieldSize(field, payload);
+  };
+  // The header's size first: FetchTensorBatch.tensors (field 1) is length-delimited.
+  const size_t header =
+      StringFieldSize(1, name) + StringFieldSize(2, dtype) + packed_size(3, rank, local_payload) +
+      packed_size(4, global_shape.size(), global_payload) + packed_size(5, rank, lo_payload) +
+      packed_size(6, rank, hi_payload) +
+      (total_bytes != 0 ? WireFormatLite::TagSize(7, WireFormatLite::TYPE_INT64) +
+                              WireFormatLite::Int64Size(total_bytes)
+                        : 0) +
+      (verbatim ? WireFormatLite::TagSize(8, WireFormatLite::TYPE_BOOL) + WireFormatLite::kBoolSize
+                : 0);
+  const size_t start = out->size();
+  out->resize(start + DelimitedFieldSize(1, header));
+  uint8_t* at = reinterpret_cast<uint8_t*>(out->data() + start);
+  at = WriteDelimitedHead(1, header, at);
+  at = WriteStringField(1, name, at);
+  at = WriteStringField(2, dtype, at);
+  at = WritePackedField(3, rank, local_payload, local_shape, at);
+  at = WritePackedField(4, global_shape.size(), global_payload, global, at);
+  at = WritePackedField(5, rank, lo_payload, lo, at);
+  at = WritePackedField(6, rank, hi_payload, hi, at);
+  if (total_bytes != 0) at = WireFormatLite::WriteInt64ToArray(7, total_bytes, at);
+  if (verbatim) at = WireFormatLite::WriteBoolToArray(8, true, at);
+  assert(reinterpret_cast<char*>(at) == out->data() + out->size());
 }
 
 // When every piece supplies whole rows of the band (all dims but the first span the band) that
