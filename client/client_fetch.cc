@@ -258,7 +258,7 @@ class MessagePipe {
   size_t queued_bytes_ = 0;                       // guarded by mu_
   bool ended_ = false;                            // guarded by mu_
   bool stopping_ = false;                         // guarded by mu_
-  std::thread reader_;                            // last: started once the members it uses are
+  std::thread reader_;  // last, so that it starts once every member it uses exists
 };
 
 // Consumes `stream` through `checker` with a MessagePipe (see there). Returns the first local
