@@ -78,18 +78,24 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Finish(const Key& key
   return chunk;
 }
 
+std::shared_ptr<StreamChunk> SharedChunks::LiveLocked(Entry& entry, const void* taker) {
+  std::shared_ptr<StreamChunk> live = entry.live.lock();
+  if (!live || live->corrupt()) return nullptr;
+  if (entry.cached) {
+    ++stats_.cache_hits;
+    TakenLocked(entry, taker);
+  } else {
+    ++stats_.live_hits;
+  }
+  return live;
+}
+
 SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool count) {
   Shared out;
   std::unique_lock<std::mutex> lock(mu_);
   if (count) ++stats_.requests;
   Entry& entry = entries_[key];
-  if (std::shared_ptr<StreamChunk> live = entry.live.lock(); live && !live->corrupt()) {
-    if (entry.cached) {
-      ++stats_.cache_hits;
-      TakenLocked(entry, taker);
-    } else {
-      ++stats_.live_hits;
-    }
+  if (std::shared_ptr<StreamChunk> live = LiveLocked(entry, taker)) {
     lock.unlock();
     out.status = VerifyShared(key, live);
     out.kept_copy_damaged = !out.status.ok();
@@ -152,13 +158,7 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
       Pending& p = pending[i];
       ++stats_.requests;
       Entry& entry = entries_[p.key];
-      if (std::shared_ptr<StreamChunk> live = entry.live.lock(); live && !live->corrupt()) {
-        if (entry.cached) {
-          ++stats_.cache_hits;
-          TakenLocked(entry, taker);
-        } else {
-          ++stats_.live_hits;
-        }
+      if (std::shared_ptr<StreamChunk> live = LiveLocked(entry, taker)) {
         p.found = Found::kLive;
         p.chunk = std::move(live);
       } else if (entry.in_flight) {

@@ -321,6 +321,9 @@ class SharedChunks {
   void UncacheLocked(Entry& entry);
   // `taker` had the chunk: drops it once every expected taker has (mu_ held).
   void TakenLocked(Entry& entry, const void* taker);
+  // `entry`'s chunk when one is alive and not found damaged, counted as a cache or live hit and
+  // taken by `taker`; null otherwise (mu_ held).
+  std::shared_ptr<StreamChunk> LiveLocked(Entry& entry, const void* taker);
   // Erases entries whose chunk is gone and that are neither cached nor being read, once the
   // table has doubled since the last sweep (mu_ held): the table stays proportional to the chunks
   // alive.
