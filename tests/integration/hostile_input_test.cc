@@ -9,8 +9,8 @@
 
 #include <chrono>
 #include <fstream>
-#include <memory>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,16 +22,16 @@
 #include "client/client.h"
 #include "core/strategy.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/wire_fields.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::AnyOf;
+using testing::Field;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::ServerProcess;
@@ -305,19 +305,6 @@ TEST_F(HostileInputTest, StrategiesLargerThanFourMiBRegister) {
   ExpectServing();
 }
 
-
-// Length-delimited protobuf field `field` holding `bytes`, in wire form.
-std::string Field(int field, const std::string& bytes) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.WriteTag(static_cast<uint32_t>(field << 3 | 2));
-  coded.WriteVarint32(static_cast<uint32_t>(bytes.size()));
-  coded.WriteString(bytes);
-  coded.Trim();
-  return out;
-}
-
 // ckptd reads a plain tensor batch in place; any other wire form of one must still be read as
 // protobuf reads it (a repeated header field merges), and a malformed header inside a batch is a
 // clear error. The messages go as raw bytes, which the generated stub cannot send.
@@ -326,14 +313,13 @@ TEST_F(HostileInputTest, BatchesAreReadAsProtobufReadsThem) {
   const auto upload = [&](const std::string& id, const std::string& tensor) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    static const grpc::internal::RpcMethod kUpload(
-        "/ckpt.v1.CheckpointService/Upload", grpc::internal::RpcMethod::CLIENT_STREAMING);
+    static const grpc::internal::RpcMethod kUpload("/ckpt.v1.CheckpointService/Upload",
+                                                   grpc::internal::RpcMethod::CLIENT_STREAMING);
     grpc::ByteBuffer response;
     auto writer = std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>>(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), kUpload,
                                                                       &context, &response));
-    for (const std::string& bytes :
-         {Header(id).SerializeAsString(), Field(4, Field(1, tensor))}) {
+    for (const std::string& bytes : {Header(id).SerializeAsString(), Field(4, Field(1, tensor))}) {
       grpc::Slice slice(bytes);
       grpc::ByteBuffer buffer(&slice, 1);
       if (!writer->Write(buffer)) break;
@@ -358,9 +344,8 @@ TEST_F(HostileInputTest, BatchesAreReadAsProtobufReadsThem) {
   const std::string data = Field(2, std::string(8, '\x02'));
 
   // The header in two fields, merged: the tensor is whole and the checkpoint commits.
-  const grpc::Status merged = upload(
-      "merged", Field(1, name_part.SerializeAsString()) + Field(1, shape_part.SerializeAsString()) +
-                    data);
+  const grpc::Status merged = upload("merged", Field(1, name_part.SerializeAsString()) +
+                                                   Field(1, shape_part.SerializeAsString()) + data);
   EXPECT_TRUE(merged.ok()) << merged.error_code() << " " << merged.error_message();
   // Only the first part alone announces 0 bytes for a Float32 [] scalar: refused, naming it.
   const grpc::Status first_only = upload("first", Field(1, name_part.SerializeAsString()) + data);

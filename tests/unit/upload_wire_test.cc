@@ -11,37 +11,14 @@
 #include <vector>
 
 #include "ckpt.pb.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "tests/testing/wire_fields.h"
 
 namespace ckpt {
 namespace {
 
+using testing::Field;
 using ::testing::HasSubstr;
-
-// A protobuf field in wire form: tag (field number, wire type) and, for wire type 2, `bytes`
-// length-delimited; for wire type 0, the varint `value`.
-std::string Field(int field, const std::string& bytes) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.WriteTag(static_cast<uint32_t>(field << 3 | 2));
-    coded.WriteVarint32(static_cast<uint32_t>(bytes.size()));
-    coded.WriteString(bytes);
-  }
-  return out;
-}
-std::string VarintField(int field, uint64_t value) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.WriteTag(static_cast<uint32_t>(field << 3));
-    coded.WriteVarint64(value);
-  }
-  return out;
-}
+using testing::VarintField;
 
 v1::UploadTensorHeader Header(const std::string& name, int64_t bytes) {
   v1::UploadTensorHeader h;
