@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checksum.h"
 #include "core/status_macros.h"
+#include "service/engine/stored_strategy.h"
 
 namespace ckpt {
 namespace {
@@ -19,11 +20,13 @@ std::string ChunkChecksumText(records::ChunkChecksum value) {
 
 absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadedCheckpoint::Decode(
     const std::string& bytes) {
-  auto out = std::make_shared<LoadedCheckpoint>();
-  if (!out->manifest.ParseFromString(bytes)) {
+  auto arena = std::make_unique<google::protobuf::Arena>();
+  auto* parsed = google::protobuf::Arena::CreateMessage<records::CheckpointManifest>(arena.get());
+  if (!parsed->ParseFromString(bytes)) {
     return absl::DataLossError("a stored checkpoint manifest does not parse");
   }
-  const records::CheckpointManifest& m = out->manifest;
+  auto out = std::make_shared<LoadedCheckpoint>(std::move(arena), *parsed);
+  const records::CheckpointManifest& m = *parsed;
   if (m.chunk_checksum() != records::CHUNK_CHECKSUM_XXH3_64) {
     return absl::FailedPreconditionError(absl::StrCat(
         "its manifest records chunk checksum algorithm ", static_cast<int>(m.chunk_checksum()),
@@ -31,8 +34,8 @@ absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadedCheckpoint::Decode
         "); this version of ckptd verifies chunks with ", kChecksumName, " only (",
         static_cast<int>(records::CHUNK_CHECKSUM_XXH3_64), ")"));
   }
-  if (!m.strategy_json().empty()) {
-    CKPT_ASSIGN_OR_RETURN(Strategy s, ParseStrategy(m.strategy_json(), StrategyFormat::kJson));
+  if (!m.strategy_json().empty() || !m.strategy_binary().empty()) {
+    CKPT_ASSIGN_OR_RETURN(Strategy s, DecodeStoredStrategy(m.strategy_binary(), m.strategy_json()));
     out->strategy = std::make_shared<const Strategy>(std::move(s));
   }
   for (int i = 0; i < m.tensors_size(); ++i) {

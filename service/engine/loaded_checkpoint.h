@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -12,20 +13,32 @@
 #include "ckpt_records.pb.h"
 #include "core/reshard.h"
 #include "core/strategy.h"
+#include "google/protobuf/arena.h"
 
 namespace ckpt {
 
 struct LoadedCheckpoint {
-  records::CheckpointManifest manifest;
+  // The manifest's messages live on `arena` (one block allocation per few hundred records instead
+  // of one per record and repeated field: a manifest of many tensors holds hundreds of thousands
+  // of them). `manifest` refers into it; both live as long as this object.
+  std::unique_ptr<google::protobuf::Arena> arena;
+  const records::CheckpointManifest& manifest;
   std::shared_ptr<const Strategy> strategy;  // null: a single whole-tensor source rank
-  absl::flat_hash_map<std::string, int> tensor_by_name;  // -> index in manifest.tensors
-  std::vector<TensorInfo> catalog;                        // planner input, manifest order
+  // -> index in manifest.tensors; the keys are the manifest's own names.
+  absl::flat_hash_map<std::string_view, int> tensor_by_name;
+  std::vector<TensorInfo> catalog;  // planner input, manifest order
 
   // Decodes and checks a stored manifest: DATA_LOSS when it does not parse, FAILED_PRECONDITION
   // naming the value when it does not record its chunks' checksums as XXH3-64
   // (records::CHUNK_CHECKSUM_XXH3_64), the only algorithm this version verifies. Messages do not
   // name the checkpoint: the caller prefixes them.
   static absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> Decode(const std::string& bytes);
+
+  LoadedCheckpoint(std::unique_ptr<google::protobuf::Arena> arena,
+                   const records::CheckpointManifest& manifest)
+      : arena(std::move(arena)), manifest(manifest) {}
+  LoadedCheckpoint(const LoadedCheckpoint&) = delete;
+  LoadedCheckpoint& operator=(const LoadedCheckpoint&) = delete;
 };
 
 }  // namespace ckpt

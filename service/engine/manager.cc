@@ -12,6 +12,7 @@
 #include "ckpt_records.pb.h"
 #include "core/names.h"
 #include "core/status_macros.h"
+#include "service/engine/stored_strategy.h"
 
 namespace ckpt {
 namespace {
@@ -70,7 +71,7 @@ absl::StatusOr<v1::StrategyInfo> CheckpointManager::PutStrategy(const std::strin
   }
   records::StrategyRecord record;
   record.set_name(name);
-  record.set_strategy_json(SerializeStrategy(*parsed, StrategyFormat::kJson));
+  EncodeStoredStrategy(*parsed, &record);
   record.set_created_unix(absl::ToUnixSeconds(absl::Now()));
   CKPT_RETURN_IF_ERROR(store_->PutStrategy(name, record.SerializeAsString(), overwrite));
   auto shared = std::make_shared<const Strategy>(*std::move(parsed));
@@ -93,8 +94,12 @@ absl::StatusOr<std::shared_ptr<const Strategy>> CheckpointManager::GetStrategy(
   if (!record.ParseFromString(bytes)) {
     return absl::DataLossError(absl::StrCat("stored strategy ", name, " does not parse"));
   }
-  CKPT_ASSIGN_OR_RETURN(Strategy s, ParseStrategy(record.strategy_json(), StrategyFormat::kJson));
-  auto shared = std::make_shared<const Strategy>(std::move(s));
+  absl::StatusOr<Strategy> s =
+      DecodeStoredStrategy(record.strategy_binary(), record.strategy_json());
+  if (!s.ok()) {
+    return absl::DataLossError(absl::StrCat("stored strategy ", name, ": ", s.status().message()));
+  }
+  auto shared = std::make_shared<const Strategy>(*std::move(s));
   std::lock_guard<std::mutex> lock(mu_);
   strategies_[name] = shared;
   return shared;
@@ -165,10 +170,8 @@ absl::StatusOr<std::unique_ptr<RankUpload>> CheckpointManager::BeginUpload(
     }
     if (!pending) {
       CKPT_ASSIGN_OR_RETURN(uint64_t data_id, store_->BeginData());
-      pending = std::make_shared<PendingCheckpoint>(
-          id, header.source_strategy(), strategy,
-          strategy ? SerializeStrategy(*strategy, StrategyFormat::kJson) : std::string(), data_id,
-          store_, options_.upload);
+      pending = std::make_shared<PendingCheckpoint>(id, header.source_strategy(), strategy, data_id,
+                                                    store_, options_.upload);
       pending_[id] = pending;
     }
     // Every rank stream of one checkpoint must name the same strategy.

@@ -10,6 +10,7 @@
 #include "core/names.h"
 #include "core/reshard.h"
 #include "core/status_macros.h"
+#include "service/engine/stored_strategy.h"
 
 namespace ckpt {
 namespace {
@@ -44,13 +45,11 @@ void SetBox(records::BlobRecord& record, const Box& box) {
 }  // namespace
 
 PendingCheckpoint::PendingCheckpoint(std::string id, std::string strategy_name,
-                                     std::shared_ptr<const Strategy> strategy,
-                                     std::string strategy_json, uint64_t data_id,
+                                     std::shared_ptr<const Strategy> strategy, uint64_t data_id,
                                      CheckpointStore* store, UploadOptions options)
     : id_(std::move(id)),
       strategy_name_(std::move(strategy_name)),
       strategy_(std::move(strategy)),
-      strategy_json_(std::move(strategy_json)),
       data_id_(data_id),
       store_(store),
       options_(std::move(options)),
@@ -116,7 +115,7 @@ std::string PendingCheckpoint::SerializeManifest() {
   records::CheckpointManifest m;
   m.set_id(id_);
   m.set_strategy_name(strategy_name_);
-  m.set_strategy_json(strategy_json_);
+  if (strategy_) EncodeStoredStrategy(*strategy_, &m);
   m.set_world_size(world_size());
   m.set_data_id(data_id_);
   m.set_chunk_checksum(records::CHUNK_CHECKSUM_XXH3_64);

@@ -59,8 +59,8 @@ struct BatchTensor {
 class PendingCheckpoint {
  public:
   PendingCheckpoint(std::string id, std::string strategy_name,
-                    std::shared_ptr<const Strategy> strategy, std::string strategy_json,
-                    uint64_t data_id, CheckpointStore* store, UploadOptions options);
+                    std::shared_ptr<const Strategy> strategy, uint64_t data_id,
+                    CheckpointStore* store, UploadOptions options);
 
   const std::string& id() const { return id_; }
   const std::string& strategy_name() const { return strategy_name_; }
@@ -118,7 +118,6 @@ class PendingCheckpoint {
   const std::string id_;
   const std::string strategy_name_;
   const std::shared_ptr<const Strategy> strategy_;  // null: one whole-tensor rank
-  const std::string strategy_json_;
   const uint64_t data_id_;
   CheckpointStore* const store_;
   const UploadOptions options_;

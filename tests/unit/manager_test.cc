@@ -407,6 +407,14 @@ class ManagerTest : public ::testing::Test {
   // Stores checkpoint `from` again as `to`, through the store's API: its chunks copied to a new
   // data id, and its manifest recording chunk checksum algorithm `algorithm`.
   void StoreCopy(const std::string& from, const std::string& to, records::ChunkChecksum algorithm) {
+    StoreCopy(from, to,
+              [algorithm](records::CheckpointManifest* m) { m->set_chunk_checksum(algorithm); });
+  }
+
+  // Stores a copy of checkpoint `from` as `to` (its chunks under a new data id), with `edit`
+  // applied to the copy's manifest.
+  void StoreCopy(const std::string& from, const std::string& to,
+                 const std::function<void(records::CheckpointManifest*)>& edit) {
     auto bytes = store_->GetManifest(from);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     records::CheckpointManifest m;
@@ -428,7 +436,7 @@ class ManagerTest : public ::testing::Test {
     }
     m.set_id(to);
     m.set_data_id(*id);
-    m.set_chunk_checksum(algorithm);
+    edit(&m);
     ASSERT_TRUE(store_->CommitCheckpoint(to, m.SerializeAsString(), *id).ok());
   }
 
@@ -675,6 +683,52 @@ TEST_F(ManagerTest, CheckpointsRecordingAnotherChecksumAlgorithmAreRefused) {
     SCOPED_TRACE(r);
     ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
   }
+}
+
+// Strategies are stored in MindSpore's JSON and binary forms, and loaded from the binary one. A
+// record with the JSON form alone (as stores hold them from before the binary form) loads as ever;
+// a damaged binary form is DATA_LOSS naming it.
+TEST_F(ManagerTest, StoredStrategiesLoadFromEitherForm) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  UploadAll("ck", "src", src, DemoTensors());
+  auto record_bytes = store_->GetStrategy("dst");
+  ASSERT_TRUE(record_bytes.ok()) << record_bytes.status();
+  records::StrategyRecord record;
+  ASSERT_TRUE(record.ParseFromString(*record_bytes));
+  EXPECT_FALSE(record.strategy_json().empty());
+  EXPECT_FALSE(record.strategy_binary().empty());
+  auto manifest_bytes = store_->GetManifest("ck");
+  ASSERT_TRUE(manifest_bytes.ok()) << manifest_bytes.status();
+  records::CheckpointManifest manifest;
+  ASSERT_TRUE(manifest.ParseFromString(*manifest_bytes));
+  EXPECT_FALSE(manifest.strategy_json().empty());
+  EXPECT_FALSE(manifest.strategy_binary().empty());
+
+  record.clear_strategy_binary();
+  ASSERT_TRUE(store_->PutStrategy("dst", record.SerializeAsString(), /*overwrite=*/true).ok());
+  ASSERT_NO_FATAL_FAILURE(StoreCopy(
+      "ck", "json_only", [](records::CheckpointManifest* m) { m->clear_strategy_binary(); }));
+  ASSERT_NO_FATAL_FAILURE(StoreCopy("ck", "damaged", [](records::CheckpointManifest* m) {
+    m->set_strategy_binary(std::string("\xff\xff\xff", 3));
+  }));
+  // A new manager on the same store has nothing cached: every strategy comes from its record.
+  manager_.reset();
+  manager_ = std::make_unique<CheckpointManager>(store_.get(), SmallOptions());
+  for (const char* id : {"ck", "json_only"}) {
+    for (int64_t r = 0; r < dst.world_size(); ++r) {
+      SCOPED_TRACE(absl::StrCat(id, " rank ", r));
+      ExpectRankMatches(id, "dst", dst, r, DemoTensors());
+    }
+  }
+  v1::FetchRequest req;
+  req.set_checkpoint_id("damaged");
+  req.set_destination_strategy("dst");
+  auto stream = manager_->OpenFetch(req);
+  EXPECT_EQ(stream.status().code(), absl::StatusCode::kDataLoss) << stream.status();
+  EXPECT_THAT(std::string(stream.status().message()),
+              HasSubstr("checkpoint damaged: its binary strategy does not parse"));
 }
 
 // A stream verifies every stored byte before it leaves, except whole chunks that go to a client
