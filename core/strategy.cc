@@ -17,6 +17,7 @@
 #include "core/internal/strategy_parse.h"
 #include "core/names.h"
 #include "core/status_macros.h"
+#include "google/protobuf/arena.h"
 #include "mindspore_strategy.pb.h"
 
 namespace ckpt {
@@ -279,6 +280,10 @@ absl::StatusOr<StrategyParam> ParamFromProto(const ms::ParallelLayouts& pl, std:
   layout.field = pl.field();
   layout.opt_shard_step = pl.opt_weight_shard_step();
   layout.opt_shard_size = pl.opt_weight_shard_size();
+  if (pl.has_ckptd_tensor_shape()) {
+    const auto& dims = pl.ckptd_tensor_shape().dim();
+    param.tensor_shape = Shape(dims.begin(), dims.end());
+  }
   return param;
 }
 
@@ -288,7 +293,11 @@ absl::StatusOr<Strategy> ParseBinary(std::string_view bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy file of ", bytes.size(), " bytes exceeds protobuf's 2 GiB limit"));
   }
-  ms::ParallelStrategyMap msg;
+  // The message and its parts live on an arena: a strategy of many parameters is tens of thousands
+  // of small messages, allocated in a few blocks and freed at once.
+  google::protobuf::Arena arena;
+  ms::ParallelStrategyMap& msg =
+      *google::protobuf::Arena::CreateMessage<ms::ParallelStrategyMap>(&arena);
   // ParsePartial: the strict variant logs on missing required fields, and core/ does not log.
   if (!msg.ParsePartialFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::InvalidArgumentError(
@@ -358,7 +367,9 @@ void LayoutToProto(const Layout& layout, ms::ParallelLayouts& pl) {
 }
 
 std::string SerializeBinary(const Strategy& strategy) {
-  ms::ParallelStrategyMap msg;
+  google::protobuf::Arena arena;  // as in ParseBinary
+  ms::ParallelStrategyMap& msg =
+      *google::protobuf::Arena::CreateMessage<ms::ParallelStrategyMap>(&arena);
   msg.set_current_stage(strategy.stage_prefixed_names() ? 1 : 0);
   for (const OpStrategy& op : strategy.ops()) {
     ms::ParallelStrategyItem* item = msg.add_parallel_strategy_item();
@@ -375,6 +386,10 @@ std::string SerializeBinary(const Strategy& strategy) {
       ms::ParallelLayoutItem* item = msg.add_parallel_layout_item();
       item->set_param_name(strategy.stage_prefixed_names() ? absl::StrCat(stage, "-", name) : name);
       LayoutToProto(param.layout, *item->mutable_parallel_layouts());
+      if (param.tensor_shape) {
+        ms::TensorShape* shape = item->mutable_parallel_layouts()->mutable_ckptd_tensor_shape();
+        for (int64_t d : *param.tensor_shape) shape->add_dim(d);
+      }
     }
   }
   return msg.SerializeAsString();

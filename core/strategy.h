@@ -31,7 +31,8 @@ struct OpStrategy {
 // One parameter's entry.
 struct StrategyParam {
   Layout layout;
-  // Global shape, when the source format records it (JSON `tensor_shape`); binary files do not.
+  // Global shape, when the source file records it: MindSpore's JSON `tensor_shape` (MindSpore's
+  // binary files do not; ckptd's own binary output does, see SerializeStrategy).
   std::optional<Shape> tensor_shape;
   friend bool operator==(const StrategyParam&, const StrategyParam&) = default;
 };
@@ -90,7 +91,9 @@ struct StrategyFile {
 absl::StatusOr<Strategy> MergeStageStrategies(const std::vector<StrategyFile>& files);
 
 // Export. Binary writes MindSpore's wire form (unpacked repeated fields, fields 5-7 always
-// written, stage prefixes when stage_prefixed_names()); JSON writes MindSpore's JSON form.
+// written, stage prefixes when stage_prefixed_names()), plus each known global shape in a field of
+// ckptd's own (ParallelLayouts.ckptd_tensor_shape, which MindSpore ignores), so that both forms
+// keep everything a Strategy holds; JSON writes MindSpore's JSON form.
 std::string SerializeStrategy(const Strategy& strategy, StrategyFormat format);
 
 }  // namespace ckpt

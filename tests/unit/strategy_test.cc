@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "mindspore_strategy.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
 
@@ -624,12 +625,26 @@ TEST(StrategyCreateTest, NormalisesRepresentationFlagsSoEveryStrategyRoundTrips)
   EXPECT_TRUE(s->stage_prefixed_names());
   EXPECT_TRUE(ParamOf(*s, "multi_axis").layout.nested_form);
   EXPECT_FALSE(ParamOf(*s, "scalar").layout.nested_form);
-  ExpectRoundTrip(*s, StrategyFormat::kJson);  // keeps tensor_shape; binary cannot
+  // Both keep tensor_shape (the binary form in ckptd's own field), with and without shapes.
+  ExpectRoundTrip(*s, StrategyFormat::kJson);
+  ExpectRoundTrip(*s, StrategyFormat::kBinary);
   std::map<std::string, StrategyParam> no_shapes = s->params();
   for (auto& [name, param] : no_shapes) param.tensor_shape.reset();
-  absl::StatusOr<Strategy> binary_safe = Strategy::Create(no_shapes, 2);
-  ASSERT_TRUE(binary_safe.ok()) << binary_safe.status();
-  ExpectRoundTrip(*binary_safe, StrategyFormat::kBinary);
+  absl::StatusOr<Strategy> shapeless = Strategy::Create(no_shapes, 2);
+  ASSERT_TRUE(shapeless.ok()) << shapeless.status();
+  ExpectRoundTrip(*shapeless, StrategyFormat::kBinary);
+  ExpectRoundTrip(*shapeless, StrategyFormat::kJson);
+  // Without shapes the binary form is exactly MindSpore's: no field of ckptd's own.
+  ms::ParallelStrategyMap written;
+  ASSERT_TRUE(written.ParseFromString(SerializeStrategy(*shapeless, StrategyFormat::kBinary)));
+  for (const ms::ParallelLayoutItem& item : written.parallel_layout_item()) {
+    EXPECT_FALSE(item.parallel_layouts().has_ckptd_tensor_shape());
+  }
+  ASSERT_TRUE(written.ParseFromString(SerializeStrategy(*s, StrategyFormat::kBinary)));
+  ASSERT_GT(written.parallel_layout_item_size(), 0);
+  for (const ms::ParallelLayoutItem& item : written.parallel_layout_item()) {
+    EXPECT_TRUE(item.parallel_layouts().has_ckptd_tensor_shape()) << item.param_name();
+  }
 }
 
 TEST(StrategyCreateTest, RejectsInvalidStrategies) {
@@ -987,10 +1002,14 @@ TEST(StrategyJsonTest, RejectsEmptyAndMalformedDocuments) {
 
 TEST(StrategyJsonTest, ParsesStrictJson) {
   // What RFC 8259 allows: escapes (a surrogate pair too), a byte order mark, raw UTF-8, "-0".
-  const std::string ok = "\xEF\xBB\xBF" R"( {"parallel_layout_item": {
+  const std::string ok =
+      "\xEF\xBB\xBF"
+      R"( {"parallel_layout_item": {
       "w\u00e9\ud83d\ude00\"\\\/x": {"dev_matrix": [2], "tensor_map": [-0],
                                   "unknown": [1.5e3, true, false, null, {"a": "b"}]},
-      "na)" "\xc3\xa9" R"(me": {"dev_matrix": [2], "tensor_map": [-1]}}} )";
+      "na)"
+      "\xc3\xa9"
+      R"(me": {"dev_matrix": [2], "tensor_map": [-1]}}} )";
   const Strategy s = ParseOrDie(ok, StrategyFormat::kJson);
   ASSERT_NE(s.Find("w\xc3\xa9\xf0\x9f\x98\x80\"\\/x"), nullptr);
   EXPECT_EQ(ParamOf(s, "w\xc3\xa9\xf0\x9f\x98\x80\"\\/x").layout.tensor_map,
@@ -1021,14 +1040,13 @@ TEST(StrategyJsonTest, ParsesStrictJson) {
                 absl::StatusCode::kInvalidArgument, {"not a JSON strategy: "});
   }
   // Numbers that are not 32-bit integers are type errors naming the key.
-  for (const char* map : {"[1.0]", "[1e2]", "[18446744073709551616]", "[-9223372036854775809]",
-                          "[2147483648]"}) {
-    ExpectError(
-        ParseStrategy(absl::StrCat(R"({"parallel_layout_item": {"w": {"dev_matrix": [2], )",
-                                   R"("tensor_map": )", map, "}}}"),
-                      StrategyFormat::kJson)
-            .status(),
-        absl::StatusCode::kInvalidArgument, {"parallel_layout_item.w.tensor_map must be"});
+  for (const char* map :
+       {"[1.0]", "[1e2]", "[18446744073709551616]", "[-9223372036854775809]", "[2147483648]"}) {
+    ExpectError(ParseStrategy(absl::StrCat(R"({"parallel_layout_item": {"w": {"dev_matrix": [2], )",
+                                           R"("tensor_map": )", map, "}}}"),
+                              StrategyFormat::kJson)
+                    .status(),
+                absl::StatusCode::kInvalidArgument, {"parallel_layout_item.w.tensor_map must be"});
   }
 }
 
