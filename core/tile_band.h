@@ -27,11 +27,11 @@ namespace ckpt {
 // (Start) or in memory the caller lends (StartIn). Not thread-safe.
 //
 // A band of a column re-split holds dozens of tiles of a few KiB each, so the per-tile work is
-// kept small: adding a tile allocates nothing once the band has seen a few, and finding an
-// overlap costs O(groups x log tiles) rather than a comparison with every earlier tile. Tiles
-// are grouped by their extent in every dim but the last (the stack of chunk rows they come
-// from); a group's last-dim intervals are kept sorted and disjoint, so the one earlier tile of a
-// group that could overlap a new one is found by binary search.
+// kept small: adding a tile allocates only to start a new group of tiles or grow a group's list
+// (amortised), and finding an overlap costs O(groups x log tiles). Tiles are grouped by their
+// extent in every dim but the last (the stack of chunk rows they come from); a group's last-dim
+// intervals are kept sorted and disjoint, so the one earlier tile of a group that could overlap
+// a new one is found by binary search.
 class TileBand {
  public:
   // Copies `n` bytes from `src` to `dst` (not overlapping).
@@ -81,8 +81,7 @@ class TileBand {
   };
 
   // The earlier tile that overlaps the tile (lo, hi), if any, as a Box (for the message).
-  std::optional<Box> FindOverlap(absl::Span<const int64_t> lo,
-                                 absl::Span<const int64_t> hi) const;
+  std::optional<Box> FindOverlap(absl::Span<const int64_t> lo, absl::Span<const int64_t> hi) const;
   // Records an added tile (after FindOverlap found none).
   void Record(absl::Span<const int64_t> lo, absl::Span<const int64_t> hi);
 

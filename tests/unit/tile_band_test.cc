@@ -124,8 +124,9 @@ TEST(TileBandTest, OverlapsAreFoundExactlyAsByBruteForce) {
         const std::string message(s.message());
         bool named = false;
         for (const Box& earlier : accepted) {
-          named = named || (Intersect(earlier, tile) &&
-                            message.find("overlaps tile " + earlier.ToString()) != std::string::npos);
+          named =
+              named || (Intersect(earlier, tile) &&
+                        message.find("overlaps tile " + earlier.ToString()) != std::string::npos);
         }
         EXPECT_TRUE(named) << message;
       } else {
