@@ -315,11 +315,10 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
   }
   ViewCursor cursor(views);  // the parts cover the views exactly (checked by OnData)
   for (size_t i = 0; i < part_bytes.size(); ++i) {
-    Box tile;
-    tile.lo.assign(tile_box.begin() + 2 * rank * i, tile_box.begin() + 2 * rank * i + rank);
-    tile.hi.assign(tile_box.begin() + 2 * rank * i + rank, tile_box.begin() + 2 * rank * (i + 1));
+    const absl::Span<const int64_t> lo = tile_box.subspan(2 * rank * i, rank);
+    const absl::Span<const int64_t> hi = tile_box.subspan(2 * rank * i + rank, rank);
     const std::vector<std::string_view>& bytes = cursor.Next(part_bytes[i]);
-    if (absl::Status s = c.band->Add(tile, bytes); !s.ok()) return fail(std::string(s.message()));
+    if (absl::Status s = c.band->Add(lo, hi, bytes); !s.ok()) return fail(std::string(s.message()));
   }
   if (!c.band->complete()) return absl::OkStatus();
   const std::string_view band = c.band->bytes();

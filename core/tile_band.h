@@ -8,12 +8,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/box.h"
 #include "core/dtype.h"
 
@@ -23,6 +25,13 @@ namespace ckpt {
 // dim whole. Tiles must lie inside the band and not overlap; the band is complete once their
 // volumes add up to its own, and then they tile it exactly. Assembled in a buffer of its own
 // (Start) or in memory the caller lends (StartIn). Not thread-safe.
+//
+// A band of a column re-split holds dozens of tiles of a few KiB each, so the per-tile work is
+// kept small: adding a tile allocates only to start a new group of tiles or grow a group's list
+// (amortised), and finding an overlap costs O(groups x log tiles). Tiles are grouped by their
+// extent in every dim but the last (the stack of chunk rows they come from); a group's last-dim
+// intervals are kept sorted and disjoint, so the one earlier tile of a group that could overlap
+// a new one is found by binary search.
 class TileBand {
  public:
   // Copies `n` bytes from `src` to `dst` (not overlapping).
@@ -45,6 +54,9 @@ class TileBand {
   // INVALID_ARGUMENT naming the tile when it has the wrong rank, leaves the band, overlaps an
   // earlier tile, or its bytes do not match its volume; nothing is copied then.
   absl::Status Add(const Box& tile, const std::vector<std::string_view>& bytes);
+  // The same, for the tile with corners `lo` and `hi` (given without building a Box).
+  absl::Status Add(absl::Span<const int64_t> lo, absl::Span<const int64_t> hi,
+                   const std::vector<std::string_view>& bytes);
 
   bool complete() const { return covered_ == volume_; }
   const Box& box() const { return band_; }
@@ -61,6 +73,18 @@ class TileBand {
         memory_(memory == nullptr ? buffer_.get() : memory),
         copy_(copy) {}
 
+  // Tiles added so far with the same extent in dims [0, rank - 1): their last-dim intervals,
+  // sorted by lower bound and disjoint (so sorted by upper bound too).
+  struct Group {
+    std::vector<int64_t> lo, hi;                         // dims [0, rank - 1)
+    std::vector<std::pair<int64_t, int64_t>> intervals;  // [lo, hi) of the last dim
+  };
+
+  // The earlier tile that overlaps the tile (lo, hi), if any, as a Box (for the message).
+  std::optional<Box> FindOverlap(absl::Span<const int64_t> lo, absl::Span<const int64_t> hi) const;
+  // Records an added tile (after FindOverlap found none).
+  void Record(absl::Span<const int64_t> lo, absl::Span<const int64_t> hi);
+
   // The checks of Start; the band's box and its volume in elements.
   static absl::StatusOr<std::pair<Box, int64_t>> CheckBand(DType dtype, const Shape& local,
                                                            int64_t first_row, int64_t rows,
@@ -73,7 +97,7 @@ class TileBand {
   const std::unique_ptr<char[]> buffer_;  // null when the memory is lent
   char* const memory_;                    // the band's first byte
   const CopyFn copy_;                     // null: memcpy
-  std::vector<Box> tiles_;                // added so far
+  std::vector<Group> groups_;             // the tiles added so far
   int64_t covered_ = 0;                   // elements
 };
 

@@ -89,6 +89,76 @@ TEST(TileBandTest, RandomTilingsAssembleTheBand) {
   }
 }
 
+// Random boxes inside a band, added one by one: each is refused as overlapping exactly when a
+// brute-force comparison with every box accepted before finds an overlap (the band keeps its
+// tiles grouped by their extent in the leading dims, so groups of equal, intersecting and
+// disjoint leading extents all occur), and the message names an earlier tile it overlaps.
+TEST(TileBandTest, OverlapsAreFoundExactlyAsByBruteForce) {
+  const uint64_t seed = testing::PropertySeed(12);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 300; ++trial) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " trial " << trial);
+    Shape local(1 + rng() % 3);
+    for (int64_t& d : local) d = 1 + static_cast<int64_t>(rng() % 6);
+    auto band = TileBand::Start(DType::kUInt8, local, 0, local[0], int64_t{1} << 20);
+    ASSERT_TRUE(band.ok()) << band.status();
+    // Leading extents drawn from a few choices, so that tiles often share them.
+    std::vector<Box> accepted;
+    for (int i = 0; i < 40 && !(*band)->complete(); ++i) {
+      Box tile = (*band)->box();
+      for (size_t d = 0; d < local.size(); ++d) {
+        const int64_t extent = (*band)->box().extent(d);
+        const bool coarse = d + 1 < local.size() && rng() % 2 == 0;
+        const int64_t a = coarse ? 0 : static_cast<int64_t>(rng() % extent);
+        const int64_t b = coarse ? extent : a + 1 + static_cast<int64_t>(rng() % (extent - a));
+        tile.lo[d] = a;
+        tile.hi[d] = b;
+      }
+      bool overlaps = false;
+      for (const Box& earlier : accepted) overlaps = overlaps || Intersect(earlier, tile);
+      const std::string bytes(static_cast<size_t>(*tile.Volume()), 't');
+      const absl::Status s = (*band)->Add(tile, {bytes});
+      if (overlaps) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << tile.ToString();
+        // The named tile is one accepted before that the new one overlaps.
+        const std::string message(s.message());
+        bool named = false;
+        for (const Box& earlier : accepted) {
+          named =
+              named || (Intersect(earlier, tile) &&
+                        message.find("overlaps tile " + earlier.ToString()) != std::string::npos);
+        }
+        EXPECT_TRUE(named) << message;
+      } else {
+        ASSERT_TRUE(s.ok()) << tile.ToString() << ": " << s;
+        accepted.push_back(tile);
+      }
+    }
+    int64_t covered = 0;
+    for (const Box& t : accepted) covered += *t.Volume();
+    EXPECT_EQ((*band)->complete(), covered == *(*band)->box().Volume());
+  }
+}
+
+// Tiles of rank above the inline odometer's (8 dims) assemble as well.
+TEST(TileBandTest, HighRankTilesAssemble) {
+  const Shape local = {2, 1, 2, 1, 1, 2, 1, 1, 1, 3};  // rank 10
+  int64_t elements = 1;
+  for (int64_t d : local) elements *= d;
+  std::string array(static_cast<size_t>(elements * 2), '\0');
+  for (size_t i = 0; i < array.size(); ++i) array[i] = static_cast<char>('a' + i % 26);
+  auto band = TileBand::Start(DType::kFloat16, local, 0, 2, 1 << 20);
+  ASSERT_TRUE(band.ok()) << band.status();
+  std::mt19937_64 rng(7);
+  std::vector<Box> tiles;
+  Cut((*band)->box(), rng, 8, &tiles);
+  for (const Box& t : tiles) {
+    ASSERT_TRUE((*band)->Add(t, {Gather(array, local, t, 2)}).ok()) << t.ToString();
+  }
+  ASSERT_TRUE((*band)->complete());
+  EXPECT_EQ((*band)->bytes(), array);
+}
+
 TEST(TileBandTest, BadTilesAndBandsAreRefusedNamingThem) {
   auto band = TileBand::Start(DType::kFloat32, {4, 6}, 1, 2, 1 << 20);  // rows [1, 3)
   ASSERT_TRUE(band.ok()) << band.status();
