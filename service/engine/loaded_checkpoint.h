@@ -12,6 +12,7 @@
 #include "ckpt_records.pb.h"
 #include "core/reshard.h"
 #include "core/strategy.h"
+#include "service/engine/fetch_layout.h"
 
 namespace ckpt {
 
@@ -20,6 +21,9 @@ struct LoadedCheckpoint {
   std::shared_ptr<const Strategy> strategy;  // null: a single whole-tensor source rank
   absl::flat_hash_map<std::string, int> tensor_by_name;  // -> index in manifest.tensors
   std::vector<TensorInfo> catalog;                        // planner input, manifest order
+  // The layouts of the destination rank plans being fetched from this checkpoint (FetchStream's
+  // batches of small tensors); a cache, hence mutable (thread-safe).
+  mutable FetchLayoutCache fetch_layouts;
 
   // Decodes and checks a stored manifest: DATA_LOSS when it does not parse, FAILED_PRECONDITION
   // naming the value when it does not record its chunks' checksums as XXH3-64

@@ -6,10 +6,10 @@
 
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,7 +63,8 @@ class CheckingVisitor final : public TensorVisitor {
   int64_t rank_;
   std::string include_prefix_;
   std::optional<SliceChecker> checker_;
-  std::set<std::string> seen_;
+  // seen_[i]: spec_->tensors[i] was delivered (sized on the first tensor).
+  std::vector<uint8_t> seen_;
   int64_t bytes_ = 0;
   int64_t checked_ = 0;
 };
