@@ -65,6 +65,7 @@ class CheckingVisitor final : public TensorVisitor {
   std::optional<SliceChecker> checker_;
   // seen_[i]: spec_->tensors[i] was delivered (sized on the first tensor).
   std::vector<uint8_t> seen_;
+  size_t next_ = 0;  // the index after the last tensor found
   int64_t bytes_ = 0;
   int64_t checked_ = 0;
 };
