@@ -173,16 +173,18 @@ absl::Status FetchStream::DirectBatchPiece(const FetchLayout& layout, FetchPiece
                                                          bytes.size(), " bytes, expected ",
                                                          ref.chunk_bytes)));
       }
-      DataSegment s{chunk, bytes.substr(ref.offset, ref.length), std::nullopt, chunk};
+      // The segment keeps the chunk alive (owner) without naming it (chunk): it is verified
+      // here, now, while errors still name this tensor, unless it is a whole chunk that becomes
+      // a part of its own and leaves with its stored checksum for the client to verify.
+      DataSegment s{chunk, bytes.substr(ref.offset, ref.length), std::nullopt, nullptr};
       if (ref.offset == 0 && ref.length == bytes.size()) s.stored_checksum = chunk->checksum;
-      // Verified now, while errors still name this tensor; whole chunks that become parts of
-      // their own leave with their stored checksum for the client to verify.
       if (!(s.stored_checksum && static_cast<int64_t>(ref.length) >= options_.min_part_bytes)) {
         CKPT_RETURN_IF_ERROR(Verify(*chunk));
       }
       out->segments.push_back(std::move(s));
     }
     out->data_bytes += lt.bytes;
+    ++direct_tensors_;
   }
   tensor_ = end;
   header_sent_ = false;

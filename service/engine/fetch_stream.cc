@@ -248,7 +248,7 @@ void FetchStream::PrefetchBatch() {
     const TensorPlan& t = plan_->tensors[k];
     const int64_t bytes = TensorBytes(t);
     if (!Batchable(bytes) || (count > 0 && batch_bytes + bytes > options_.max_message_bytes) ||
-        (count > 0 && layout_ && layout_->tensors[k].direct)) {
+        (count > 0 && options_.direct_batches && layout_->tensors[k].direct)) {
       break;
     }
     batch_bytes += bytes;
@@ -606,7 +606,8 @@ absl::Status FetchStream::BatchPiece(FetchPiece* out) {
     layout_ = checkpoint_->fetch_layouts.Get(
         *checkpoint_, plan_, std::min(options_.batch_tensor_bytes, options_.max_message_bytes));
   }
-  if (tensor_ < layout_->tensors.size() && layout_->tensors[tensor_].direct) {
+  if (options_.direct_batches && tensor_ < layout_->tensors.size() &&
+      layout_->tensors[tensor_].direct) {
     return DirectBatchPiece(*layout_, out);
   }
   // The headers go to out->batch_headers, serialised as they come; the message holds the batch.
@@ -623,7 +624,8 @@ absl::Status FetchStream::BatchPiece(FetchPiece* out) {
     const TensorPlan& t = plan_->tensors[tensor_];
     const int64_t bytes = TensorBytes(t);
     if (!Batchable(bytes) || (count > 0 && out->data_bytes + bytes > options_.max_message_bytes) ||
-        (count > 0 && layout_->tensors[tensor_].direct)) {  // the next batch is a direct one
+        (count > 0 && options_.direct_batches &&
+         layout_->tensors[tensor_].direct)) {  // the next batch is a direct one
       break;
     }
     ++count;

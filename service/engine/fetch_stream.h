@@ -56,6 +56,9 @@ struct FetchOptions {
   int64_t batch_tensor_bytes = int64_t{64} << 10;
   int batch_first_tensors = 16;
   int batch_max_tensors = 2048;
+  // Batches of direct tensors (FetchLayout) are made from the plan's layout, not band by band
+  // (false: every tensor band by band, as tests compare).
+  bool direct_batches = true;
 };
 
 // Who reads a stream's data messages, which decides how they are checksummed and laid out. Every
@@ -145,6 +148,8 @@ class FetchStream {
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }
+  // Tensors sent from the plan's layout (DirectBatchPiece).
+  int64_t direct_tensors() const { return direct_tensors_; }
 
  private:
   // A stored chunk and the region of the current band it supplies, in global coordinates.
@@ -262,6 +267,7 @@ class FetchStream {
   std::unique_ptr<CohortMember> member_;
   int64_t total_bytes_ = 0;
   int64_t bytes_produced_ = 0;
+  int64_t direct_tensors_ = 0;
 
   bool summary_sent_ = false;
   size_t tensor_ = 0;  // index into plan_.tensors

@@ -25,12 +25,26 @@ absl::Status CheckingVisitor::OnTensor(const v1::FetchTensorHeader& header) {
     }
     return absl::OkStatus();
   }
-  Box want = Box::Whole(t->shape());
-  if (destination_ != nullptr) {
-    const StrategyParam* p = destination_->Find(t->name);
-    if (p == nullptr) return absl::InternalError(absl::StrCat("no layout for ", t->name));
-    CKPT_ASSIGN_OR_RETURN(
-        want, p->layout.SliceBox(t->shape(), rank_ % destination_->devices_per_stage()));
+  const auto index = static_cast<size_t>(t - spec_->tensors.data());
+  std::optional<Box>* kept = nullptr;
+  if (expected_boxes_ != nullptr) {
+    if (expected_boxes_->size() != spec_->tensors.size()) {
+      expected_boxes_->assign(spec_->tensors.size(), std::nullopt);
+    }
+    kept = &(*expected_boxes_)[index];
+  }
+  Box want;
+  if (kept != nullptr && kept->has_value()) {
+    want = **kept;
+  } else {
+    want = Box::Whole(t->shape());
+    if (destination_ != nullptr) {
+      const StrategyParam* p = destination_->Find(t->name);
+      if (p == nullptr) return absl::InternalError(absl::StrCat("no layout for ", t->name));
+      CKPT_ASSIGN_OR_RETURN(
+          want, p->layout.SliceBox(t->shape(), rank_ % destination_->devices_per_stage()));
+    }
+    if (kept != nullptr) *kept = want;
   }
   // Compared in place: this runs once per delivered tensor, tens of thousands per fetch.
   const bool box_ok = std::equal(header.box_lo().begin(), header.box_lo().end(), want.lo.begin(),
@@ -47,7 +61,6 @@ absl::Status CheckingVisitor::OnTensor(const v1::FetchTensorHeader& header) {
   if (header.dtype() != DTypeName(t->dtype)) {
     return absl::InternalError(absl::StrCat(t->name, ": dtype ", header.dtype()));
   }
-  const auto index = static_cast<size_t>(t - spec_->tensors.data());
   if (seen_.size() != spec_->tensors.size()) seen_.assign(spec_->tensors.size(), 0);
   if (seen_[index]) return absl::InternalError(absl::StrCat(t->name, " delivered twice"));
   seen_[index] = 1;

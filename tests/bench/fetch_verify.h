@@ -26,12 +26,17 @@ class CheckingVisitor final : public TensorVisitor {
  public:
   // `destination` null: merged (every tensor whole). `include_prefix`: only tensors whose names
   // start with it are expected (empty: all).
+  // `expected_boxes` (optional, not owned): the boxes the layout gives the rank by spec tensor
+  // index, filled as tensors come; a caller fetching the same rank again passes the same vector
+  // so that they are worked out once.
   CheckingVisitor(const BenchSpec* spec, const Strategy* destination, int64_t rank,
-                  std::string include_prefix)
+                  std::string include_prefix,
+                  std::vector<std::optional<Box>>* expected_boxes = nullptr)
       : spec_(spec),
         destination_(destination),
         rank_(rank),
-        include_prefix_(std::move(include_prefix)) {}
+        include_prefix_(std::move(include_prefix)),
+        expected_boxes_(expected_boxes) {}
 
   absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
 
@@ -62,6 +67,7 @@ class CheckingVisitor final : public TensorVisitor {
   const Strategy* destination_;
   int64_t rank_;
   std::string include_prefix_;
+  std::vector<std::optional<Box>>* expected_boxes_;
   std::optional<SliceChecker> checker_;
   // seen_[i]: spec_->tensors[i] was delivered (sized on the first tensor).
   std::vector<uint8_t> seen_;
