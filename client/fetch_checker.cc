@@ -114,11 +114,17 @@ absl::Status FetchChecker::OnTensor(const v1::FetchTensorHeader& header) {
         absl::StrCat("tensor ", header.name(), " announces ", header.total_bytes(), " bytes"));
   }
   ++tensors_;
-  current_.emplace();
-  current_->name = header.name();
+  // The one Tensor is reset rather than made anew, so that its name and shape keep their storage
+  // from tensor to tensor (a batch holds thousands).
+  current_ = &tensor_;
+  current_->name.assign(header.name());
   current_->total = header.total_bytes();
+  current_->received = 0;
+  current_->dtype.reset();
   if (auto dtype = ParseDType(header.dtype()); dtype.ok()) current_->dtype = *dtype;
   current_->local.assign(header.local_shape().begin(), header.local_shape().end());
+  current_->band.reset();
+  current_->memory = nullptr;
   CKPT_RETURN_IF_ERROR(visitor_->OnTensor(header));
   if (in_place_ != nullptr) current_->memory = in_place_->TensorMemory();
   return absl::OkStatus();
@@ -200,7 +206,10 @@ absl::Status FetchChecker::OnBatch(const v1::FetchTensorBatch& batch) {
   for (const v1::FetchTensorHeader& header : batch.tensors()) {
     CKPT_RETURN_IF_ERROR(OnTensor(header));
     const auto n = static_cast<uint64_t>(header.total_bytes());
-    if (n > 0) CKPT_RETURN_IF_ERROR(Deliver({data.substr(offset, n)}, n));
+    if (n > 0) {
+      const std::string_view bytes = data.substr(offset, n);
+      CKPT_RETURN_IF_ERROR(Deliver(absl::MakeConstSpan(&bytes, 1), n));
+    }
     offset += n;
   }
   return absl::OkStatus();
@@ -248,7 +257,7 @@ absl::Status FetchChecker::OnData(const std::vector<std::string_view>& views, ui
   return Deliver(views, size);
 }
 
-absl::Status FetchChecker::Deliver(const std::vector<std::string_view>& views, uint64_t size) {
+absl::Status FetchChecker::Deliver(absl::Span<const std::string_view> views, uint64_t size) {
   Current& c = *current_;
   if (c.memory != nullptr) {
     // OnData checked `size` against the bytes still due.
@@ -362,7 +371,7 @@ absl::Status FetchChecker::EndTensor(std::string_view where) {
                                             current_->received, " of ", current_->total,
                                             " bytes before ", Sv(where)));
   }
-  current_.reset();
+  current_ = nullptr;
   return visitor_->OnTensorEnd();
 }
 

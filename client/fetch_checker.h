@@ -57,8 +57,7 @@ void StreamingCopy(char* dst, const char* src, size_t n);
 // Orders the streaming stores before it before any later store (the hand-over).
 void StoreFence();
 
-// The tensor a FetchChecker is receiving. Outside the class so that it is complete where
-// std::optional checks that it is default-constructible.
+// The tensor a FetchChecker is receiving (one object, reset for each tensor).
 struct Tensor {
   std::string name;
   int64_t total = 0;
@@ -123,13 +122,15 @@ class FetchChecker {
   absl::Status EndTensor(std::string_view where);
   // Hands the current tensor's next `size` verified bytes, the concatenated `views`, on: written
   // to the tensor's lent memory, or to the visitor's OnData.
-  absl::Status Deliver(const std::vector<std::string_view>& views, uint64_t size);
+  absl::Status Deliver(absl::Span<const std::string_view> views, uint64_t size);
 
   TensorVisitor* visitor_;
   InPlaceVisitor* const in_place_;  // visitor_, when it lends memory; else null
   const std::string checkpoint_;
   std::optional<v1::FetchPlanSummary> summary_;
-  std::optional<Current> current_;
+  // The open tensor: &tensor_, or null between tensors.
+  Current tensor_;
+  Current* current_ = nullptr;
   int64_t tensors_ = 0;
   int64_t bytes_ = 0;
 };

@@ -147,8 +147,22 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
   }
   reset();
   out->reader.reset();
-  grpc::ByteBuffer copy(out->buffer);  // shares the slices; Deserialize consumes its argument
-  return grpc::SerializationTraits<v1::FetchResponse>::Deserialize(&copy, &out->message);
+  // A batch after a batch is parsed into the previous one, cleared: its tensor headers, their
+  // strings and shapes, and its data keep their storage (Clear on the whole message would free
+  // the batch, and with it thousands of headers, for every message).
+  if (out->message.has_batch()) {
+    out->message.mutable_batch()->Clear();
+  } else {
+    out->message.Clear();
+  }
+  grpc::ProtoBufferReader reader(&out->buffer);  // reads the slices, shared with the buffer
+  if (!reader.status().ok()) return reader.status();
+  CodedInputStream in(&reader);
+  if (!out->message.MergeFromCodedStream(&in)) {
+    out->message.Clear();
+    return grpc::Status(grpc::StatusCode::INTERNAL, "a fetch message does not parse");
+  }
+  return grpc::Status::OK;
 }
 
 uint64_t ViewCursor::Checksum(uint64_t n) { return ckpt::Checksum(Next(n)); }

@@ -1,11 +1,15 @@
 // AppendBatchTensorHeader (fetch_stream.h): a batch's tensor headers written as protobuf writes
-// them, without a message object per tensor.
+// them, without a message object per tensor; and FetchStream::DirectBatchPiece, the batches of
+// tensors whose bytes are ranges of stored chunks (FetchLayout).
 #include <cassert>
 #include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "service/engine/fetch_stream.h"
@@ -98,6 +102,96 @@ void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, cons
   if (total_bytes != 0) at = WireFormatLite::WriteInt64ToArray(7, total_bytes, at);
   if (verbatim) at = WireFormatLite::WriteBoolToArray(8, true, at);
   assert(reinterpret_cast<char*>(at) == out->data() + out->size());
+}
+
+// Direct tensors' bytes are chunk ranges known from the layout: the batch is their headers as
+// serialised when the layout was built, and views of the chunks, got with one GetMany. The other
+// tensors of the batch (rare among many small ones) are assembled band by band.
+absl::Status FetchStream::DirectBatchPiece(const FetchLayout& layout, FetchPiece* out) {
+  out->message.mutable_batch();
+  // A batch's tensors come as rows (AppendBatchTensor).
+  const bool tiles = tiles_;
+  tiles_ = false;
+  absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
+  if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
+  // The tensors BatchPiece would take.
+  const size_t first = tensor_;
+  size_t end = first;
+  size_t last_direct = first;
+  int64_t batch_bytes = 0;
+  while (end < layout.tensors.size() && end - first < static_cast<size_t>(batch_tensors_)) {
+    const FetchLayout::Tensor& lt = layout.tensors[end];
+    const int64_t bytes = lt.direct ? lt.bytes : TensorBytes(plan_->tensors[end]);
+    if (!Batchable(bytes) || (end > first && batch_bytes + bytes > options_.max_message_bytes)) {
+      break;
+    }
+    if (lt.direct) last_direct = end;
+    batch_bytes += bytes;
+    ++end;
+  }
+  // The direct tensors' refs are consecutive in the layout, in tensor order.
+  const size_t ref_begin = layout.tensors[first].first_ref;
+  const size_t ref_end =
+      layout.tensors[last_direct].first_ref + layout.tensors[last_direct].ref_count;
+  std::vector<SharedChunks::Request>& requests = direct_requests_;
+  requests.resize(ref_end - ref_begin);
+  for (size_t j = ref_begin; j < ref_end; ++j) {
+    SharedChunks::Request& q = requests[j - ref_begin];
+    q.address = layout.refs[j].address;
+    q.checksum = layout.refs[j].checksum;
+  }
+  // The chunks go with the message's segments; the requests let go of them however this returns.
+  absl::Cleanup release = [&requests] { requests.clear(); };  // keeps the vector's storage
+  chunks_->GetMany(std::span<SharedChunks::Request>(requests),
+                   member_ ? member_->cohort() : nullptr, this);
+  if (member_) {
+    int64_t got = 0;
+    for (const SharedChunks::Request& q : requests) {
+      if (q.result.ok()) got += static_cast<int64_t>((*q.result)->data->bytes().size());
+    }
+    if (got > 0) member_->Advanced(got);
+  }
+  out->segments.reserve(requests.size());
+  for (size_t k = first; k < end; ++k) {
+    tensor_ = k;  // errors name this tensor
+    const FetchLayout::Tensor& lt = layout.tensors[k];
+    if (!lt.direct) {
+      const TensorPlan& t = plan_->tensors[k];
+      CKPT_RETURN_IF_ERROR(AppendBatchTensor(t, TensorBytes(t), out));
+      continue;
+    }
+    StartTensor();
+    out->batch_headers.append(layout.headers, lt.header_offset, lt.header_length);
+    for (size_t j = lt.first_ref; j < lt.first_ref + lt.ref_count; ++j) {
+      const FetchLayout::ChunkRef& ref = layout.refs[j];
+      absl::StatusOr<std::shared_ptr<StreamChunk>>& result = requests[j - ref_begin].result;
+      if (!result.ok()) return Annotate(result.status());
+      const std::shared_ptr<StreamChunk>& chunk = *result;
+      const std::string_view bytes = chunk->data->bytes();
+      if (bytes.size() != ref.chunk_bytes) {
+        return Annotate(absl::DataLossError(absl::StrCat("chunk ", ref.address.chunk, " has ",
+                                                         bytes.size(), " bytes, expected ",
+                                                         ref.chunk_bytes)));
+      }
+      // The segment keeps the chunk alive (owner) without naming it (chunk): it is verified
+      // here, now, while errors still name this tensor, unless it is a whole chunk that becomes
+      // a part of its own and leaves with its stored checksum for the client to verify.
+      DataSegment s{chunk, bytes.substr(ref.offset, ref.length), std::nullopt, nullptr};
+      if (ref.offset == 0 && ref.length == bytes.size()) s.stored_checksum = chunk->checksum;
+      if (!(s.stored_checksum && static_cast<int64_t>(ref.length) >= options_.min_part_bytes)) {
+        CKPT_RETURN_IF_ERROR(Verify(*chunk));
+      }
+      out->segments.push_back(std::move(s));
+    }
+    out->data_bytes += lt.bytes;
+    ++direct_tensors_;
+  }
+  tensor_ = end;
+  header_sent_ = false;
+  batch_tensors_ = std::min(2 * batch_tensors_, std::max(1, options_.batch_max_tensors));
+  CKPT_RETURN_IF_ERROR(ChecksumMessage(FetchReader::kClient, out));
+  bytes_produced_ += out->data_bytes;
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt

@@ -163,22 +163,7 @@ int64_t FetchStream::TensorBytes(const TensorPlan& t) const {
 
 const records::BlobRecord* FetchStream::BlobFor(const records::TensorRecord& r,
                                                 const CopyOp& op) const {
-  if (r.sharded()) {
-    // Blobs of sharded tensors are sorted by cell: where every cell has one (the usual case),
-    // cell i is blob i, found without a search.
-    if (op.src_box_id >= 0 && op.src_box_id < r.blobs_size() &&
-        r.blobs(static_cast<int>(op.src_box_id)).cell() == op.src_box_id) {
-      return &r.blobs(static_cast<int>(op.src_box_id));
-    }
-    auto it = std::lower_bound(
-        r.blobs().begin(), r.blobs().end(), op.src_box_id,
-        [](const records::BlobRecord& b, int64_t cell) { return b.cell() < cell; });
-    return it != r.blobs().end() && it->cell() == op.src_box_id ? &*it : nullptr;
-  }
-  for (const records::BlobRecord& b : r.blobs()) {
-    if (std::binary_search(b.holders().begin(), b.holders().end(), op.src_rank)) return &b;
-  }
-  return nullptr;
+  return FindBlob(r, op);
 }
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> FetchStream::Chunk(const ChunkAddress& address,
@@ -262,7 +247,8 @@ void FetchStream::PrefetchBatch() {
     // The tensors BatchPiece will take (the same conditions).
     const TensorPlan& t = plan_->tensors[k];
     const int64_t bytes = TensorBytes(t);
-    if (!Batchable(bytes) || (count > 0 && batch_bytes + bytes > options_.max_message_bytes)) {
+    if (!Batchable(bytes) || (count > 0 && batch_bytes + bytes > options_.max_message_bytes) ||
+        (count > 0 && options_.direct_batches && layout_->tensors[k].direct)) {
       break;
     }
     batch_bytes += bytes;
@@ -616,6 +602,14 @@ bool FetchStream::Batchable(int64_t bytes) const {
 }
 
 absl::Status FetchStream::BatchPiece(FetchPiece* out) {
+  if (!layout_) {
+    layout_ = checkpoint_->fetch_layouts.Get(
+        *checkpoint_, plan_, std::min(options_.batch_tensor_bytes, options_.max_message_bytes));
+  }
+  if (options_.direct_batches && tensor_ < layout_->tensors.size() &&
+      layout_->tensors[tensor_].direct) {
+    return DirectBatchPiece(*layout_, out);
+  }
   // The headers go to out->batch_headers, serialised as they come; the message holds the batch.
   out->message.mutable_batch();
   int count = 0;
@@ -629,41 +623,48 @@ absl::Status FetchStream::BatchPiece(FetchPiece* out) {
   while (tensor_ < plan_->tensors.size() && count < batch_tensors_) {
     const TensorPlan& t = plan_->tensors[tensor_];
     const int64_t bytes = TensorBytes(t);
-    if (!Batchable(bytes) || (count > 0 && out->data_bytes + bytes > options_.max_message_bytes)) {
+    if (!Batchable(bytes) || (count > 0 && out->data_bytes + bytes > options_.max_message_bytes) ||
+        (count > 0 && options_.direct_batches &&
+         layout_->tensors[tensor_].direct)) {  // the next batch is a direct one
       break;
     }
-    StartTensor();
-    AppendHeader(t, &out->batch_headers);
     ++count;
-    int64_t produced = 0;
-    while (!tensor_done_) {
-      CKPT_RETURN_IF_ERROR(BuildBand());
-      for (DataSegment& s : band_) {
-        if (s.bytes.empty()) continue;
-        // Verified now, while errors still name this tensor; whole chunks that become parts of
-        // their own leave with their stored checksum for the client to verify.
-        if (s.chunk && !(s.stored_checksum &&
-                         static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes)) {
-          CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
-        }
-        produced += static_cast<int64_t>(s.bytes.size());
-        out->segments.push_back(std::move(s));
-      }
-      band_.clear();
-      band_tiles_.clear();
-      band_left_ = 0;
-    }
-    if (produced != bytes) {
-      return Annotate(absl::InternalError(
-          absl::StrCat("assembled ", produced, " bytes of ", bytes, " for a batch")));
-    }
-    out->data_bytes += bytes;
+    CKPT_RETURN_IF_ERROR(AppendBatchTensor(t, bytes, out));
     ++tensor_;
   }
   header_sent_ = false;
   batch_tensors_ = std::min(2 * batch_tensors_, std::max(1, options_.batch_max_tensors));
   CKPT_RETURN_IF_ERROR(ChecksumMessage(FetchReader::kClient, out));
   bytes_produced_ += out->data_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status FetchStream::AppendBatchTensor(const TensorPlan& t, int64_t bytes, FetchPiece* out) {
+  StartTensor();
+  AppendHeader(t, &out->batch_headers);
+  int64_t produced = 0;
+  while (!tensor_done_) {
+    CKPT_RETURN_IF_ERROR(BuildBand());
+    for (DataSegment& s : band_) {
+      if (s.bytes.empty()) continue;
+      // Verified now, while errors still name this tensor; whole chunks that become parts of
+      // their own leave with their stored checksum for the client to verify.
+      if (s.chunk && !(s.stored_checksum &&
+                       static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes)) {
+        CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
+      }
+      produced += static_cast<int64_t>(s.bytes.size());
+      out->segments.push_back(std::move(s));
+    }
+    band_.clear();
+    band_tiles_.clear();
+    band_left_ = 0;
+  }
+  if (produced != bytes) {
+    return Annotate(absl::InternalError(
+        absl::StrCat("assembled ", produced, " bytes of ", bytes, " for a batch")));
+  }
+  out->data_bytes += bytes;
   return absl::OkStatus();
 }
 

@@ -23,6 +23,7 @@
 #include "ckpt.pb.h"
 #include "core/chunk_grid.h"
 #include "core/reshard.h"
+#include "service/engine/fetch_layout.h"
 #include "service/engine/loaded_checkpoint.h"
 #include "service/engine/shared_chunks.h"
 #include "storage/checkpoint_store.h"
@@ -55,6 +56,9 @@ struct FetchOptions {
   int64_t batch_tensor_bytes = int64_t{64} << 10;
   int batch_first_tensors = 16;
   int batch_max_tensors = 2048;
+  // Batches of direct tensors (FetchLayout) are made from the plan's layout, not band by band
+  // (false: every tensor band by band, as tests compare).
+  bool direct_batches = true;
 };
 
 // Who reads a stream's data messages, which decides how they are checksummed and laid out. Every
@@ -144,6 +148,8 @@ class FetchStream {
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t bytes_produced() const { return bytes_produced_; }
+  // Tensors sent from the plan's layout (DirectBatchPiece).
+  int64_t direct_tensors() const { return direct_tensors_; }
 
  private:
   // A stored chunk and the region of the current band it supplies, in global coordinates.
@@ -205,6 +211,15 @@ class FetchStream {
   // tensor's bands as rows, its chunks verified unless they leave whole with their stored
   // checksum, then the batch's parts.
   absl::Status BatchPiece(FetchPiece* out);
+  // BatchPiece for a batch that starts with a direct tensor (FetchLayout): the direct tensors'
+  // chunk ranges, got with one SharedChunks::GetMany, verified unless they leave whole with their
+  // stored checksum; any other tensor of the batch assembled by AppendBatchTensor. The same
+  // messages as BatchPiece's. (BatchPiece, for batches that start with another tensor, ends them
+  // at the next direct tensor.)
+  absl::Status DirectBatchPiece(const FetchLayout& layout, FetchPiece* out);
+  // Appends tensor `t` (the current one, of `bytes` bytes) to the batch `out`: its header, and
+  // its bands as rows, their chunks verified unless they leave whole with their stored checksum.
+  absl::Status AppendBatchTensor(const TensorPlan& t, int64_t bytes, FetchPiece* out);
   void TilePiece(FetchPiece* out);
   absl::Status DataPiece(FetchReader reader, FetchPiece* out);
   // Fills sources_ for the current tensor (unless done, or resolved ahead by PrefetchBatch):
@@ -243,11 +258,16 @@ class FetchStream {
 
   std::shared_ptr<const LoadedCheckpoint> checkpoint_;
   const std::shared_ptr<const RankPlan> plan_;  // shared with other streams of the rank (read-only)
+  // The plan's layout (LoadedCheckpoint::fetch_layouts), got by the first batch.
+  std::shared_ptr<const FetchLayout> layout_;
+  // DirectBatchPiece's requests (kept for their storage; their chunks released after each batch).
+  std::vector<SharedChunks::Request> direct_requests_;
   SharedChunks* chunks_;
   FetchOptions options_;
   std::unique_ptr<CohortMember> member_;
   int64_t total_bytes_ = 0;
   int64_t bytes_produced_ = 0;
+  int64_t direct_tensors_ = 0;
 
   bool summary_sent_ = false;
   size_t tensor_ = 0;  // index into plan_.tensors

@@ -14,6 +14,7 @@
 #include "core/reshard.h"
 #include "core/strategy.h"
 #include "google/protobuf/arena.h"
+#include "service/engine/fetch_layout.h"
 
 namespace ckpt {
 
@@ -27,6 +28,9 @@ struct LoadedCheckpoint {
   // -> index in manifest.tensors; the keys are the manifest's own names.
   absl::flat_hash_map<std::string_view, int> tensor_by_name;
   std::vector<TensorInfo> catalog;  // planner input, manifest order
+  // The layouts of the destination rank plans being fetched from this checkpoint (FetchStream's
+  // batches of small tensors); a cache, hence mutable (thread-safe).
+  mutable FetchLayoutCache fetch_layouts;
 
   // Decodes and checks a stored manifest: DATA_LOSS when it does not parse, FAILED_PRECONDITION
   // naming the value when it does not record its chunks' checksums as XXH3-64

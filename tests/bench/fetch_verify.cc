@@ -1,5 +1,7 @@
 #include "tests/bench/fetch_verify.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/ckpt_format.h"
 #include "core/status_macros.h"
@@ -10,41 +12,68 @@ namespace ckpt::bench {
 
 absl::Status CheckingVisitor::OnTensor(const v1::FetchTensorHeader& header) {
   checker_.reset();
-  const BenchTensor* t = spec_->Find(header.name());
+  // Tensors mostly arrive in the spec's order: the one after the last found is tried first.
+  const BenchTensor* t = nullptr;
+  if (next_ < spec_->tensors.size() && spec_->tensors[next_].name == header.name()) {
+    t = &spec_->tensors[next_];
+  } else {
+    t = spec_->Find(header.name());
+  }
   if (t == nullptr) {
     if (!header.verbatim()) {
       return absl::InternalError(absl::StrCat("unexpected tensor ", header.name()));
     }
     return absl::OkStatus();
   }
-  Box want = Box::Whole(t->shape());
-  if (destination_ != nullptr) {
-    const StrategyParam* p = destination_->Find(t->name);
-    if (p == nullptr) return absl::InternalError(absl::StrCat("no layout for ", t->name));
-    CKPT_ASSIGN_OR_RETURN(
-        want, p->layout.SliceBox(t->shape(), rank_ % destination_->devices_per_stage()));
+  const auto index = static_cast<size_t>(t - spec_->tensors.data());
+  std::optional<Box>* kept = nullptr;
+  if (expected_boxes_ != nullptr) {
+    if (expected_boxes_->size() != spec_->tensors.size()) {
+      expected_boxes_->assign(spec_->tensors.size(), std::nullopt);
+    }
+    kept = &(*expected_boxes_)[index];
   }
-  Box got;
-  got.lo.assign(header.box_lo().begin(), header.box_lo().end());
-  got.hi.assign(header.box_hi().begin(), header.box_hi().end());
-  if (got != want) {
+  Box want;
+  if (kept != nullptr && kept->has_value()) {
+    want = **kept;
+  } else {
+    want = Box::Whole(t->shape());
+    if (destination_ != nullptr) {
+      const StrategyParam* p = destination_->Find(t->name);
+      if (p == nullptr) return absl::InternalError(absl::StrCat("no layout for ", t->name));
+      CKPT_ASSIGN_OR_RETURN(
+          want, p->layout.SliceBox(t->shape(), rank_ % destination_->devices_per_stage()));
+    }
+    if (kept != nullptr) *kept = want;
+  }
+  // Compared in place: this runs once per delivered tensor, tens of thousands per fetch.
+  const bool box_ok = std::equal(header.box_lo().begin(), header.box_lo().end(), want.lo.begin(),
+                                 want.lo.end()) &&
+                      std::equal(header.box_hi().begin(), header.box_hi().end(), want.hi.begin(),
+                                 want.hi.end());
+  if (!box_ok) {
+    Box got;
+    got.lo.assign(header.box_lo().begin(), header.box_lo().end());
+    got.hi.assign(header.box_hi().begin(), header.box_hi().end());
     return absl::InternalError(absl::StrCat(t->name, " to rank ", rank_, ": delivered box ",
                                             got.ToString(), ", expected ", want.ToString()));
   }
-  if (header.dtype() != std::string(DTypeName(t->dtype))) {
+  if (header.dtype() != DTypeName(t->dtype)) {
     return absl::InternalError(absl::StrCat(t->name, ": dtype ", header.dtype()));
   }
-  if (!seen_.insert(t->name).second) {
-    return absl::InternalError(absl::StrCat(t->name, " delivered twice"));
-  }
-  checker_.emplace(t, want);
+  if (seen_.size() != spec_->tensors.size()) seen_.assign(spec_->tensors.size(), 0);
+  if (seen_[index]) return absl::InternalError(absl::StrCat(t->name, " delivered twice"));
+  seen_[index] = 1;
+  next_ = index + 1;
+  checker_.emplace(t, std::move(want));
   return absl::OkStatus();
 }
 
 absl::Status CheckingVisitor::Complete() const {
-  for (const BenchTensor& t : spec_->tensors) {
+  for (size_t i = 0; i < spec_->tensors.size(); ++i) {
+    const BenchTensor& t = spec_->tensors[i];
     if (!t.name.starts_with(include_prefix_)) continue;
-    if (!seen_.contains(t.name)) {
+    if (i >= seen_.size() || !seen_[i]) {
       return absl::InternalError(absl::StrCat(t.name, " was not delivered to rank ", rank_));
     }
   }

@@ -6,10 +6,10 @@
 
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,12 +26,17 @@ class CheckingVisitor final : public TensorVisitor {
  public:
   // `destination` null: merged (every tensor whole). `include_prefix`: only tensors whose names
   // start with it are expected (empty: all).
+  // `expected_boxes` (optional, not owned): the boxes the layout gives the rank by spec tensor
+  // index, filled as tensors come; a caller fetching the same rank again passes the same vector
+  // so that they are worked out once.
   CheckingVisitor(const BenchSpec* spec, const Strategy* destination, int64_t rank,
-                  std::string include_prefix)
+                  std::string include_prefix,
+                  std::vector<std::optional<Box>>* expected_boxes = nullptr)
       : spec_(spec),
         destination_(destination),
         rank_(rank),
-        include_prefix_(std::move(include_prefix)) {}
+        include_prefix_(std::move(include_prefix)),
+        expected_boxes_(expected_boxes) {}
 
   absl::Status OnSummary(const v1::FetchPlanSummary&) override { return absl::OkStatus(); }
 
@@ -62,8 +67,11 @@ class CheckingVisitor final : public TensorVisitor {
   const Strategy* destination_;
   int64_t rank_;
   std::string include_prefix_;
+  std::vector<std::optional<Box>>* expected_boxes_;
   std::optional<SliceChecker> checker_;
-  std::set<std::string> seen_;
+  // seen_[i]: spec_->tensors[i] was delivered (sized on the first tensor).
+  std::vector<uint8_t> seen_;
+  size_t next_ = 0;  // the index after the last tensor found
   int64_t bytes_ = 0;
   int64_t checked_ = 0;
 };

@@ -35,8 +35,9 @@ std::string Verdict(bool pass) { return pass ? "PASS" : "MISS"; }
 // A CheckingVisitor that also notes when the first tensor byte arrived.
 class TimedVisitor final : public TensorVisitor {
  public:
-  TimedVisitor(const BenchSpec* spec, const Strategy* destination, int64_t rank)
-      : inner_(spec, destination, rank, "") {}
+  TimedVisitor(const BenchSpec* spec, const Strategy* destination, int64_t rank,
+               std::vector<std::optional<Box>>* expected_boxes)
+      : inner_(spec, destination, rank, "", expected_boxes) {}
 
   absl::Status OnSummary(const v1::FetchPlanSummary& s) override { return inner_.OnSummary(s); }
   absl::Status OnTensor(const v1::FetchTensorHeader& h) override { return inner_.OnTensor(h); }
@@ -201,6 +202,8 @@ void Harness::MeasureManyTensors() {
   const Strategy large_six = SixRankStrategy(spec_);
   // Every rank of `destination` once, checked: GiB/s, or nullopt after Error(). `ttfb_ms` (when
   // not null) gets each rank's time to its first tensor byte.
+  // The boxes each rank expects, by checkpoint and rank, worked out in the first pass.
+  std::map<std::pair<const BenchSpec*, int64_t>, std::vector<std::optional<Box>>> expected_boxes;
   auto fetch_all = [&](const BenchSpec& spec, const char* id, const char* strategy,
                        const Strategy& destination,
                        std::vector<double>* ttfb_ms) -> std::optional<double> {
@@ -212,7 +215,7 @@ void Harness::MeasureManyTensors() {
       request.set_destination_strategy(strategy);
       request.set_rank(r);
       request.set_accept_batches(true);  // the client library reads batches (FetchChecker)
-      TimedVisitor visitor(&spec, &destination, r);
+      TimedVisitor visitor(&spec, &destination, r, &expected_boxes[{&spec, r}]);
       const auto rank_start = Clock::now();
       absl::Status s = client_->Fetch(request, visitor);
       if (s.ok()) s = visitor.inner().Complete();
