@@ -248,6 +248,11 @@ int main(int argc, char** argv) {
   // munmap) and trim its heaps after frees; keep such buffers in the heap instead.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // Two heaps instead of glibc's 8 per core: each heap keeps its own freed memory, so with many
+  // of them an upload's buffers and records end up spread over heaps that each hold hundreds of
+  // MiB free, and ckptd's resident memory grew with the checkpoint's size and tensor count rather
+  // than with what it uses. Per-thread caches keep the heaps' locks off the common path.
+  mallopt(M_ARENA_MAX, 2);
 
   Flags flags;
   CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};

@@ -137,9 +137,12 @@ absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
     for (const ChunkWrite& c : chunks) {
       if (!in_lane(c)) continue;
       const ChunkLocation location{(*offsets)[k++], c.bytes.size()};
-      CKPT_RETURN_IF_ERROR(
-          FromRocks(batch->Put(locations_, ChunkKey(c.address), EncodeLocation(location)),
-                    absl::StrCat("batching chunk ", c.address.ToString())));
+      // The chunk is named only when the put fails: no string is built per chunk.
+      const rocksdb::Status put =
+          batch->Put(locations_, ChunkKey(c.address), EncodeLocation(location));
+      if (!put.ok()) {
+        return FromRocks(put, absl::StrCat("batching chunk ", c.address.ToString()));
+      }
     }
   }
   return absl::OkStatus();
