@@ -3,8 +3,8 @@
 // ckptd keeps freed memory in its heaps for reuse (ckptd_main's mallopt: a 256 MiB trim
 // threshold, so that the ~1 MiB buffers of a stream are not unmapped and faulted in again
 // message after message). The records of a checkpoint of many small tensors are different: a
-// 20,000-tensor checkpoint of 8 ranks frees a few hundred MiB of small blocks at once when it
-// is committed or dropped, spread over the heap, where the trim threshold never returns them and
+// pending checkpoint holds about a KiB per slice in small blocks, all freed at once when it is
+// committed or dropped, spread over the heap, where the trim threshold never returns them and
 // the next upload's allocations need not land on them. ReleaseFreeHeapMemory returns the whole
 // free pages of every heap, so that what ckptd holds after an upload is what it uses.
 #ifndef CKPT_SERVICE_ENGINE_UPLOAD_MEMORY_H_
