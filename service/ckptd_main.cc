@@ -248,6 +248,11 @@ int main(int argc, char** argv) {
   // munmap) and trim its heaps after frees; keep such buffers in the heap instead.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // Two heaps instead of glibc's 8 per core: each heap keeps its own freed memory (the trim
+  // threshold above), so with many heaps an upload's buffers and records spread over heaps that
+  // each keep what was freed in them, and resident memory follows how long ckptd has run rather
+  // than what it uses. glibc's per-thread caches keep the heaps' locks off the common path.
+  mallopt(M_ARENA_MAX, 2);
 
   Flags flags;
   CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};

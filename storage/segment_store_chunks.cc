@@ -2,6 +2,7 @@
 // to RocksDB) and chunk reads (locations from the cache or RocksDB, bytes from the segment
 // reader).
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -27,10 +28,11 @@ namespace {
 
 using segment_store_internal::BigEndian64;
 using segment_store_internal::ChunkKey;
+using segment_store_internal::ChunkKeyArray;
 using segment_store_internal::ChunkLocation;
 using segment_store_internal::DecodeBigEndian;
 using segment_store_internal::DecodeLocation;
-using segment_store_internal::EncodeLocation;
+using segment_store_internal::EncodeLocationArray;
 using segment_store_internal::FromRocks;
 using segment_store_internal::kChunkKeyBytes;
 using segment_store_internal::kLocationBytes;
@@ -137,9 +139,14 @@ absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
     for (const ChunkWrite& c : chunks) {
       if (!in_lane(c)) continue;
       const ChunkLocation location{(*offsets)[k++], c.bytes.size()};
-      CKPT_RETURN_IF_ERROR(
-          FromRocks(batch->Put(locations_, ChunkKey(c.address), EncodeLocation(location)),
-                    absl::StrCat("batching chunk ", c.address.ToString())));
+      // The chunk is named only when the put fails: no string is built per chunk.
+      const std::array<char, kChunkKeyBytes> key = ChunkKeyArray(c.address);
+      const std::array<char, kLocationBytes> value = EncodeLocationArray(location);
+      const rocksdb::Status put = batch->Put(locations_, rocksdb::Slice(key.data(), key.size()),
+                                             rocksdb::Slice(value.data(), value.size()));
+      if (!put.ok()) {
+        return FromRocks(put, absl::StrCat("batching chunk ", c.address.ToString()));
+      }
     }
   }
   return absl::OkStatus();

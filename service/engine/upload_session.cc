@@ -11,6 +11,7 @@
 #include "core/reshard.h"
 #include "core/status_macros.h"
 #include "service/engine/stored_strategy.h"
+#include "service/engine/upload_memory.h"
 
 namespace ckpt {
 namespace {
@@ -23,16 +24,28 @@ std::string StagesString(const std::vector<int32_t>& stages) {
   return absl::StrCat("[", absl::StrJoin(stages, ", "), "]");
 }
 
+// Keeps the holders sorted and distinct.
 void AddHolder(records::BlobRecord& record, int64_t rank) {
   auto* holders = record.mutable_holders();
-  if (std::find(holders->begin(), holders->end(), rank) != holders->end()) return;
+  auto at = std::lower_bound(holders->begin(), holders->end(), rank);
+  if (at != holders->end() && *at == rank) return;
+  const auto index = at - holders->begin();
   holders->Add(rank);
-  std::sort(holders->begin(), holders->end());
+  std::rotate(holders->begin() + index, holders->end() - 1, holders->end());
 }
 
 void RemoveHolder(records::BlobRecord& record, int64_t rank) {
   auto* holders = record.mutable_holders();
   holders->erase(std::remove(holders->begin(), holders->end(), rank), holders->end());
+}
+
+// True when `box` has shape `shape` (Box::shape() without building it).
+bool BoxHasShape(const Box& box, const Shape& shape) {
+  if (box.rank() != shape.size()) return false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (box.extent(i) != shape[i]) return false;
+  }
+  return true;
 }
 
 void SetBox(records::BlobRecord& record, const Box& box) {
@@ -54,6 +67,16 @@ PendingCheckpoint::PendingCheckpoint(std::string id, std::string strategy_name,
       store_(store),
       options_(std::move(options)),
       last_activity_(absl::Now()) {}
+
+PendingCheckpoint::~PendingCheckpoint() {
+  int64_t slices = 0;
+  for (const auto& [name, t] : tensors_) {
+    slices += static_cast<int64_t>(t->cells.size() + t->variants.size());
+  }
+  tensors_.clear();
+  source_files_.clear();
+  if (slices >= kTrimAfterSlices) ReleaseFreeHeapMemory();
+}
 
 int64_t PendingCheckpoint::world_size() const { return strategy_ ? strategy_->world_size() : 1; }
 
@@ -208,7 +231,10 @@ std::string RankUpload::Where() const {
 absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* cur,
                                      Shape* local) const {
   const std::string& name = h.name();
-  CKPT_RETURN_IF_ERROR(ValidatePrintableName(absl::StrCat(Where(), ": tensor name"), name));
+  // The context of an error is built only for a name that is refused.
+  if (absl::Status valid = ValidatePrintableName("tensor name", name); !valid.ok()) {
+    return absl::Status(valid.code(), absl::StrCat(Where(), ": ", valid.message()));
+  }
   if (sent_.contains(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(), ": tensor ", name, " appears twice in the rank's file"));
@@ -411,17 +437,23 @@ absl::Status RankUpload::PrepareTensor(const v1::UploadTensorHeader& h, Prepared
 
 absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole) {
   if (cur.total > 0) {
-    const Shape storage = cur.dtype == DType::kStr ? Shape{cur.total} : cur.box.shape();
-    auto grid =
-        cur.grid && cur.grid->shape() == storage
-            ? absl::StatusOr<ChunkGrid>(*cur.grid)
-            : ChunkGrid::Make(storage, StorageBits(cur.dtype), pending_->options_.chunk_grid);
-    if (!grid.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Where(), ": tensor ", cur.name, ": ", grid.status().message()));
+    // The tensor's cell grid when the slice has its shape (every cell of an even split), read
+    // in place; otherwise a grid of the slice's own.
+    const bool shared_grid =
+        cur.grid != nullptr && cur.dtype != DType::kStr && BoxHasShape(cur.box, cur.grid->shape());
+    std::optional<ChunkGrid> own;
+    if (!shared_grid) {
+      const Shape storage = cur.dtype == DType::kStr ? Shape{cur.total} : cur.box.shape();
+      auto made = ChunkGrid::Make(storage, StorageBits(cur.dtype), pending_->options_.chunk_grid);
+      if (!made.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(), ": tensor ", cur.name, ": ", made.status().message()));
+      }
+      own.emplace(*std::move(made));
     }
-    cur.tile = grid->tile();
-    if (whole != nullptr && batching_ && cur.mode != Mode::kBuffer && grid->chunk_count() == 1 &&
+    const ChunkGrid& grid = shared_grid ? *cur.grid : *own;
+    cur.tile = grid.tile();
+    if (whole != nullptr && batching_ && cur.mode != Mode::kBuffer && grid.chunk_count() == 1 &&
         static_cast<int64_t>(whole->size()) == cur.total) {
       // The slice is one chunk and all of its bytes are here: checksummed, and (when this rank
       // writes it) queued for EndBatch as a view of them, without a chunker or a copy.
@@ -438,7 +470,7 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
       current_ = std::move(cur);
       return FinishTensor();
     }
-    cur.chunker.emplace(*std::move(grid));
+    cur.chunker.emplace(shared_grid ? grid : *std::move(own));
   }
   current_ = std::move(cur);
   if (current_->total == 0) return FinishTensor();

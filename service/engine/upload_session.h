@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -61,6 +62,16 @@ class PendingCheckpoint {
   PendingCheckpoint(std::string id, std::string strategy_name,
                     std::shared_ptr<const Strategy> strategy, uint64_t data_id,
                     CheckpointStore* store, UploadOptions options);
+  // Frees the records of the tensors received and, when there were many
+  // (kTrimAfterSlices slices or more), hands the allocator's free memory back to the kernel
+  // (ReleaseFreeHeapMemory): a checkpoint of many small tensors leaves hundreds of MiB of freed
+  // records that the heap would otherwise keep for as long as the process runs.
+  ~PendingCheckpoint();
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
+
+  // Slices (blobs) of a pending checkpoint from which its release trims the heap.
+  static constexpr int64_t kTrimAfterSlices = 10000;
 
   const std::string& id() const { return id_; }
   const std::string& strategy_name() const { return strategy_name_; }
@@ -102,7 +113,7 @@ class PendingCheckpoint {
     std::optional<ChunkGrid> cell_chunks;
     absl::btree_map<int64_t, Blob> cells;  // sharded: grid cell -> blob
     std::vector<Blob> variants;     // verbatim: distinct contents
-    std::set<int64_t> ranks;        // ranks that sent it
+    absl::btree_set<int64_t> ranks;  // ranks that sent it
     int64_t first_rank = 0;         // order key: (first_rank, position)
     int64_t position = 0;
     uint32_t next_blob_index = 0;

@@ -20,6 +20,7 @@
 #ifndef CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_
 #define CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -62,6 +63,11 @@ inline void AppendBigEndian(std::string* out, uint64_t value, int bytes) {
   }
 }
 
+// Writes the low `bytes` bytes of `value` at `out`, most significant first.
+inline void StoreBigEndian(char* out, uint64_t value, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i, value >>= 8) out[i] = static_cast<char>(value & 0xff);
+}
+
 // The `bytes`-byte big-endian integer at `p` (AppendBigEndian's inverse).
 inline uint64_t DecodeBigEndian(const char* p, int bytes) {
   uint64_t value = 0;
@@ -99,6 +105,16 @@ inline std::string ChunkKey(const ChunkAddress& address) {
   return key;
 }
 
+// ChunkKey's bytes in a fixed array: the write path builds one per chunk without allocating.
+inline std::array<char, kChunkKeyBytes> ChunkKeyArray(const ChunkAddress& address) {
+  std::array<char, kChunkKeyBytes> key;
+  StoreBigEndian(key.data(), address.data_id, 8);
+  StoreBigEndian(key.data() + 8, address.tensor, 4);
+  StoreBigEndian(key.data() + 12, address.blob, 4);
+  StoreBigEndian(key.data() + 16, address.chunk, 4);
+  return key;
+}
+
 // [begin, end) of every chunk key of `data_id`. Data ids come from a counter starting at 1, so
 // data_id + 1 never overflows in practice; the maximum id maps to an end past every key.
 inline std::pair<std::string, std::string> DataIdRange(uint64_t data_id) {
@@ -120,6 +136,14 @@ inline std::string EncodeLocation(const ChunkLocation& location) {
   value.reserve(kLocationBytes);
   AppendBigEndian(&value, location.offset, 8);
   AppendBigEndian(&value, location.length, 8);
+  return value;
+}
+
+// EncodeLocation's bytes in a fixed array (no allocation).
+inline std::array<char, kLocationBytes> EncodeLocationArray(const ChunkLocation& location) {
+  std::array<char, kLocationBytes> value;
+  StoreBigEndian(value.data(), location.offset, 8);
+  StoreBigEndian(value.data() + 8, location.length, 8);
   return value;
 }
 

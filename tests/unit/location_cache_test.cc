@@ -1,7 +1,10 @@
 // storage/internal/location_cache.h: the segment store's in-memory chunk locations of blobs.
 #include "storage/internal/location_cache.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
+#include "storage/internal/index_records.h"
 
 namespace ckpt::segment_store_internal {
 namespace {
@@ -13,6 +16,26 @@ LocationCache::Locations Blob(size_t n, uint64_t base) {
 }
 
 // FindMany gives, in order, what Find gives for each address.
+// The write path's fixed-array encodings are the same bytes as the string ones the readers
+// decode (keys stay in the same order and format).
+TEST(IndexRecordsTest, ArrayEncodingsEqualTheStringOnes) {
+  for (const ChunkAddress& a :
+       {ChunkAddress{1, 0, 0, 0}, ChunkAddress{0x0102030405060708ull, 0x090a0b0c, 0xfffffffe, 7},
+        ChunkAddress{~uint64_t{0}, ~uint32_t{0}, 0, ~uint32_t{0}}}) {
+    const auto key = ChunkKeyArray(a);
+    EXPECT_EQ(std::string(key.data(), key.size()), ChunkKey(a)) << a.ToString();
+  }
+  for (const ChunkLocation& l : {ChunkLocation{0, 0}, ChunkLocation{0x0102030405060708ull, 4096},
+                                 ChunkLocation{~uint64_t{0}, uint64_t{1} << 40}}) {
+    const auto value = EncodeLocationArray(l);
+    EXPECT_EQ(std::string(value.data(), value.size()), EncodeLocation(l));
+    const auto decoded = DecodeLocation(std::string_view(value.data(), value.size()));
+    ASSERT_TRUE(decoded.has_value());
+    EXPECT_EQ(decoded->offset, l.offset);
+    EXPECT_EQ(decoded->length, l.length);
+  }
+}
+
 TEST(LocationCacheTest, FindManyIsFindOfEach) {
   LocationCache cache(100);
   LocationCache::Locations locations = Blob(3, 1000);

@@ -1,0 +1,19 @@
+#include "service/engine/upload_memory.h"
+
+#include <cstdlib>  // defines __GLIBC__ where the C library is glibc
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace ckpt {
+
+bool ReleaseFreeHeapMemory() {
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  return malloc_trim(0) == 1;
+#else
+  return false;
+#endif
+}
+
+}  // namespace ckpt

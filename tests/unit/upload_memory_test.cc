@@ -1,0 +1,55 @@
+// ReleaseFreeHeapMemory (service/engine/upload_memory.h): freed blocks in the middle of a heap,
+// which glibc's trim threshold never returns, go back to the kernel.
+#include "service/engine/upload_memory.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ckpt {
+namespace {
+
+// Resident bytes of this process (/proc/self/statm).
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+TEST(UploadMemoryTest, FreedSmallBlocksBelowALiveOneGoBackToTheKernel) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's allocator in this build";
+#endif
+  // 64 MiB of small blocks, as a pending checkpoint's records are, then one more block that
+  // stays allocated above them, so that freeing them leaves free memory inside the heap rather
+  // than at its top (where glibc's own trimming could return it).
+  constexpr size_t kBlock = 1024;
+  constexpr size_t kBytes = size_t{64} << 20;
+  std::vector<char*> blocks;
+  blocks.reserve(kBytes / kBlock);
+  for (size_t i = 0; i < kBytes / kBlock; ++i) {
+    char* p = static_cast<char*>(std::malloc(kBlock));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, kBlock);
+    blocks.push_back(p);
+  }
+  char* pin = static_cast<char*>(std::malloc(kBlock));
+  ASSERT_NE(pin, nullptr);
+  std::memset(pin, 1, kBlock);
+  for (char* p : blocks) std::free(p);
+  const int64_t before = ResidentBytes();
+  EXPECT_TRUE(ReleaseFreeHeapMemory());
+  const int64_t after = ResidentBytes();
+  EXPECT_LT(after, before - static_cast<int64_t>(kBytes / 2))
+      << "resident " << before << " -> " << after << " bytes";
+  std::free(pin);
+}
+
+}  // namespace
+}  // namespace ckpt
