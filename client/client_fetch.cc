@@ -162,10 +162,9 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
   return path;
 }
 
-// Receives a Fetch stream on a thread of its own into a bounded queue, for an InPlaceVisitor
-// (client/fetch_checker.h): receiving the next messages (gRPC's socket reads and framing)
-// overlaps checking and placing the current one on the calling thread, which then does little
-// besides verifying and copying. The queue holds at most kMaxQueued messages and, beyond its
+// Receives a Fetch stream on a thread of its own into a bounded queue: receiving the next
+// messages (gRPC's socket reads, framing and flow control, and parsing them) overlaps checking
+// and delivering the current one on the calling thread. The queue holds at most kMaxQueued messages and, beyond its
 // first message, kMaxQueuedBytes: with the message being received and the one being consumed,
 // that is all the pipe adds to the client's memory. Messages are recycled, so that their
 // vectors keep their capacity. Thread-safe between its reading thread and one consumer.
@@ -176,12 +175,12 @@ class MessagePipe {
       : stream_(stream), reader_([this] { Run(); }) {}
   ~MessagePipe() { Stop(); }
 
-  // The next message, or nullptr at the end of the stream. Waits for it, asking `stop` every
-  // kPollInterval; returns nullptr with *stopped set once it says so.
-  std::unique_ptr<FetchWire> Next(const InPlaceVisitor& stop, bool* stopped) {
+  // The next message, or nullptr at the end of the stream. Waits for it, asking `stop` (when not
+  // null) every kPollInterval; returns nullptr with *stopped set once it says so.
+  std::unique_ptr<FetchWire> Next(const InPlaceVisitor* stop, bool* stopped) {
     std::unique_lock<std::mutex> lock(mu_);
     while (queue_.empty() && !ended_) {
-      if (stop.StopRequested()) {
+      if (stop != nullptr && stop->StopRequested()) {
         *stopped = true;
         return nullptr;
       }
@@ -261,15 +260,16 @@ class MessagePipe {
   std::thread reader_;  // last, so that it starts once every member it uses exists
 };
 
-// Consumes `stream` through `checker` with a MessagePipe (see there). Returns the first local
-// failure (the call then cancelled and its stream read to its end), or OK once the stream ended.
+// Consumes `stream` through `checker` with a MessagePipe (see there). `stop` (may be null) is
+// asked whether to stop while no message arrives. Returns the first local failure (the call then
+// cancelled and its stream read to its end), or OK once the stream ended.
 absl::Status ConsumePipelined(grpc::ClientReader<FetchWire>* stream, grpc::ClientContext* context,
-                              FetchChecker& checker, const InPlaceVisitor& visitor) {
+                              FetchChecker& checker, const InPlaceVisitor* stop) {
   MessagePipe pipe(stream);
   absl::Status local;
   while (true) {
     bool stopped = false;
-    std::unique_ptr<FetchWire> message = pipe.Next(visitor, &stopped);
+    std::unique_ptr<FetchWire> message = pipe.Next(stop, &stopped);
     if (stopped) {
       local = absl::CancelledError("fetch cancelled by the caller");
       break;
@@ -345,23 +345,12 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
                                                              with_batches));
   FetchChecker checker(&visitor, request.checkpoint_id());
-  absl::Status local;
-  if (const auto* in_place = dynamic_cast<const InPlaceVisitor*>(&visitor)) {
-    local = ConsumePipelined(stream.get(), &context, checker, *in_place);
-  } else {
-    FetchWire message;
-    while (stream->Read(&message)) {
-      local = checker.Consume(message);
-      if (!local.ok()) break;
-    }
-    if (!local.ok()) {
-      // Stop the server producing bytes nobody reads; drain what is already in flight so that
-      // Finish() can complete.
-      context.TryCancel();
-      while (stream->Read(&message)) {
-      }
-    }
-  }
+  // Every visitor's stream is received on a thread of its own (MessagePipe): receiving, parsing
+  // and acknowledging the next messages (gRPC's flow control) overlaps checking and delivering
+  // the current one, so that the server goes on sending while the caller works. The visitor's
+  // methods are all called on this thread.
+  const absl::Status local = ConsumePipelined(stream.get(), &context, checker,
+                                              dynamic_cast<const InPlaceVisitor*>(&visitor));
   if (!local.ok()) {
     stream->Finish().ok();  // CANCELLED; the local error is the news
     return local;

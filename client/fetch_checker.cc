@@ -57,6 +57,10 @@ void StreamingCopy(char* dst, const char* src, size_t n) { CopyBytes(dst, src, n
 }  // namespace fetch_checker_internal
 
 absl::Status FetchChecker::Consume(const FetchWire& message) {
+  if (message.is_batch) {
+    return OnBatch(absl::MakeConstSpan(message.batch_headers.data(), message.batch_header_count),
+                   message.data, message.data_bytes, message.part_bytes, message.part_checksums);
+  }
   if (!message.is_data) return Consume(message.message);
   return OnData(message.data, message.data_bytes, message.part_bytes, message.part_checksums,
                 message.tile_box, message.band_rows);
@@ -139,78 +143,85 @@ absl::Status FetchChecker::OnData(const v1::FetchData& data) {
                 data.band_rows());
 }
 
-// Verifies every part of the batch's data, then delivers each tensor as its header and one data
-// message of its total_bytes bytes.
 absl::Status FetchChecker::OnBatch(const v1::FetchTensorBatch& batch) {
+  const std::vector<std::string_view> views = {batch.data()};
+  return OnBatch(batch.tensors(), views, batch.data().size(),
+                 absl::MakeConstSpan(batch.part_bytes().data(), batch.part_bytes_size()),
+                 absl::MakeConstSpan(batch.part_checksums().data(), batch.part_checksums_size()));
+}
+
+// Verifies every part of the batch's data, then delivers each tensor as its header and its
+// total_bytes bytes (as views of the received data, in one or more OnData calls).
+template <typename Headers>
+absl::Status FetchChecker::OnBatch(const Headers& headers,
+                                   const std::vector<std::string_view>& views, uint64_t size,
+                                   absl::Span<const uint64_t> part_bytes,
+                                   absl::Span<const uint64_t> part_checksums) {
   static const std::string kNone = "(none)";
   if (!summary_) return absl::InternalError("fetch stream sent a batch before its plan summary");
   if (current_ && current_->in_band()) {
     return absl::DataLossError(
         absl::StrCat("tensor ", current_->name, ": a batch inside a band of tiles"));
   }
-  const std::string_view data = batch.data();
-  const std::string& first = batch.tensors_size() > 0 ? batch.tensors(0).name() : kNone;
+  const size_t count = static_cast<size_t>(headers.size());
+  const std::string& first = count > 0 ? headers[0].name() : kNone;
   auto fail = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("a batch of ", batch.tensors_size(),
-                                            " tensors from tensor ", first, ": ", what));
+    return absl::DataLossError(
+        absl::StrCat("a batch of ", count, " tensors from tensor ", first, ": ", what));
   };
-  if (batch.tensors_size() == 0) return fail("it holds no tensor");
-  if (batch.part_bytes_size() != batch.part_checksums_size()) {
-    return fail(absl::StrCat("it lists ", batch.part_bytes_size(), " part sizes and ",
-                             batch.part_checksums_size(), " part checksums"));
+  if (count == 0) return fail("it holds no tensor");
+  if (part_bytes.size() != part_checksums.size()) {
+    return fail(absl::StrCat("it lists ", part_bytes.size(), " part sizes and ",
+                             part_checksums.size(), " part checksums"));
   }
+  ViewCursor cursor(views);
   uint64_t offset = 0;
-  for (int i = 0; i < batch.part_bytes_size(); ++i) {
-    const uint64_t part = batch.part_bytes(i);
-    if (part == 0 || part > data.size() - offset) {
-      return fail(absl::StrCat("of ", data.size(), " bytes, it lists part ", i, " of ", part,
+  for (size_t i = 0; i < part_bytes.size(); ++i) {
+    const uint64_t part = part_bytes[i];
+    if (part == 0 || part > size - offset) {
+      return fail(absl::StrCat("of ", size, " bytes, it lists part ", i, " of ", part,
                                " bytes at offset ", offset));
     }
-    const uint64_t actual = Checksum(data.substr(offset, part));
-    if (actual != batch.part_checksums(i)) {
+    const uint64_t actual = cursor.Checksum(part);
+    if (actual != part_checksums[i]) {
       // The tensors whose bytes the part holds.
       std::vector<std::string> names;
       uint64_t at = 0;
-      for (const v1::FetchTensorHeader& h : batch.tensors()) {
+      for (const v1::FetchTensorHeader& h : headers) {
         const auto n = static_cast<uint64_t>(std::max<int64_t>(0, h.total_bytes()));
         if (at < offset + part && at + n > offset) names.push_back(h.name());
         at += n;
       }
       return absl::DataLossError(absl::StrCat(
           "checkpoint ", checkpoint_, " tensor ", absl::StrJoin(names, ", "), ": bytes [", offset,
-          ", ", offset + part, ") of a batch of ", batch.tensors_size(), " tensors from tensor ",
-          first, " failed their ", kChecksumName, " checksum (received ", absl::Hex(actual),
-          ", expected ", absl::Hex(batch.part_checksums(i)),
+          ", ", offset + part, ") of a batch of ", count, " tensors from tensor ", first,
+          " failed their ", kChecksumName, " checksum (received ", absl::Hex(actual),
+          ", expected ", absl::Hex(part_checksums[i]),
           "): corrupted in the server's store or in transit"));
     }
     offset += part;
   }
-  if (offset != data.size()) {
-    return fail(absl::StrCat("its parts cover ", offset, " of its ", data.size(), " bytes"));
+  if (offset != size) {
+    return fail(absl::StrCat("its parts cover ", offset, " of its ", size, " bytes"));
   }
   uint64_t announced = 0;
-  for (const v1::FetchTensorHeader& header : batch.tensors()) {
-    if (header.total_bytes() < 0 ||
-        static_cast<uint64_t>(header.total_bytes()) > data.size() - announced) {
-      announced = data.size() + 1;  // more than it holds, however much
+  for (const v1::FetchTensorHeader& header : headers) {
+    if (header.total_bytes() < 0 || static_cast<uint64_t>(header.total_bytes()) > size - announced) {
+      announced = size + 1;  // more than it holds, however much
       break;
     }
     announced += static_cast<uint64_t>(header.total_bytes());
   }
-  if (announced != data.size()) {
+  if (announced != size) {
     return fail(absl::StrCat("its tensors announce ",
-                             announced > data.size() ? "more" : std::to_string(announced),
-                             " bytes but it holds ", data.size()));
+                             announced > size ? "more" : std::to_string(announced),
+                             " bytes but it holds ", size));
   }
-  offset = 0;
-  for (const v1::FetchTensorHeader& header : batch.tensors()) {
+  ViewCursor tensors(views);
+  for (const v1::FetchTensorHeader& header : headers) {
     CKPT_RETURN_IF_ERROR(OnTensor(header));
     const auto n = static_cast<uint64_t>(header.total_bytes());
-    if (n > 0) {
-      const std::string_view bytes = data.substr(offset, n);
-      CKPT_RETURN_IF_ERROR(Deliver(absl::MakeConstSpan(&bytes, 1), n));
-    }
-    offset += n;
+    if (n > 0) CKPT_RETURN_IF_ERROR(Deliver(tensors.Next(n), n));
   }
   return absl::OkStatus();
 }

@@ -27,9 +27,9 @@ namespace ckpt {
 // A TensorVisitor that lends the checker the memory each tensor's bytes go to (the Python client's
 // NumPy arrays). The checker then writes every verified data message there itself, and assembles
 // bands of tiles in place rather than in a band of its own that OnData would then copy: one pass
-// over every byte fewer. CkptClient::Fetch also receives the stream for such a visitor on a thread
-// of its own, so that receiving the next messages overlaps checking and placing this one; the
-// visitor's methods are still all called on the thread that called Fetch.
+// over every byte fewer. (CkptClient::Fetch receives the stream of any visitor on a thread of its
+// own, so that receiving the next messages overlaps checking and placing this one; the visitor's
+// methods are still all called on the thread that called Fetch.)
 class InPlaceVisitor : public TensorVisitor {
  public:
   // The memory of the tensor OnTensor just announced: exactly its total_bytes bytes, writable
@@ -106,6 +106,13 @@ class FetchChecker {
   absl::Status OnTensor(const v1::FetchTensorHeader& header);
   absl::Status OnData(const v1::FetchData& data);
   absl::Status OnBatch(const v1::FetchTensorBatch& batch);
+  // A batch of `headers` whose data are the concatenated `views` (`size` bytes), cut into parts
+  // `part_bytes` with `part_checksums`: verifies every part, then delivers each tensor as its
+  // header and its total_bytes bytes.
+  template <typename Headers>
+  absl::Status OnBatch(const Headers& headers, const std::vector<std::string_view>& views,
+                       uint64_t size, absl::Span<const uint64_t> part_bytes,
+                       absl::Span<const uint64_t> part_checksums);
   // A data message of `size` bytes, the concatenated `views`.
   absl::Status OnData(const std::vector<std::string_view>& views, uint64_t size,
                       absl::Span<const uint64_t> part_bytes,

@@ -22,6 +22,13 @@ constexpr uint32_t kPartChecksumsPacked = (3 << 3) | 2;
 constexpr uint32_t kTileBox = (4 << 3) | 0;  // FetchData.tile_box, one varint
 constexpr uint32_t kTileBoxPacked = (4 << 3) | 2;
 constexpr uint32_t kBandRows = (5 << 3) | 0;  // FetchData.band_rows
+constexpr uint32_t kResponseBatch = (4 << 3) | 2;  // FetchResponse.batch
+constexpr uint32_t kBatchTensor = (1 << 3) | 2;    // FetchTensorBatch.tensors
+constexpr uint32_t kBatchData = (2 << 3) | 2;      // FetchTensorBatch.data
+constexpr uint32_t kBatchPartBytes = (3 << 3) | 0;
+constexpr uint32_t kBatchPartBytesPacked = (3 << 3) | 2;
+constexpr uint32_t kBatchPartChecksum = (4 << 3) | 1;
+constexpr uint32_t kBatchPartChecksumsPacked = (4 << 3) | 2;
 
 // Appends one varint to `out`.
 template <typename T>
@@ -47,6 +54,37 @@ bool ReadPackedVarints(CodedInputStream& in, std::vector<T>* out) {
   return true;
 }
 
+// Appends a packed run of fixed64 values (its length, then the values) to `out`.
+bool ReadPackedFixed64(CodedInputStream& in, std::vector<uint64_t>* out) {
+  uint32_t length = 0;
+  if (!in.ReadVarint32(&length) || length % 8 != 0) return false;
+  for (uint32_t i = 0; i < length / 8; ++i) {
+    uint64_t v = 0;
+    if (!in.ReadLittleEndian64(&v)) return false;
+    out->push_back(v);
+  }
+  return true;
+}
+
+// A bytes field's value (its length, then the bytes) as views of the received slices, into
+// out->data and out->data_bytes; false if out already has data or on malformed input.
+bool ReadDataViews(CodedInputStream& in, FetchWire* out, bool* have_data) {
+  uint32_t n = 0;
+  if (*have_data || !in.ReadVarint32(&n)) return false;
+  *have_data = true;
+  out->data_bytes = n;
+  while (n > 0) {
+    const void* bytes = nullptr;
+    int size = 0;
+    if (!in.GetDirectBufferPointer(&bytes, &size) || size <= 0) return false;
+    const uint32_t take = std::min(n, static_cast<uint32_t>(size));
+    out->data.emplace_back(static_cast<const char*>(bytes), take);
+    if (!in.Skip(static_cast<int>(take))) return false;
+    n -= take;
+  }
+  return true;
+}
+
 // The FetchData fields of `in` up to its limit; false on anything but the fields above (each
 // once, repeated ones in either encoding) or on malformed input.
 bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
@@ -55,22 +93,9 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
     const uint32_t tag = in.ReadTag();
     if (tag == 0) return in.BytesUntilLimit() == 0;  // the end, or an error before it
     switch (tag) {
-      case kDataBytes: {
-        uint32_t n = 0;
-        if (have_data || !in.ReadVarint32(&n)) return false;
-        have_data = true;
-        out->data_bytes = n;
-        while (n > 0) {
-          const void* bytes = nullptr;
-          int size = 0;
-          if (!in.GetDirectBufferPointer(&bytes, &size) || size <= 0) return false;
-          const uint32_t take = std::min(n, static_cast<uint32_t>(size));
-          out->data.emplace_back(static_cast<const char*>(bytes), take);
-          if (!in.Skip(static_cast<int>(take))) return false;
-          n -= take;
-        }
+      case kDataBytes:
+        if (!ReadDataViews(in, out, &have_data)) return false;
         break;
-      }
       case kPartBytes:
         if (!ReadVarint(in, &out->part_bytes)) return false;
         break;
@@ -95,34 +120,77 @@ bool ReadFetchData(CodedInputStream& in, FetchWire* out) {
         out->band_rows = static_cast<int64_t>(v);
         break;
       }
-      case kPartChecksumsPacked: {
-        uint32_t length = 0;
-        if (!in.ReadVarint32(&length) || length % 8 != 0) return false;
-        for (uint32_t i = 0; i < length / 8; ++i) {
-          uint64_t v = 0;
-          if (!in.ReadLittleEndian64(&v)) return false;
-          out->part_checksums.push_back(v);
-        }
+      case kPartChecksumsPacked:
+        if (!ReadPackedFixed64(in, &out->part_checksums)) return false;
         break;
-      }
       default:
         return false;
     }
   }
 }
 
-// Reads out->buffer as FetchResponse{data: FetchData} in place; false if it is anything else.
+// The FetchTensorBatch fields of `in` up to its limit: each header parsed by protobuf into
+// out->batch_headers (reusing the objects of earlier batches), the data as views; false on
+// anything but the fields of FetchTensorBatch (data once, repeated ones in either encoding) or on
+// malformed input.
+bool ReadFetchBatch(CodedInputStream& in, FetchWire* out) {
+  bool have_data = false;
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) return in.BytesUntilLimit() == 0;  // the end, or an error before it
+    switch (tag) {
+      case kBatchTensor: {
+        uint32_t length = 0;
+        if (!in.ReadVarint32(&length)) return false;
+        if (out->batch_header_count == out->batch_headers.size()) out->batch_headers.emplace_back();
+        v1::FetchTensorHeader& header = out->batch_headers[out->batch_header_count++];
+        header.Clear();
+        const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+        if (!header.MergeFromCodedStream(&in) || !in.ConsumedEntireMessage()) return false;
+        in.PopLimit(limit);
+        break;
+      }
+      case kBatchData:
+        if (!ReadDataViews(in, out, &have_data)) return false;
+        break;
+      case kBatchPartBytes:
+        if (!ReadVarint(in, &out->part_bytes)) return false;
+        break;
+      case kBatchPartBytesPacked:
+        if (!ReadPackedVarints(in, &out->part_bytes)) return false;
+        break;
+      case kBatchPartChecksum: {
+        uint64_t v = 0;
+        if (!in.ReadLittleEndian64(&v)) return false;
+        out->part_checksums.push_back(v);
+        break;
+      }
+      case kBatchPartChecksumsPacked:
+        if (!ReadPackedFixed64(in, &out->part_checksums)) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+}
+
+// Reads out->buffer as FetchResponse{data: FetchData} or FetchResponse{batch: FetchTensorBatch}
+// in place (setting out->is_data or out->is_batch); false if it is anything else.
 bool ReadDataInPlace(FetchWire* out) {
   out->reader = std::make_unique<grpc::ProtoBufferReader>(&out->buffer);
   if (!out->reader->status().ok()) return false;
   CodedInputStream in(out->reader.get());
   uint32_t length = 0;
-  if (in.ReadTag() != kResponseData || !in.ReadVarint32(&length)) return false;
+  const uint32_t tag = in.ReadTag();
+  if ((tag != kResponseData && tag != kResponseBatch) || !in.ReadVarint32(&length)) return false;
   const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-  if (!ReadFetchData(in, out)) return false;
+  if (tag == kResponseData ? !ReadFetchData(in, out) : !ReadFetchBatch(in, out)) return false;
   in.PopLimit(limit);
   // Nothing may follow the data message.
-  return static_cast<uint64_t>(in.CurrentPosition()) == out->buffer.Length();
+  if (static_cast<uint64_t>(in.CurrentPosition()) != out->buffer.Length()) return false;
+  out->is_data = tag == kResponseData;
+  out->is_batch = tag == kResponseBatch;
+  return true;
 }
 
 }  // namespace
@@ -133,6 +201,8 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
   out->buffer.Swap(buffer);
   auto reset = [out] {
     out->is_data = false;
+    out->is_batch = false;
+    out->batch_header_count = 0;
     out->data.clear();
     out->data_bytes = 0;
     out->part_bytes.clear();
@@ -141,20 +211,10 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
     out->band_rows = 0;
   };
   reset();
-  if (ReadDataInPlace(out)) {
-    out->is_data = true;
-    return grpc::Status::OK;
-  }
+  if (ReadDataInPlace(out)) return grpc::Status::OK;
   reset();
   out->reader.reset();
-  // A batch after a batch is parsed into the previous one, cleared: its tensor headers, their
-  // strings and shapes, and its data keep their storage (Clear on the whole message would free
-  // the batch, and with it thousands of headers, for every message).
-  if (out->message.has_batch()) {
-    out->message.mutable_batch()->Clear();
-  } else {
-    out->message.Clear();
-  }
+  out->message.Clear();
   grpc::ProtoBufferReader reader(&out->buffer);  // reads the slices, shared with the buffer
   if (!reader.status().ok()) return reader.status();
   CodedInputStream in(&reader);

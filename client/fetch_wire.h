@@ -1,8 +1,9 @@
-// Fetch messages as the client receives them. A data message (FetchResponse{data: FetchData}) is
-// read in place: its bytes stay in the slices gRPC received them in, instead of protobuf copying
-// every byte into a string, which would be a large share of the fetch client's CPU (it does little
-// else than move bytes). Any other message, or a data message with fields this version does not
-// know, is parsed by protobuf.
+// Fetch messages as the client receives them. A data message (FetchResponse{data: FetchData}) or a
+// batch of small tensors (FetchResponse{batch: FetchTensorBatch}) is read in place: its bytes stay
+// in the slices gRPC received them in, instead of protobuf copying every byte into a string, which
+// would be a large share of the fetch client's CPU (it does little else than move bytes). Any
+// other message, or a data message or batch with fields this version does not know, is parsed by
+// protobuf.
 #ifndef CKPT_CLIENT_FETCH_WIRE_H_
 #define CKPT_CLIENT_FETCH_WIRE_H_
 
@@ -25,8 +26,16 @@ namespace ckpt {
 struct FetchWire {
   // True: a data message, read in place into the fields below; false: `message`.
   bool is_data = false;
+  // True: a batch (FetchResponse{batch: FetchTensorBatch}), read in place: its headers in
+  // `batch_headers`, its data, part_bytes and part_checksums in the fields below.
+  bool is_batch = false;
   v1::FetchResponse message;
-  // FetchData.data as views of the received bytes, in order (no view is empty).
+  // A batch's tensor headers (FetchTensorBatch.tensors), parsed by protobuf into objects kept
+  // from batch to batch (the first batch_header_count are this batch's).
+  std::vector<v1::FetchTensorHeader> batch_headers;
+  size_t batch_header_count = 0;
+  // FetchData.data (a batch: FetchTensorBatch.data) as views of the received bytes, in order (no
+  // view is empty).
   std::vector<std::string_view> data;
   uint64_t data_bytes = 0;
   std::vector<uint64_t> part_bytes;

@@ -119,16 +119,23 @@ absl::Status FetchStream::DirectBatchPiece(const FetchLayout& layout, FetchPiece
   size_t end = first;
   size_t last_direct = first;
   int64_t batch_bytes = 0;
+  size_t header_bytes = 0;  // of the direct tensors
   while (end < layout.tensors.size() && end - first < static_cast<size_t>(batch_tensors_)) {
     const FetchLayout::Tensor& lt = layout.tensors[end];
     const int64_t bytes = lt.direct ? lt.bytes : TensorBytes(plan_->tensors[end]);
     if (!Batchable(bytes) || (end > first && batch_bytes + bytes > options_.max_message_bytes)) {
       break;
     }
-    if (lt.direct) last_direct = end;
+    if (lt.direct) {
+      last_direct = end;
+      header_bytes += lt.header_length;
+    }
     batch_bytes += bytes;
     ++end;
   }
+  // The headers are appended one by one: one allocation for them rather than one per doubling
+  // (the message takes the string, so each batch starts from an empty one).
+  out->batch_headers.reserve(out->batch_headers.size() + header_bytes);
   // The direct tensors' refs are consecutive in the layout, in tensor order.
   const size_t ref_begin = layout.tensors[first].first_ref;
   const size_t ref_end =

@@ -367,6 +367,128 @@ TEST(FetchCheckerTest, DamagedOrInconsistentBatchesAreRefused) {
   EXPECT_EQ(checker.Consume(more).code(), absl::StatusCode::kDataLoss);
 }
 
+// `m` as received in slices cut at those of `cuts` (ascending) that fall inside it, parsed by
+// ParseFetchWire into `got`.
+void ParseSliced(const v1::FetchResponse& m, const std::vector<size_t>& cuts, FetchWire* got) {
+  const std::string wire = m.SerializeAsString();
+  std::vector<size_t> inside;
+  for (size_t c : cuts) {
+    if (c > 0 && c < wire.size()) inside.push_back(c);
+  }
+  grpc::ByteBuffer buffer = SlicedByteBuffer(wire, inside);
+  ASSERT_TRUE(ParseFetchWire(&buffer, got).ok());
+}
+
+// A batch is read in place however its bytes are sliced (a tensor's bytes, or a header, split
+// between slices): the same headers, data and parts as protobuf reads, and the checker delivers
+// the same tensors from it. The FetchWire is reused across batches of different sizes and a data
+// message, as the client reuses it.
+TEST(FetchWireTest, BatchesAreReadInPlaceHoweverSliced) {
+  FetchWire got;
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 40; ++round) {
+    std::vector<std::string> bytes;
+    const size_t tensors = 1 + rng() % 12;
+    for (size_t i = 0; i < tensors; ++i) {
+      bytes.push_back(Bytes(rng() % 300, static_cast<char>(round + i)));
+    }
+    const v1::FetchResponse m = Batch(bytes, 1 + rng() % 500);
+    const std::string wire = m.SerializeAsString();
+    std::vector<size_t> cuts;
+    for (size_t at = rng() % 40; at < wire.size(); at += 1 + rng() % 200) cuts.push_back(at);
+    SCOPED_TRACE(::testing::Message() << "round " << round << ", " << cuts.size() << " cuts");
+    ParseSliced(m, cuts, &got);
+    ASSERT_TRUE(got.is_batch);
+    EXPECT_FALSE(got.is_data);
+    ASSERT_EQ(got.batch_header_count, tensors);
+    for (size_t i = 0; i < tensors; ++i) {
+      EXPECT_EQ(got.batch_headers[i].SerializeAsString(),
+                m.batch().tensors(static_cast<int>(i)).SerializeAsString());
+    }
+    EXPECT_TRUE(Joined(got.data) == m.batch().data());
+    EXPECT_EQ(got.data_bytes, m.batch().data().size());
+    EXPECT_EQ(got.part_bytes, std::vector<uint64_t>(m.batch().part_bytes().begin(),
+                                                    m.batch().part_bytes().end()));
+    EXPECT_EQ(got.part_checksums, std::vector<uint64_t>(m.batch().part_checksums().begin(),
+                                                        m.batch().part_checksums().end()));
+    RecordingVisitor visitor;
+    FetchChecker checker(&visitor, "ck");
+    int64_t total = 0;
+    for (const std::string& b : bytes) total += static_cast<int64_t>(b.size());
+    ASSERT_TRUE(checker.Consume(Summary(static_cast<int64_t>(tensors), total)).ok());
+    ASSERT_TRUE(checker.Consume(got).ok());
+    ASSERT_TRUE(checker.End().ok());
+    ASSERT_EQ(visitor.tensors.size(), tensors);
+    for (size_t i = 0; i < tensors; ++i) {
+      EXPECT_EQ(visitor.tensors[i].first, "t" + std::to_string(i));
+      EXPECT_TRUE(visitor.tensors[i].second == bytes[i]) << "tensor " << i;
+    }
+    if (round % 5 == 0) {  // a data message in between leaves nothing of the batch behind
+      v1::FetchResponse data;
+      data.mutable_data()->set_data("xyz");
+      ParseSliced(data, {2}, &got);
+      EXPECT_TRUE(got.is_data);
+      EXPECT_FALSE(got.is_batch);
+      EXPECT_EQ(got.batch_header_count, 0u);
+    }
+  }
+}
+
+// A batch with a field this version does not know is parsed by protobuf and checked the same.
+TEST(FetchWireTest, BatchWithUnknownFieldIsParsedByProtobuf) {
+  v1::FetchResponse m = Batch({"abc", "de"}, 2);
+  m.mutable_batch()->GetReflection()->MutableUnknownFields(m.mutable_batch())->AddVarint(99, 5);
+  FetchWire got;
+  ParseSliced(m, {3}, &got);
+  EXPECT_FALSE(got.is_batch);
+  ASSERT_TRUE(got.message.has_batch());
+  RecordingVisitor visitor;
+  FetchChecker checker(&visitor, "ck");
+  ASSERT_TRUE(checker.Consume(Summary(2, 5)).ok());
+  ASSERT_TRUE(checker.Consume(got).ok());
+  ASSERT_EQ(visitor.tensors.size(), 2u);
+  EXPECT_EQ(visitor.tensors[1].second, "de");
+}
+
+// Damaged or inconsistent batches read in place are refused with the same errors as batches parsed
+// by protobuf (FetchCheckerTest.DamagedOrInconsistentBatchesAreRefused), before any of their
+// tensors is delivered; a truncated batch does not parse.
+TEST(FetchWireTest, DamagedBatchesReadInPlaceAreRefused) {
+  const std::vector<std::string> bytes = {"abc", "def", "ghi"};
+  auto refused = [](const v1::FetchResponse& batch, const std::string& what) {
+    SCOPED_TRACE(what);
+    FetchWire got;
+    ParseSliced(batch, {5, 9}, &got);
+    ASSERT_TRUE(got.is_batch);
+    RecordingVisitor visitor;
+    FetchChecker checker(&visitor, "ck");
+    EXPECT_TRUE(checker.Consume(Summary(3, 9)).ok());
+    const absl::Status s = checker.Consume(got);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(what), std::string_view::npos) << s;
+    EXPECT_TRUE(visitor.tensors.empty()) << "a tensor of a refused batch was delivered";
+  };
+  v1::FetchResponse damaged = Batch(bytes, 2);
+  (*damaged.mutable_batch()->mutable_data())[4] ^= 1;  // a byte of t1
+  refused(damaged, "tensor t1: bytes [4, 6) of a batch of 3 tensors");
+  v1::FetchResponse uneven = Batch(bytes, 4);
+  uneven.mutable_batch()->mutable_part_checksums()->RemoveLast();
+  refused(uneven, "part checksums");
+  v1::FetchResponse too_many = Batch(bytes, 9);
+  too_many.mutable_batch()->mutable_tensors(1)->set_total_bytes(7);
+  refused(too_many, "its tensors announce more bytes but it holds 9");
+  v1::FetchResponse empty;
+  empty.mutable_batch();
+  refused(empty, "it holds no tensor");
+
+  const std::string wire = Batch(bytes, 3).SerializeAsString();
+  FetchWire got;
+  for (size_t cut : {size_t{1}, size_t{6}, wire.size() / 2, wire.size() - 1}) {
+    grpc::ByteBuffer buffer = SlicedByteBuffer(wire.substr(0, cut), {});
+    EXPECT_FALSE(ParseFetchWire(&buffer, &got).ok()) << cut << " bytes";
+  }
+}
+
 // Lends each tensor's memory (InPlaceVisitor) and records what the checker wrote there, with
 // guard bytes after each tensor's memory that must stay untouched. `lend` false: lends nothing,
 // so the bytes come through OnData.
