@@ -162,12 +162,13 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
   return path;
 }
 
-// Receives a Fetch stream on a thread of its own into a bounded queue: receiving the next
-// messages (gRPC's socket reads, framing and flow control, and parsing them) overlaps checking
-// and delivering the current one on the calling thread. The queue holds at most kMaxQueued messages and, beyond its
-// first message, kMaxQueuedBytes: with the message being received and the one being consumed,
-// that is all the pipe adds to the client's memory. Messages are recycled, so that their
-// vectors keep their capacity. Thread-safe between its reading thread and one consumer.
+// Receives a Fetch stream on a thread of its own into a bounded queue, for an InPlaceVisitor
+// (client/fetch_checker.h): receiving the next messages (gRPC's socket reads, framing and flow
+// control, and parsing them) overlaps checking and placing the current one on the calling thread.
+// The queue holds at most kMaxQueued messages and, beyond its first message, kMaxQueuedBytes: with
+// the message being received and the one being consumed, that is all the pipe adds to the client's
+// memory. Messages are recycled, so that their vectors keep their capacity. Thread-safe between its
+// reading thread and one consumer.
 class MessagePipe {
  public:
   // Starts reading `stream`, which the pipe borrows until Stop() returned.
@@ -345,12 +346,28 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
       grpc::internal::ClientReaderFactory<FetchWire>::Create(channel_.get(), kFetch, &context,
                                                              with_batches));
   FetchChecker checker(&visitor, request.checkpoint_id());
-  // Every visitor's stream is received on a thread of its own (MessagePipe): receiving, parsing
-  // and acknowledging the next messages (gRPC's flow control) overlaps checking and delivering
-  // the current one, so that the server goes on sending while the caller works. The visitor's
-  // methods are all called on this thread.
-  const absl::Status local = ConsumePipelined(stream.get(), &context, checker,
-                                              dynamic_cast<const InPlaceVisitor*>(&visitor));
+  // A visitor that lends memory has its stream received on a thread of its own (MessagePipe):
+  // the calling thread then only verifies and places bytes, and receiving the next messages
+  // overlaps it. Other visitors read on the calling thread: a process among many on few cores
+  // (a job's workers starting together) pays more for the hand-offs between two threads than
+  // the overlap gains it. The visitor's methods are all called on this thread.
+  absl::Status local;
+  if (const auto* in_place = dynamic_cast<const InPlaceVisitor*>(&visitor)) {
+    local = ConsumePipelined(stream.get(), &context, checker, in_place);
+  } else {
+    FetchWire message;
+    while (stream->Read(&message)) {
+      local = checker.Consume(message);
+      if (!local.ok()) break;
+    }
+    if (!local.ok()) {
+      // Stop the server producing bytes nobody reads; drain what is already in flight so that
+      // Finish() can complete.
+      context.TryCancel();
+      while (stream->Read(&message)) {
+      }
+    }
+  }
   if (!local.ok()) {
     stream->Finish().ok();  // CANCELLED; the local error is the news
     return local;
