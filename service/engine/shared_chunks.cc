@@ -617,16 +617,23 @@ void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<Str
   entry.lru_it = list.begin();
   CountKeptLocked(*entry.lru_it->second);
   while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
-    if (stats_.cached_bytes <= cache_bytes_) ++stats_.evicted_for_pins;
     // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
-    // at the front of its list and fits the budget alone, so the victim is another one.
+    // at the front of its list and fits the budget alone, so the victim is another one. Wanted
+    // chunks are evicted for their bytes only: what they pin is bounded by pacing (the members of
+    // a job read within the pace window of each other), and evicting them would make their
+    // cohort read them again.
+    const bool for_pins = stats_.cached_bytes <= cache_bytes_;
     List* from = &wanted_;
     if (!spare_.empty() && spare_.back().second.get() != entry.lru_it->second.get()) {
       from = &spare_;
     } else if (entry.spare) {
+      if (for_pins) ++stats_.evicted_for_pins;
       UncacheLocked(entry);
       break;
+    } else if (for_pins) {
+      break;
     }
+    if (for_pins) ++stats_.evicted_for_pins;
     auto& [old_key, old] = from->back();
     CountDroppedLocked(*old);
     // The entry stays while a stream holds the chunk (live) or reads it again.

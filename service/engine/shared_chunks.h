@@ -60,9 +60,12 @@
 // it reads chunks as copies. A cache of small views spread over many windows (a column re-split's
 // chunks of tens of KiB) would pin many times its budget of mapped windows and leave every later
 // read to a copy. So the cache counts, besides its chunks' bytes, the bytes of the mappings its
-// chunks pin (each mapping once, however many of its chunks are kept), and keeps both within
-// `cache_bytes`, evicting by the same order (spare chunks first, least recent first). Chunks are
-// never copied for the cache: a copy of every chunk read costs more CPU than the copies it saves.
+// chunks pin (each mapping once, however many of its chunks are kept), and while those pins
+// exceed `cache_bytes` evicts spare chunks, least recent first. Wanted chunks are
+// evicted for their bytes only: pacing bounds the span of the file a job's members read ahead of
+// each other, hence the windows its wanted chunks pin, and evicting them would break read-once.
+// Chunks are never copied for the cache: a copy of every chunk read costs more CPU than the
+// copies it saves.
 //
 // Thread-safe: every method may be called from any thread. Get may block while another thread
 // reads the same chunk from the store (a store read, never anything that waits on a stream), so
@@ -201,7 +204,7 @@ struct SharedChunkStats {
   int64_t left_behind = 0;       // members left behind after straggler_bound without progress
   int64_t pacing_now = 0;        // members waiting for their cohort now
   int64_t pinned_bytes = 0;      // bytes of the store's mappings the kept chunks pin now
-  int64_t evicted_for_pins = 0;  // chunks evicted to keep pinned_bytes within the budget
+  int64_t evicted_for_pins = 0;  // spare chunks evicted to keep pinned_bytes within budget
 };
 
 class SharedChunks {
