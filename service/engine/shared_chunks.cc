@@ -606,7 +606,9 @@ void SharedChunks::TakenLocked(Entry& entry, const void* taker) {
 void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk,
                                int takers, const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
-  if (size > cache_bytes_ || chunk->data->pin().bytes > cache_bytes_) return;
+  // A spare chunk whose mapping alone is over the budget is not kept (a wanted one is: its pins
+  // are not what it is evicted for).
+  if (size > cache_bytes_ || (takers <= 0 && chunk->data->pin().bytes > cache_bytes_)) return;
   entry.spare = takers <= 0;
   entry.takers_left = takers;
   entry.taken_by.clear();

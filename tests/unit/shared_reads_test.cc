@@ -773,6 +773,28 @@ TEST(SharedChunksMemoryTest, CachedChunksDoNotPinMoreWindowsThanTheBudget) {
   chunks.Clear();
   EXPECT_EQ(chunks.stats().pinned_bytes, 0);
   EXPECT_EQ(chunks.stats().cached_bytes, 0);
+
+  // Chunks a cohort still wants are not evicted for their pins: the second member of a cohort
+  // of two finds every chunk the first read, over more windows than the budget, and reads none.
+  const int64_t reads_before = chunks.stats().store_reads;
+  std::unique_ptr<CohortMember> a = chunks.JoinCohort("plan", "job", 2);
+  std::unique_ptr<CohortMember> b = chunks.JoinCohort("plan", "job", 2);
+  int wanted = 0;
+  for (int i = kStride / 2; i < kChunks; i += kStride, ++wanted) {
+    const ChunkAddress address{*id, 0, 0, static_cast<uint32_t>(i)};
+    absl::StatusOr<std::shared_ptr<StreamChunk>> got =
+        chunks.Get(address, Checksum(bytes[i]), a->cohort(), a.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  EXPECT_GT(chunks.stats().pinned_bytes, kCache);
+  for (int i = kStride / 2; i < kChunks; i += kStride) {
+    const ChunkAddress address{*id, 0, 0, static_cast<uint32_t>(i)};
+    absl::StatusOr<std::shared_ptr<StreamChunk>> got =
+        chunks.Get(address, Checksum(bytes[i]), b->cohort(), b.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE((*got)->data->bytes() == bytes[i]) << i;
+  }
+  EXPECT_EQ(chunks.stats().store_reads - reads_before, wanted);
 }
 
 }  // namespace
