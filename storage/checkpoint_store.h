@@ -55,8 +55,18 @@ struct ChunkWrite {
 // object lives. Not thread-safe.
 class ChunkData {
  public:
+  // What holding a chunk keeps resident beyond its own bytes: for a view of a mapping the store
+  // made (the segment store's windows), the mapping (`id`, the same for every chunk of it) and the
+  // most bytes of it that can be resident while any chunk of it is held. A cache of chunks counts
+  // a mapping once however many of its chunks it keeps. {nullptr, 0} for bytes of its own.
+  struct Pin {
+    const void* id = nullptr;
+    int64_t bytes = 0;
+  };
+
   virtual ~ChunkData() = default;
   virtual std::string_view bytes() const = 0;
+  virtual Pin pin() const { return {}; }
 };
 
 // A chunk's Checksum (core/checksum.h) is recorded in its manifest at upload and verified on

@@ -557,8 +557,25 @@ void SharedChunks::ForgetLocked(const Key& key, const StreamChunk* chunk) {
   if (!entry.in_flight) entries_.erase(it);
 }
 
+void SharedChunks::CountKeptLocked(const StreamChunk& chunk) {
+  stats_.cached_bytes += static_cast<int64_t>(chunk.data->bytes().size());
+  const ChunkData::Pin pin = chunk.data->pin();
+  if (pin.id == nullptr) return;
+  if (pins_[pin.id]++ == 0) stats_.pinned_bytes += pin.bytes;
+}
+
+void SharedChunks::CountDroppedLocked(const StreamChunk& chunk) {
+  stats_.cached_bytes -= static_cast<int64_t>(chunk.data->bytes().size());
+  const ChunkData::Pin pin = chunk.data->pin();
+  if (pin.id == nullptr) return;
+  auto it = pins_.find(pin.id);
+  if (it == pins_.end() || --it->second > 0) return;
+  pins_.erase(it);
+  stats_.pinned_bytes -= pin.bytes;
+}
+
 void SharedChunks::UncacheLocked(Entry& entry) {
-  stats_.cached_bytes -= static_cast<int64_t>(entry.lru_it->second->data->bytes().size());
+  CountDroppedLocked(*entry.lru_it->second);
   (entry.spare ? spare_ : wanted_).erase(entry.lru_it);
   entry.taken_by.clear();
   entry.taken_by.shrink_to_fit();
@@ -589,7 +606,9 @@ void SharedChunks::TakenLocked(Entry& entry, const void* taker) {
 void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk,
                                int takers, const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
-  if (size > cache_bytes_) return;
+  // A spare chunk whose mapping alone is over the budget is not kept (a wanted one is: its pins
+  // are not what it is evicted for).
+  if (size > cache_bytes_ || (takers <= 0 && chunk->data->pin().bytes > cache_bytes_)) return;
   entry.spare = takers <= 0;
   entry.takers_left = takers;
   entry.taken_by.clear();
@@ -598,19 +617,27 @@ void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<Str
   list.emplace_front(key, std::move(chunk));
   entry.cached = true;
   entry.lru_it = list.begin();
-  stats_.cached_bytes += size;
-  while (stats_.cached_bytes > cache_bytes_) {
+  CountKeptLocked(*entry.lru_it->second);
+  while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
     // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
-    // at the front of its list and fits the budget alone, so the victim is another one.
+    // at the front of its list and fits the budget alone, so the victim is another one. Wanted
+    // chunks are evicted for their bytes only: what they pin is bounded by pacing (the members of
+    // a job read within the pace window of each other), and evicting them would make their
+    // cohort read them again.
+    const bool for_pins = stats_.cached_bytes <= cache_bytes_;
     List* from = &wanted_;
     if (!spare_.empty() && spare_.back().second.get() != entry.lru_it->second.get()) {
       from = &spare_;
     } else if (entry.spare) {
+      if (for_pins) ++stats_.evicted_for_pins;
       UncacheLocked(entry);
       break;
+    } else if (for_pins) {
+      break;
     }
+    if (for_pins) ++stats_.evicted_for_pins;
     auto& [old_key, old] = from->back();
-    stats_.cached_bytes -= static_cast<int64_t>(old->data->bytes().size());
+    CountDroppedLocked(*old);
     // The entry stays while a stream holds the chunk (live) or reads it again.
     auto it = entries_.find(old_key);
     if (it != entries_.end()) {
@@ -646,7 +673,9 @@ void SharedChunks::Clear() {
     }
     list->clear();
   }
+  pins_.clear();
   stats_.cached_bytes = 0;
+  stats_.pinned_bytes = 0;
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
@@ -657,7 +686,7 @@ void SharedChunks::ForgetData(uint64_t data_id) {
         ++it;
         continue;
       }
-      stats_.cached_bytes -= static_cast<int64_t>(it->second->data->bytes().size());
+      CountDroppedLocked(*it->second);
       auto entry = entries_.find(it->first);
       it = list->erase(it);
       if (entry != entries_.end()) {

@@ -54,6 +54,19 @@
 // more, so mended bytes are served rather than the old damage. Read errors (NOT_FOUND,
 // I/O) are returned to the streams that waited for that read and not remembered either.
 //
+// Memory. What the cache keeps must cost what it counts. A chunk the store hands out as a view of
+// a mapping (ChunkData::pin: the segment store's windows) keeps that mapping, and every unit of it
+// that was populated, resident while the view lives: that is the store's map budget, beyond which
+// it reads chunks as copies. A cache of small views spread over many windows (a column re-split's
+// chunks of tens of KiB) would pin many times its budget of mapped windows and leave every later
+// read to a copy. So the cache counts, besides its chunks' bytes, the bytes of the mappings its
+// chunks pin (each mapping once, however many of its chunks are kept), and while those pins
+// exceed `cache_bytes` evicts spare chunks, least recent first. Wanted chunks are
+// evicted for their bytes only: pacing bounds the span of the file a job's members read ahead of
+// each other, hence the windows its wanted chunks pin, and evicting them would break read-once.
+// Chunks are never copied for the cache: a copy of every chunk read costs more CPU than the
+// copies it saves.
+//
 // Thread-safe: every method may be called from any thread. Get may block while another thread
 // reads the same chunk from the store (a store read, never anything that waits on a stream), so
 // waiting cannot deadlock. Does not own the store.
@@ -190,6 +203,8 @@ struct SharedChunkStats {
   int64_t pace_waits = 0;        // times a member waited for slower members of its cohort
   int64_t left_behind = 0;       // members left behind after straggler_bound without progress
   int64_t pacing_now = 0;        // members waiting for their cohort now
+  int64_t pinned_bytes = 0;      // bytes of the store's mappings the kept chunks pin now
+  int64_t evicted_for_pins = 0;  // spare chunks evicted to keep pinned_bytes within budget
 };
 
 class SharedChunks {
@@ -319,6 +334,9 @@ class SharedChunks {
                    const void* reader);
   // Stops keeping `entry`'s chunk (mu_ held; entry.cached).
   void UncacheLocked(Entry& entry);
+  // Counts `chunk` as kept, or as no longer kept: its bytes and its pin (mu_ held).
+  void CountKeptLocked(const StreamChunk& chunk);
+  void CountDroppedLocked(const StreamChunk& chunk);
   // `taker` had the chunk: drops it once every expected taker has (mu_ held).
   void TakenLocked(Entry& entry, const void* taker);
   // `entry`'s chunk when one is alive and not found damaged, counted as a cache or live hit and
@@ -372,6 +390,8 @@ class SharedChunks {
   List spare_;   // chunks no one else is expected to take, most recent first
   absl::flat_hash_map<std::string, std::weak_ptr<FetchCohort>> cohorts_;
   size_t cohort_sweep_at_ = 64;
+  // The mappings kept chunks pin (ChunkData::Pin::id): how many kept chunks pin each.
+  absl::flat_hash_map<const void*, int> pins_;
   SharedChunkStats stats_;  // guarded by mu_, except verified_bytes and corrupt_chunks
   std::atomic<int64_t> verified_bytes_{0};
   std::atomic<int64_t> corrupt_chunks_{0};

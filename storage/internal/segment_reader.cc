@@ -41,16 +41,20 @@ int64_t PopulateUnit(const SegmentOptions& o) {
   return b < w && w % b == 0 && w / b <= 64 ? b : w;
 }
 
-// A view of a window (or of nothing, for an empty chunk) that keeps the window mapped.
+// A view of a window (or of nothing, for an empty chunk) that keeps the window mapped. Its pin is
+// the window: while it is held, every unit of the window that any reader populated stays mapped,
+// up to the window's length.
 class MappedChunk final : public ChunkData {
  public:
   MappedChunk() = default;
-  MappedChunk(std::shared_ptr<const void> window, std::string_view bytes)
-      : window_(std::move(window)), bytes_(bytes) {}
+  MappedChunk(std::shared_ptr<const void> window, int64_t window_length, std::string_view bytes)
+      : window_(std::move(window)), window_length_(window_length), bytes_(bytes) {}
   std::string_view bytes() const override { return bytes_; }
+  Pin pin() const override { return {window_.get(), window_ ? window_length_ : 0}; }
 
  private:
   std::shared_ptr<const void> window_;
+  int64_t window_length_ = 0;
   std::string_view bytes_;
 };
 
@@ -154,7 +158,8 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id,
   // Over the windows' budget (or larger than a window): a copy, held as long as the chunk is.
   if (window == nullptr) return ReadCopy(file, begin, end, what);
   const char* data = static_cast<const char*>(window->addr) + (begin - window->start);
-  return std::make_unique<MappedChunk>(std::move(window),
+  const auto window_length = static_cast<int64_t>(window->length);
+  return std::make_unique<MappedChunk>(std::move(window), window_length,
                                        std::string_view(data, static_cast<size_t>(length)));
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "service/engine/shared_chunks.h"
 #include "storage/checkpoint_store.h"
 #include "tests/testing/forwarding_store.h"
+#include "tests/testing/server_process.h"
 
 namespace ckpt {
 namespace {
@@ -711,6 +713,88 @@ TEST_F(SharedReadsTest, SlowButMovingMembersAreWaitedForAndLeavingFreesTheWaiter
   ASSERT_TRUE(leader.status.ok()) << leader.status;
   EXPECT_EQ(leader.messages, lone.messages);
   EXPECT_EQ(manager_->shared_chunks()->stats().left_behind, 0);
+}
+
+// The cache counts the segment store's mapped windows its chunks pin within its budget: a cache of
+// small chunks spread over many windows keeps at most its budget of them mapped, so the store's
+// map budget stays free for later reads, which are views rather than copies.
+TEST(SharedChunksMemoryTest, CachedChunksDoNotPinMoreWindowsThanTheBudget) {
+  testing::TempDir dir;
+  StoreOptions options;
+  options.min_free_disk_bytes = 0;
+  options.mapped_bytes_budget = int64_t{32} << 20;  // two 16 MiB windows
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> opened = OpenSegmentStore(dir.path(), options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  CheckpointStore& store = **opened;
+  // 64 MiB of 16 KiB chunks: four windows.
+  constexpr int kChunk = 16 << 10;
+  constexpr int kChunks = 4 * 1024;
+  absl::StatusOr<uint64_t> id = store.BeginData();
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<std::string> bytes(kChunks);
+  std::vector<ChunkWrite> writes;
+  for (int i = 0; i < kChunks; ++i) {
+    bytes[i] = std::string(kChunk, static_cast<char>('a' + i % 26));
+    std::memcpy(bytes[i].data(), &i, sizeof(i));
+    writes.push_back(ChunkWrite{ChunkAddress{*id, 0, 0, static_cast<uint32_t>(i)}, bytes[i]});
+  }
+  ASSERT_TRUE(store.PutChunks(writes).ok());
+  ASSERT_TRUE(store.CommitCheckpoint("ck", "m", *id).ok());
+
+  // One chunk of every 1 MiB, each released before the next is read; the cache (one window's
+  // worth) would keep all of them by their bytes alone.
+  constexpr int64_t kCache = int64_t{16} << 20;
+  SharedChunks chunks(&store, kCache);
+  constexpr int kStride = (1 << 20) / kChunk;
+  for (int i = 0; i < kChunks; i += kStride) {
+    const ChunkAddress address{*id, 0, 0, static_cast<uint32_t>(i)};
+    absl::StatusOr<std::shared_ptr<StreamChunk>> got = chunks.Get(address, Checksum(bytes[i]));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE((*got)->data->bytes() == bytes[i]) << i;
+    EXPECT_LE(chunks.stats().pinned_bytes, kCache) << i;
+  }
+  const SharedChunkStats stats = chunks.stats();
+  EXPECT_GT(stats.pinned_bytes, 0);
+  EXPECT_GT(stats.cached_bytes, 0);
+  EXPECT_GT(stats.evicted_for_pins, 0);
+  EXPECT_EQ(store.stats().chunk_bytes_copied, 0) << "reads over the map budget were copies";
+  EXPECT_LE(store.stats().mapped_bytes, options.mapped_bytes_budget);
+
+  // The last chunk read is still kept: served from the cache, verified for its second taker.
+  const int last = (kChunks - 1) / kStride * kStride;
+  absl::StatusOr<std::shared_ptr<StreamChunk>> again =
+      chunks.Get(ChunkAddress{*id, 0, 0, static_cast<uint32_t>(last)}, Checksum(bytes[last]));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->data->bytes() == bytes[last]);
+  EXPECT_TRUE((*again)->verified());
+  EXPECT_EQ(chunks.stats().cache_hits, 1);
+
+  // Dropping the cache releases its pins.
+  chunks.Clear();
+  EXPECT_EQ(chunks.stats().pinned_bytes, 0);
+  EXPECT_EQ(chunks.stats().cached_bytes, 0);
+
+  // Chunks a cohort still wants are not evicted for their pins: the second member of a cohort
+  // of two finds every chunk the first read, over more windows than the budget, and reads none.
+  const int64_t reads_before = chunks.stats().store_reads;
+  std::unique_ptr<CohortMember> a = chunks.JoinCohort("plan", "job", 2);
+  std::unique_ptr<CohortMember> b = chunks.JoinCohort("plan", "job", 2);
+  int wanted = 0;
+  for (int i = kStride / 2; i < kChunks; i += kStride, ++wanted) {
+    const ChunkAddress address{*id, 0, 0, static_cast<uint32_t>(i)};
+    absl::StatusOr<std::shared_ptr<StreamChunk>> got =
+        chunks.Get(address, Checksum(bytes[i]), a->cohort(), a.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  EXPECT_GT(chunks.stats().pinned_bytes, kCache);
+  for (int i = kStride / 2; i < kChunks; i += kStride) {
+    const ChunkAddress address{*id, 0, 0, static_cast<uint32_t>(i)};
+    absl::StatusOr<std::shared_ptr<StreamChunk>> got =
+        chunks.Get(address, Checksum(bytes[i]), b->cohort(), b.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE((*got)->data->bytes() == bytes[i]) << i;
+  }
+  EXPECT_EQ(chunks.stats().store_reads - reads_before, wanted);
 }
 
 }  // namespace
