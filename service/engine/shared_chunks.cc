@@ -606,8 +606,8 @@ void SharedChunks::TakenLocked(Entry& entry, const void* taker) {
 void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk,
                                int takers, const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
-  // A spare chunk whose mapping alone is over the budget is not kept (a wanted one is: its pins
-  // are not what it is evicted for).
+  // Kept: every chunk that fits the budget, except a spare one whose mapping alone exceeds it.
+  // Pins evict spare chunks only, so a wanted chunk stays whatever its mapping pins.
   if (size > cache_bytes_ || (takers <= 0 && chunk->data->pin().bytes > cache_bytes_)) return;
   entry.spare = takers <= 0;
   entry.takers_left = takers;

@@ -20,6 +20,7 @@
 #include "service/engine/manager.h"
 #include "storage/checkpoint_store.h"
 #include "tests/testing/forwarding_store.h"
+#include "tests/testing/manager_uploads.h"
 
 namespace ckpt {
 namespace {
@@ -28,14 +29,7 @@ constexpr uint64_t kSeed = 5;
 constexpr int kSourceRanks = 8;
 constexpr int kDestinationRanks = 6;
 
-class OwnedChunk final : public ChunkData {
- public:
-  explicit OwnedChunk(std::string bytes) : bytes_(std::move(bytes)) {}
-  std::string_view bytes() const override { return bytes_; }
-
- private:
-  const std::string bytes_;
-};
+using testing::OwnedChunk;
 
 // Around a memory store: reads of one chosen chunk come back with a byte flipped.
 class DamagingStore final : public testing::ForwardingStore {
@@ -67,7 +61,8 @@ class DamagingStore final : public testing::ForwardingStore {
 std::vector<SampleTensor> Tensors() {
   std::vector<SampleTensor> out;
   for (int i = 0; i < 60; ++i) {
-    const DType dtype = i % 3 == 0 ? DType::kFloat32 : (i % 3 == 1 ? DType::kFloat16 : DType::kInt8);
+    const DType dtype =
+        i % 3 == 0 ? DType::kFloat32 : (i % 3 == 1 ? DType::kFloat16 : DType::kInt8);
     if (i % 7 == 3) {
       out.push_back({absl::StrCat("col.", i), dtype, {24, 48}});
     } else {
@@ -95,7 +90,7 @@ Strategy MakeStrategy(int64_t ranks, bool destination) {
 // carried them), or the status the stream ended with.
 struct Delivery {
   absl::Status status;
-  bool parts_ok = true;  // every part's checksum matched its bytes
+  bool parts_ok = true;              // every part's checksum matched its bytes
   std::vector<std::string> tensors;  // header, "|", bytes
   int64_t batches = 0;
   int64_t direct_tensors = 0;
@@ -125,27 +120,9 @@ class FetchLayoutTest : public ::testing::Test {
                                         v1::STRATEGY_FORMAT_JSON, false);
       ASSERT_TRUE(info.ok()) << info.status();
     }
-    for (int64_t r = 0; r < kSourceRanks; ++r) {
-      v1::UploadHeader h;
-      h.set_checkpoint_id("ck");
-      h.set_source_strategy("src");
-      h.set_rank(r);
-      auto upload = manager_->BeginUpload(h);
-      ASSERT_TRUE(upload.ok()) << upload.status();
-      for (const SampleTensor& t : Tensors()) {
-        const Box box = *src.Find(t.name)->layout.SliceBox(t.global_shape, r);
-        const std::string bytes = SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed);
-        v1::UploadTensorHeader th;
-        th.set_name(t.name);
-        th.set_dtype(std::string(DTypeName(t.dtype)));
-        for (int64_t d : box.shape()) th.add_dims(d);
-        th.set_total_bytes(static_cast<int64_t>(bytes.size()));
-        ASSERT_TRUE((*upload)->StartTensor(th).ok());
-        ASSERT_TRUE((*upload)->Append(bytes).ok());
-      }
-      ASSERT_TRUE((*upload)->Finish().ok());
-      manager_->OnUploadFinished("ck");
-    }
+    const absl::Status uploaded =
+        testing::UploadSampleRanks(*manager_, "ck", "src", src, Tensors(), kSeed);
+    ASSERT_TRUE(uploaded.ok()) << uploaded;
     uploaded_ = true;
   }
 

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_store.h"
 #include "tests/testing/forwarding_store.h"
+#include "tests/testing/manager_uploads.h"
 
 namespace ckpt {
 namespace {
@@ -35,14 +36,7 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kSeed = 5;
 
-class OwnedChunk final : public ChunkData {
- public:
-  explicit OwnedChunk(std::string bytes) : bytes_(std::move(bytes)) {}
-  std::string_view bytes() const override { return bytes_; }
-
- private:
-  const std::string bytes_;
-};
+using testing::OwnedChunk;
 
 // Counts the bytes of the chunks it wraps while they live (LiveBytes below).
 struct LiveBytes {

@@ -28,6 +28,7 @@
 #include "service/engine/shared_chunks.h"
 #include "storage/checkpoint_store.h"
 #include "tests/testing/forwarding_store.h"
+#include "tests/testing/manager_uploads.h"
 #include "tests/testing/server_process.h"
 
 namespace ckpt {
@@ -37,14 +38,7 @@ constexpr uint64_t kSeed = 11;
 constexpr int kTp = 8;  // tensor-parallel groups
 constexpr int kDp = 8;  // data-parallel replicas of each
 
-class OwnedChunk final : public ChunkData {
- public:
-  explicit OwnedChunk(std::string bytes) : bytes_(std::move(bytes)) {}
-  std::string_view bytes() const override { return bytes_; }
-
- private:
-  const std::string bytes_;
-};
+using testing::OwnedChunk;
 
 // Around a memory store: reads of one chosen chunk come back with a byte flipped, and reads of
 // one chosen chunk can be held at a gate until released. Counts reads per chunk.
@@ -156,8 +150,7 @@ class SharedReadsTest : public ::testing::Test {
  protected:
   void SetUp() override { Restart(int64_t{1} << 20); }
 
-  void Restart(int64_t shared_cache_bytes,
-               absl::Duration straggler_bound = absl::Seconds(30)) {
+  void Restart(int64_t shared_cache_bytes, absl::Duration straggler_bound = absl::Seconds(30)) {
     manager_.reset();
     auto store = std::make_unique<FaultyStore>(NewMemoryStore());
     faulty_ = store.get();
@@ -180,27 +173,9 @@ class SharedReadsTest : public ::testing::Test {
                                         v1::STRATEGY_FORMAT_JSON, false);
       ASSERT_TRUE(info.ok()) << info.status();
     }
-    for (int64_t r = 0; r < src_.world_size(); ++r) {
-      v1::UploadHeader h;
-      h.set_checkpoint_id("ck");
-      h.set_source_strategy("src");
-      h.set_rank(r);
-      auto upload = manager_->BeginUpload(h);
-      ASSERT_TRUE(upload.ok()) << upload.status();
-      for (const SampleTensor& t : Tensors()) {
-        const Box box = *src_.Find(t.name)->layout.SliceBox(t.global_shape, r);
-        const std::string bytes = SampleSlice(t.name, t.dtype, t.global_shape, box, kSeed);
-        v1::UploadTensorHeader th;
-        th.set_name(t.name);
-        th.set_dtype(std::string(DTypeName(t.dtype)));
-        for (int64_t d : box.shape()) th.add_dims(d);
-        th.set_total_bytes(static_cast<int64_t>(bytes.size()));
-        ASSERT_TRUE((*upload)->StartTensor(th).ok());
-        ASSERT_TRUE((*upload)->Append(bytes).ok());
-      }
-      ASSERT_TRUE((*upload)->Finish().ok());
-      manager_->OnUploadFinished("ck");
-    }
+    const absl::Status uploaded =
+        testing::UploadSampleRanks(*manager_, "ck", "src", src_, Tensors(), kSeed);
+    ASSERT_TRUE(uploaded.ok()) << uploaded;
     unique_bytes_ = 0;
     for (const SampleTensor& t : Tensors()) {
       unique_bytes_ += *ByteSizeOf(t.dtype, *NumElements(t.global_shape));
@@ -686,8 +661,8 @@ TEST_F(SharedReadsTest, SlowButMovingMembersAreWaitedForAndLeavingFreesTheWaiter
   auto slow_stream = manager_->OpenFetch(Request(kTp));  // both are open before either reads
   ASSERT_TRUE(slow_stream.ok()) << slow_stream.status();
   std::thread slow_thread([&] {
-    slow = Drain(**slow_stream, std::nullopt,
-                 [](int) { absl::SleepFor(absl::Milliseconds(3)); }, true);
+    slow = Drain(
+        **slow_stream, std::nullopt, [](int) { absl::SleepFor(absl::Milliseconds(3)); }, true);
   });
   std::thread fast_thread([&] { fast = Run(0, std::nullopt, {}, true); });
   slow_thread.join();
