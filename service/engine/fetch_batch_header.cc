@@ -167,37 +167,45 @@ absl::Status FetchStream::DirectBatchPiece(const FetchLayout& layout, FetchPiece
       CKPT_RETURN_IF_ERROR(AppendBatchTensor(t, TensorBytes(t), out));
       continue;
     }
-    StartTensor();
-    out->batch_headers.append(layout.headers, lt.header_offset, lt.header_length);
-    for (size_t j = lt.first_ref; j < lt.first_ref + lt.ref_count; ++j) {
-      const FetchLayout::ChunkRef& ref = layout.refs[j];
-      absl::StatusOr<std::shared_ptr<StreamChunk>>& result = requests[j - ref_begin].result;
-      if (!result.ok()) return Annotate(result.status());
-      const std::shared_ptr<StreamChunk>& chunk = *result;
-      const std::string_view bytes = chunk->data->bytes();
-      if (bytes.size() != ref.chunk_bytes) {
-        return Annotate(absl::DataLossError(absl::StrCat("chunk ", ref.address.chunk, " has ",
-                                                         bytes.size(), " bytes, expected ",
-                                                         ref.chunk_bytes)));
-      }
-      // The segment keeps the chunk alive (owner) without naming it (chunk): it is verified
-      // here, now, while errors still name this tensor, unless it is a whole chunk that becomes
-      // a part of its own and leaves with its stored checksum for the client to verify.
-      DataSegment s{chunk, bytes.substr(ref.offset, ref.length), std::nullopt, nullptr};
-      if (ref.offset == 0 && ref.length == bytes.size()) s.stored_checksum = chunk->checksum;
-      if (!(s.stored_checksum && static_cast<int64_t>(ref.length) >= options_.min_part_bytes)) {
-        CKPT_RETURN_IF_ERROR(Verify(*chunk));
-      }
-      out->segments.push_back(std::move(s));
-    }
-    out->data_bytes += lt.bytes;
-    ++direct_tensors_;
+    CKPT_RETURN_IF_ERROR(AppendDirectTensor(layout, lt, requests, ref_begin, out));
   }
   tensor_ = end;
   header_sent_ = false;
   batch_tensors_ = std::min(2 * batch_tensors_, std::max(1, options_.batch_max_tensors));
   CKPT_RETURN_IF_ERROR(ChecksumMessage(FetchReader::kClient, out));
   bytes_produced_ += out->data_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status FetchStream::AppendDirectTensor(const FetchLayout& layout,
+                                             const FetchLayout::Tensor& lt,
+                                             std::span<const SharedChunks::Request> requests,
+                                             size_t ref_begin, FetchPiece* out) {
+  StartTensor();
+  out->batch_headers.append(layout.headers, lt.header_offset, lt.header_length);
+  for (size_t j = lt.first_ref; j < lt.first_ref + lt.ref_count; ++j) {
+    const FetchLayout::ChunkRef& ref = layout.refs[j];
+    const absl::StatusOr<std::shared_ptr<StreamChunk>>& result = requests[j - ref_begin].result;
+    if (!result.ok()) return Annotate(result.status());
+    const std::shared_ptr<StreamChunk>& chunk = *result;
+    const std::string_view bytes = chunk->data->bytes();
+    if (bytes.size() != ref.chunk_bytes) {
+      return Annotate(
+          absl::DataLossError(absl::StrCat("chunk ", ref.address.chunk, " has ", bytes.size(),
+                                           " bytes, expected ", ref.chunk_bytes)));
+    }
+    // The segment keeps the chunk alive (owner) without naming it (chunk): it is verified
+    // here, now, while errors still name this tensor, unless it is a whole chunk that becomes
+    // a part of its own and leaves with its stored checksum for the client to verify.
+    DataSegment s{chunk, bytes.substr(ref.offset, ref.length), std::nullopt, nullptr};
+    if (ref.offset == 0 && ref.length == bytes.size()) s.stored_checksum = chunk->checksum;
+    if (!(s.stored_checksum && static_cast<int64_t>(ref.length) >= options_.min_part_bytes)) {
+      CKPT_RETURN_IF_ERROR(Verify(*chunk));
+    }
+    out->segments.push_back(std::move(s));
+  }
+  out->data_bytes += lt.bytes;
+  ++direct_tensors_;
   return absl::OkStatus();
 }
 

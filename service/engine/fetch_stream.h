@@ -217,6 +217,11 @@ class FetchStream {
   // messages as BatchPiece's. (BatchPiece, for batches that start with another tensor, ends them
   // at the next direct tensor.)
   absl::Status DirectBatchPiece(const FetchLayout& layout, FetchPiece* out);
+  // Appends direct tensor `lt` of `layout` (the current one) to the batch `out`: its header and
+  // views of its chunk ranges, whose chunks are `requests[j - ref_begin].result` for its refs j.
+  absl::Status AppendDirectTensor(const FetchLayout& layout, const FetchLayout::Tensor& lt,
+                                  std::span<const SharedChunks::Request> requests, size_t ref_begin,
+                                  FetchPiece* out);
   // Appends tensor `t` (the current one, of `bytes` bytes) to the batch `out`: its header, and
   // its bands as rows, their chunks verified unless they leave whole with their stored checksum.
   absl::Status AppendBatchTensor(const TensorPlan& t, int64_t bytes, FetchPiece* out);
