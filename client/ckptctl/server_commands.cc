@@ -404,6 +404,12 @@ absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
     j["fetch_streams"] = s.fetch_streams();
     j["fetch_bytes_sent"] = s.fetch_bytes_sent();
     j["fetch_bytes_in_flight"] = s.fetch_bytes_in_flight();
+    j["fetch_chunks_shared"] = {{"read_in_flight", s.fetch_chunks_joined()},
+                                {"other_stream", s.fetch_chunks_live()},
+                                {"cache", s.fetch_chunks_cached()}};
+    j["fetch_cache_bytes"] = s.fetch_cache_bytes();
+    j["fetch_cache_pinned_bytes"] = s.fetch_cache_pinned_bytes();
+    j["fetch_cache_evicted_for_pins"] = s.fetch_cache_evicted_for_pins();
     j["upload_streams"] = s.upload_streams();
     j["pending_uploads"] = s.pending_uploads();
     j["upload_bytes_received"] = s.upload_bytes_received();
@@ -450,6 +456,12 @@ absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
   line("open streams", absl::StrCat(s.fetch_streams()));
   line("sent", FormatBytes(s.fetch_bytes_sent()));
   line("queued now", FormatBytes(s.fetch_bytes_in_flight()));
+  line("shared reads",
+       absl::StrCat(s.fetch_chunks_joined() + s.fetch_chunks_live() + s.fetch_chunks_cached(),
+                    " chunk(s) served from another stream's read (", s.fetch_chunks_cached(),
+                    " from the cache)"));
+  line("cache now", absl::StrCat(FormatBytes(s.fetch_cache_bytes()), " (",
+                                 FormatBytes(s.fetch_cache_pinned_bytes()), " of mappings held)"));
   out << "upload\n";
   line("open streams",
        absl::StrCat(s.upload_streams(), " (", s.pending_uploads(), " checkpoint(s) in progress)"));

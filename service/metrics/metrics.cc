@@ -216,6 +216,19 @@ class StatsCollectable final : public prometheus::Collectable {
     Counter(out, "ckptd_fetch_replicas_left_behind_total",
             "Fetch streams left behind by their replicas after making no progress",
             s.fetch_replicas_left_behind());
+    Add(out, MetricType::Counter, "ckptd_fetch_chunks_shared_total",
+        "Fetch streams' chunk requests served without a store read of their own, by where from",
+        {Value(MetricType::Counter, s.fetch_chunks_joined(), {{"from", "read_in_flight"}}),
+         Value(MetricType::Counter, s.fetch_chunks_live(), {{"from", "other_stream"}}),
+         Value(MetricType::Counter, s.fetch_chunks_cached(), {{"from", "cache"}})});
+    Gauge(out, "ckptd_fetch_cache_bytes",
+          "Bytes of recently verified chunks kept for Fetch streams", s.fetch_cache_bytes());
+    Gauge(out, "ckptd_fetch_cache_pinned_bytes",
+          "Bytes of segment-file mappings the kept chunks hold resident",
+          s.fetch_cache_pinned_bytes());
+    Counter(out, "ckptd_fetch_cache_evictions_for_pins_total",
+            "Kept chunks evicted to keep the mappings they hold within the cache's budget",
+            s.fetch_cache_evicted_for_pins());
     Gauge(out, "ckptd_fetch_in_flight_bytes", "Fetch bytes queued for sending now, server-wide",
           s.fetch_bytes_in_flight());
     Gauge(out, "ckptd_connections", "TCP connections served now", s.connections());

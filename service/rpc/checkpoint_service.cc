@@ -328,6 +328,12 @@ v1::ServerStats CheckpointServiceImpl::Stats() {
   const SharedChunkStats shared = manager_->shared_chunks()->stats();
   out.set_fetch_pace_waits(shared.pace_waits);
   out.set_fetch_replicas_left_behind(shared.left_behind);
+  out.set_fetch_chunks_joined(shared.joined_reads);
+  out.set_fetch_chunks_live(shared.live_hits);
+  out.set_fetch_chunks_cached(shared.cache_hits);
+  out.set_fetch_cache_bytes(shared.cached_bytes);
+  out.set_fetch_cache_pinned_bytes(shared.pinned_bytes);
+  out.set_fetch_cache_evicted_for_pins(shared.evicted_for_pins);
   if (connection_source_) connection_source_(&out);
   const ProcessMemory memory = ReadProcessMemory();
   out.set_rss_bytes(memory.rss_bytes);

@@ -276,6 +276,10 @@ TEST_F(ObservabilityTest, MetricsEndpointPassesPromtoolAndPrometheusScrapesIt) {
   EXPECT_EQ(Sample(m, "ckptd_jobs{state=\"running\"}"), 0) << m;
   EXPECT_EQ(Sample(m, "ckptd_data_loss_total{source=\"rpc\"}"), 0) << m;
   EXPECT_GE(Sample(m, "ckptd_store_mapped_bytes"), 0) << m;
+  EXPECT_GE(Sample(m, "ckptd_fetch_chunks_shared_total{from=\"cache\"}"), 0) << m;
+  EXPECT_GE(Sample(m, "ckptd_fetch_cache_bytes"), 0) << m;
+  EXPECT_GE(Sample(m, "ckptd_fetch_cache_pinned_bytes"), 0) << m;
+  EXPECT_GE(Sample(m, "ckptd_fetch_cache_evictions_for_pins_total"), 0) << m;
   EXPECT_GT(Sample(m, "ckptd_store_written_bytes_total"), 0) << m;
 
   // A misspelt method is counted, but under "unknown", not under a name the client chose.

@@ -215,10 +215,20 @@ TEST_F(StormTest, SixtyFourConcurrentFetchesMatchLoneFetchesAndReadEachChunkOnce
   std::vector<Outcome> single;
   for (int r = 0; r < kRanks; ++r) single.push_back(Single(r));
   RestartServer();  // nothing cached from the lone fetches
-  const int64_t before = StoreBytesRead();
+  const v1::ServerStats start = Stats();
+  const int64_t before = start.store_bytes_read();
   const std::vector<Outcome> together = Storm();
   ASSERT_EQ(together.size(), static_cast<size_t>(kRanks));
-  const int64_t read = StoreBytesRead() - before;
+  const v1::ServerStats end = Stats();
+  const int64_t read = end.store_bytes_read() - before;
+  // Each chunk is wanted by the kDp replicas of its rank: one reads it, the others are served
+  // from that read (joined in flight, still held, or cached), and GetStats counts them.
+  const int64_t chunks_read = end.store_chunks_read() - start.store_chunks_read();
+  const int64_t shared = end.fetch_chunks_joined() + end.fetch_chunks_live() +
+                         end.fetch_chunks_cached() - start.fetch_chunks_joined() -
+                         start.fetch_chunks_live() - start.fetch_chunks_cached();
+  EXPECT_GE(shared, (kDp - 2) * chunks_read)
+      << shared << " chunk requests shared for " << chunks_read << " chunks read";
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_TRUE(together[r].status.ok()) << r << ": " << together[r].status;
     EXPECT_TRUE(together[r].tensors == single[r].tensors) << "rank " << r << " differs";
@@ -317,8 +327,8 @@ TEST_F(StormTest, AWaitingStreamEndsOnItsDeadlineOrCancellationAndLeavesTheQueue
   grpc::ChannelArguments narrow;
   narrow.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   narrow.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto holder_stub = v1::CheckpointService::NewStub(grpc::CreateCustomChannel(
-      server_->address(), grpc::InsecureChannelCredentials(), narrow));
+  auto holder_stub = v1::CheckpointService::NewStub(
+      grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), narrow));
   auto stub = v1::CheckpointService::NewStub(
       grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   // The holder reads the plan summary (it was admitted) and then nothing: it keeps the slot.
