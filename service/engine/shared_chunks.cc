@@ -133,9 +133,12 @@ struct SharedChunks::ManyScratch {
     Key key;
     Found found;
     std::shared_ptr<StreamChunk> chunk;  // kLive
-    std::shared_ptr<Read> read;          // kToRead
+    Read* read = nullptr;                // kToRead: in `reads`
   };
   std::vector<Pending> pending;
+  // The Reads this call registers, one allocation for all (each handed out to the table by an
+  // aliasing pointer, which keeps the block alive while any waiter holds one).
+  std::shared_ptr<std::vector<Read>> reads;
   std::vector<size_t> to_read;  // indices of the kToRead requests, in order
   std::vector<ChunkAddress> addresses;
   std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>> data;
@@ -144,6 +147,7 @@ struct SharedChunks::ManyScratch {
   // Drops every reference the call took, keeping the vectors' storage.
   void Clear() {
     pending.clear();
+    reads.reset();
     to_read.clear();
     addresses.clear();
     data.clear();
@@ -199,9 +203,7 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
 void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
   using Found = ManyScratch::Found;
   std::vector<ManyScratch::Pending>& pending = m.pending;
-  // The Reads this call registers, one allocation for all (each handed out by an aliasing
-  // pointer, which keeps the block alive while any waiter holds one).
-  std::shared_ptr<std::vector<Read>> reads;
+  std::shared_ptr<std::vector<Read>>& reads = m.reads;
   std::lock_guard<std::mutex> lock(mu_);
   // The table is large when many small chunks are kept: its slots are fetched a few requests
   // ahead so that their cache misses overlap.
@@ -221,9 +223,9 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
     } else {
       p.found = Found::kToRead;
       if (!reads) reads = std::make_shared<std::vector<Read>>(pending.size() - i);
-      p.read = std::shared_ptr<Read>(reads, &(*reads)[m.to_read.size()]);
+      p.read = &(*reads)[m.to_read.size()];
       m.to_read.push_back(i);
-      entry.in_flight = p.read;
+      entry.in_flight = std::shared_ptr<Read>(reads, p.read);
     }
   }
   MaybeSweepLocked();
@@ -254,19 +256,19 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
     for (size_t k = 0; k < n; ++k) {
       if (k + kPrefetchAhead < n) entries_.prefetch(m.pending[m.to_read[k + kPrefetchAhead]].key);
       const ManyScratch::Pending& p = m.pending[m.to_read[k]];
-      PublishLocked(p.key, p.read, m.data[k], m.read_chunks[k], cohort, taker);
+      PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker);
     }
   }
   read_done_.notify_all();
 }
 
-void SharedChunks::PublishLocked(const Key& key, const std::shared_ptr<Read>& read,
+void SharedChunks::PublishLocked(const Key& key, Read& read,
                                  const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                                  const std::shared_ptr<StreamChunk>& chunk,
                                  const FetchCohort* cohort, const void* taker) {
-  read->done = true;
-  read->status = data.status();
-  read->chunk = chunk;
+  read.done = true;
+  read.status = data.status();
+  read.chunk = chunk;
   Entry& entry = entries_[key];  // references into the table may have moved meanwhile
   entry.in_flight.reset();
   if (chunk) {
@@ -296,7 +298,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key&
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    PublishLocked(key, read, data, chunk, cohort, taker);
+    PublishLocked(key, *read, data, chunk, cohort, taker);
   }
   read_done_.notify_all();
   if (!data.ok()) return data.status();

@@ -338,7 +338,7 @@ class SharedChunks {
   static constexpr size_t kPrefetchAhead = 8;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
   // for the cohort (mu_ held; the caller notifies read_done_).
-  void PublishLocked(const Key& key, const std::shared_ptr<Read>& read,
+  void PublishLocked(const Key& key, Read& read,
                      const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                      const std::shared_ptr<StreamChunk>& chunk, const FetchCohort* cohort,
                      const void* taker);
