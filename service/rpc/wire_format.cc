@@ -153,7 +153,8 @@ void AppendSegmentSlices(std::vector<DataSegment>& segments, CopyBlock* block, s
 
 }  // namespace
 
-grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
+grpc::ByteBuffer EncodeFetchResponse(FetchPiece* out) {
+  FetchPiece& piece = *out;
   if (piece.segments.empty()) {
     std::string bytes = piece.message.SerializeAsString();
     grpc::Slice slice(bytes);
@@ -212,6 +213,7 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   put(tail.data(), tail.size());
   if (at > run_start) slices.push_back(block->Cut(run_start, at - run_start));
   block->Release();
+  piece.segments.clear();  // the copied ones' owners go now; the referenced ones' with gRPC
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
