@@ -42,6 +42,7 @@ SharedChunks::~SharedChunks() {
   }
   pace_cv_.notify_all();
   pace_thread_.join();
+  Clear();  // kept chunks hold the cache's reference to themselves
 }
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddress& address,
@@ -601,22 +602,44 @@ void SharedChunks::CountDroppedLocked(StreamChunk& chunk) {
   stats_.pinned_bytes -= k.pin_bytes;
 }
 
-void SharedChunks::UncacheLocked(StreamChunk& chunk) {
+void SharedChunks::List::PushFront(StreamChunk* c) {
+  c->kept_.prev = nullptr;
+  c->kept_.next = front;
+  if (front != nullptr) {
+    front->kept_.prev = c;
+  } else {
+    back = c;
+  }
+  front = c;
+}
+
+void SharedChunks::List::Unlink(StreamChunk* c) {
+  StreamChunk::Kept& k = c->kept_;
+  (k.prev != nullptr ? k.prev->kept_.next : front) = k.next;
+  (k.next != nullptr ? k.next->kept_.prev : back) = k.prev;
+  k.prev = k.next = nullptr;
+}
+
+std::shared_ptr<StreamChunk> SharedChunks::DropLocked(StreamChunk& chunk) {
   StreamChunk::Kept& k = chunk.kept_;
   CountDroppedLocked(chunk);
-  List& list = k.spare ? spare_ : wanted_;
-  const List::iterator it = k.lru_it;
+  (k.spare ? spare_ : wanted_).Unlink(&chunk);
   k.taken_by.clear();
   k.taken_by.shrink_to_fit();
   k.cached = false;
   k.spare = false;
-  list.erase(it);  // the caller's reference keeps `chunk` alive
+  return std::move(k.self);
+}
+
+void SharedChunks::UncacheLocked(StreamChunk& chunk) {
+  DropLocked(chunk);  // the caller's reference keeps `chunk` alive
 }
 
 void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   StreamChunk::Kept& k = chunk.kept_;
   List& list = k.spare ? spare_ : wanted_;
-  list.splice(list.begin(), list, k.lru_it);
+  list.Unlink(&chunk);
+  list.PushFront(&chunk);
   if (k.spare) return;
   if (taker != nullptr) {
     if (std::find(k.taken_by.begin(), k.taken_by.end(), taker) != k.taken_by.end()) {
@@ -628,7 +651,8 @@ void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   // Every member expected to take it has it (those that still use it hold it themselves): it
   // becomes spare, kept only in room no cohort needs, for members that joined since.
   ++stats_.released_taken;
-  spare_.splice(spare_.begin(), wanted_, k.lru_it);
+  wanted_.Unlink(&chunk);
+  spare_.PushFront(&chunk);
   k.spare = true;
   k.taken_by.clear();
   k.taken_by.shrink_to_fit();
@@ -646,10 +670,9 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
   k.takers_left = takers;
   k.taken_by.clear();
   if (reader != nullptr && !k.spare) k.taken_by.push_back(reader);
-  List& list = k.spare ? spare_ : wanted_;
-  list.push_front(std::move(chunk));
+  k.self = std::move(chunk);
+  (k.spare ? spare_ : wanted_).PushFront(&added);
   k.cached = true;
-  k.lru_it = list.begin();
   CountKeptLocked(added);
   while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
     // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
@@ -659,7 +682,7 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
     // cohort read them again.
     const bool for_pins = stats_.cached_bytes <= cache_bytes_;
     List* from = &wanted_;
-    if (!spare_.empty() && spare_.back().get() != &added) {
+    if (!spare_.empty() && spare_.back != &added) {
       from = &spare_;
     } else if (k.spare) {
       if (for_pins) ++stats_.evicted_for_pins;
@@ -670,12 +693,7 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
     }
     if (for_pins) ++stats_.evicted_for_pins;
     // The chunk's entry stays while a stream holds the chunk (live) or reads it again.
-    StreamChunk& old = *from->back();
-    CountDroppedLocked(old);
-    old.kept_.cached = false;
-    old.kept_.spare = false;
-    old.kept_.taken_by.clear();
-    from->pop_back();
+    DropLocked(*from->back);  // the chunk goes here unless a stream holds it
   }
 }
 
@@ -694,38 +712,25 @@ void SharedChunks::MaybeSweepLocked() {
 
 void SharedChunks::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (List* list : {&wanted_, &spare_}) {
-    for (const std::shared_ptr<StreamChunk>& chunk : *list) {
-      chunk->kept_.cached = false;
-      chunk->kept_.spare = false;
-      chunk->kept_.taken_by.clear();
-    }
-    list->clear();
-  }
-  pins_.clear();
-  stats_.cached_bytes = 0;
-  stats_.pinned_bytes = 0;
+  while (!wanted_.empty()) DropLocked(*wanted_.front);
+  while (!spare_.empty()) DropLocked(*spare_.front);
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (List* list : {&wanted_, &spare_}) {
-    for (auto it = list->begin(); it != list->end();) {
-      if ((*it)->address.data_id != data_id) {
-        ++it;
-        continue;
+    for (StreamChunk* c = list->front; c != nullptr;) {
+      StreamChunk* const next = c->kept_.next;
+      if (c->address.data_id == data_id) {
+        const Key key = KeyOf(*c);
+        std::shared_ptr<StreamChunk> chunk = DropLocked(*c);
+        auto entry = entries_.find(key);
+        if (entry != entries_.end()) {
+          entry->second.live.reset();
+          if (!entry->second.in_flight) entries_.erase(entry);
+        }
       }
-      std::shared_ptr<StreamChunk> chunk = std::move(*it);
-      it = list->erase(it);
-      CountDroppedLocked(*chunk);
-      chunk->kept_.cached = false;
-      chunk->kept_.spare = false;
-      chunk->kept_.taken_by.clear();
-      auto entry = entries_.find(KeyOf(*chunk));
-      if (entry != entries_.end()) {
-        entry->second.live.reset();
-        if (!entry->second.in_flight) entries_.erase(entry);
-      }
+      c = next;
     }
   }
 }

@@ -118,15 +118,17 @@ struct StreamChunk {
 
   // The chunk's place in the SharedChunks cache that read it, guarded by that SharedChunks' mu_.
   // Kept on the chunk rather than in the layer's table, so that evicting a chunk needs no table
-  // lookup; `bytes` and `pin` are copied from `data` when it is kept, so that counting it out
-  // reads nothing else either.
+  // lookup, and linked through the chunk, so that keeping one allocates nothing; `bytes` and
+  // `pin` are copied from `data` when it is kept, so that counting it out reads nothing else.
   friend class SharedChunks;
   struct Kept {
-    bool cached = false;                // in wanted_ or spare_ (then lru_it is valid)
+    bool cached = false;                // in wanted_ or spare_ (then self, prev, next are set)
     bool spare = false;                 // in spare_
     int takers_left = 0;                // expected takers that have not had it yet
     std::vector<const void*> taken_by;  // the takers that have had it (while wanted)
-    std::list<std::shared_ptr<StreamChunk>>::iterator lru_it;
+    std::shared_ptr<StreamChunk> self;  // the cache's reference
+    StreamChunk* prev = nullptr;        // the next more recent in its list
+    StreamChunk* next = nullptr;        // the next less recent
     int64_t bytes = 0;
     const void* pin_id = nullptr;
     int64_t pin_bytes = 0;
@@ -300,8 +302,15 @@ class SharedChunks {
     absl::Status status;
     std::shared_ptr<StreamChunk> chunk;
   };
-  // Kept chunks, most recent first; each chunk's StreamChunk::kept_ says where it is.
-  using List = std::list<std::shared_ptr<StreamChunk>>;
+  // Kept chunks, most recent first, linked through their StreamChunk::kept_ (which holds the
+  // cache's reference to each).
+  struct List {
+    StreamChunk* front = nullptr;
+    StreamChunk* back = nullptr;
+    bool empty() const { return front == nullptr; }
+    void PushFront(StreamChunk* c);
+    void Unlink(StreamChunk* c);
+  };
   // A chunk's slot in the table: small, since the table holds one per chunk alive or being read.
   struct Entry {
     std::weak_ptr<StreamChunk> live;  // the chunk while anyone holds it (the cache too)
@@ -359,6 +368,9 @@ class SharedChunks {
   void CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers, const void* reader);
   // Stops keeping `chunk` (mu_ held; chunk.kept_.cached). The caller holds a reference to it.
   void UncacheLocked(StreamChunk& chunk);
+  // UncacheLocked, returning the cache's reference (the chunk goes when it is dropped, unless
+  // someone else holds it).
+  std::shared_ptr<StreamChunk> DropLocked(StreamChunk& chunk);
   // Counts `chunk` as kept (recording its bytes and pin in chunk.kept_), or as no longer kept
   // (mu_ held).
   void CountKeptLocked(StreamChunk& chunk);
