@@ -42,6 +42,7 @@ SharedChunks::~SharedChunks() {
   }
   pace_cv_.notify_all();
   pace_thread_.join();
+  Clear();  // kept chunks hold the cache's reference to themselves
 }
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddress& address,
@@ -81,9 +82,9 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Finish(const Key& key
 std::shared_ptr<StreamChunk> SharedChunks::LiveLocked(Entry& entry, const void* taker) {
   std::shared_ptr<StreamChunk> live = entry.live.lock();
   if (!live || live->corrupt()) return nullptr;
-  if (entry.cached) {
+  if (live->kept_.cached) {
     ++stats_.cache_hits;
-    TakenLocked(entry, taker);
+    TakenLocked(*live, taker);
   } else {
     ++stats_.live_hits;
   }
@@ -111,11 +112,7 @@ SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool
     out.status = joined->status;
     if (!out.status.ok()) return out;
     std::shared_ptr<StreamChunk> chunk = joined->chunk;
-    // The table may have changed while waiting: find the entry again.
-    if (auto it = entries_.find(key);
-        it != entries_.end() && it->second.cached && it->second.live.lock() == chunk) {
-      TakenLocked(it->second, taker);
-    }
+    if (chunk->kept_.cached) TakenLocked(*chunk, taker);
     lock.unlock();
     // Bytes just read from the store: damage is the store's, and reading again would not help.
     out.status = VerifyShared(key, chunk);
@@ -128,97 +125,61 @@ SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool
   return out;
 }
 
-void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohort,
-                           const void* taker) {
+// GetMany's state for one call, kept per thread from call to call so that a call allocates
+// nothing for its bookkeeping (GetMany does not re-enter itself).
+struct SharedChunks::ManyScratch {
   // What the locked pass found for each request.
   enum class Found : uint8_t { kLive, kInFlight, kToRead };
   struct Pending {
     Key key;
     Found found;
     std::shared_ptr<StreamChunk> chunk;  // kLive
-    std::shared_ptr<Read> read;          // kToRead
+    Read* read = nullptr;                // kToRead: in `reads`
   };
-  std::vector<Pending> pending(requests.size());
-  // The Reads this call registers, one allocation for all (each handed out by an aliasing
-  // pointer, which keeps the block alive while any waiter holds one).
+  std::vector<Pending> pending;
+  // The Reads this call registers, one allocation for all (each handed out to the table by an
+  // aliasing pointer, which keeps the block alive while any waiter holds one).
   std::shared_ptr<std::vector<Read>> reads;
-  size_t to_read = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const ChunkAddress& a = requests[i].address;
-    pending[i].key = Key{a.data_id, a.tensor, a.blob, a.chunk, requests[i].checksum};
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // The table is large when many small chunks are kept: its slots are fetched a few requests
-    // ahead so that their cache misses overlap.
-    constexpr size_t kAhead = 8;
-    for (size_t i = 0; i < std::min(kAhead, pending.size()); ++i) entries_.prefetch(pending[i].key);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (i + kAhead < pending.size()) entries_.prefetch(pending[i + kAhead].key);
-      Pending& p = pending[i];
-      ++stats_.requests;
-      Entry& entry = entries_[p.key];
-      if (std::shared_ptr<StreamChunk> live = LiveLocked(entry, taker)) {
-        p.found = Found::kLive;
-        p.chunk = std::move(live);
-      } else if (entry.in_flight) {
-        p.found = Found::kInFlight;  // waited for below, once this call's own reads are filled
-      } else {
-        p.found = Found::kToRead;
-        if (!reads) reads = std::make_shared<std::vector<Read>>(pending.size() - i);
-        p.read = std::shared_ptr<Read>(reads, &(*reads)[to_read++]);
-        entry.in_flight = p.read;
-      }
-    }
-    MaybeSweepLocked();
-  }
-  // This call's reads first: other streams may be waiting for them.
+  std::vector<size_t> to_read;  // indices of the kToRead requests, in order
+  std::vector<ChunkAddress> addresses;
   std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>> data;
   std::vector<std::shared_ptr<StreamChunk>> read_chunks;
-  if (to_read > 0) {
-    std::vector<ChunkAddress> addresses;
-    addresses.reserve(to_read);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (pending[i].found == Found::kToRead) addresses.push_back(requests[i].address);
-    }
-    store_->ReadChunksUnverified(addresses, &data);
-    read_chunks.reserve(to_read);
-    size_t k = 0;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (pending[i].found != Found::kToRead) continue;
-      std::shared_ptr<StreamChunk> chunk;
-      if (data[k].ok()) {
-        chunk = std::make_shared<StreamChunk>();
-        chunk->address = requests[i].address;
-        chunk->data = *std::move(data[k]);
-        chunk->checksum = pending[i].key.checksum;
-      }
-      read_chunks.push_back(std::move(chunk));
-      ++k;
-    }
+
+  // Drops every reference the call took, keeping the vectors' storage.
+  void Clear() {
+    pending.clear();
+    reads.reset();
+    to_read.clear();
+    addresses.clear();
+    data.clear();
+    read_chunks.clear();
   }
-  if (!data.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      size_t k = 0;
-      for (size_t i = 0; i < pending.size(); ++i) {
-        if (pending[i].found != Found::kToRead) continue;
-        PublishLocked(pending[i].key, pending[i].read, data[k], read_chunks[k], cohort, taker);
-        ++k;
-      }
-    }
-    read_done_.notify_all();
+};
+
+void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohort,
+                           const void* taker) {
+  using Found = ManyScratch::Found;
+  thread_local ManyScratch scratch;
+  ManyScratch& m = scratch;
+  m.Clear();
+  m.pending.resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ChunkAddress& a = requests[i].address;
+    m.pending[i].key = Key{a.data_id, a.tensor, a.blob, a.chunk, requests[i].checksum};
   }
+  LookUpMany(m, taker);
+  // This call's reads first: other streams may be waiting for them.
+  if (!m.to_read.empty()) ReadMany(requests, m, cohort, taker);
   size_t k = 0;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    Pending& p = pending[i];
+  for (size_t i = 0; i < m.pending.size(); ++i) {
+    ManyScratch::Pending& p = m.pending[i];
     switch (p.found) {
       case Found::kToRead:
         // Read for this caller: unverified, as Get returns it.
-        if (data[k].ok()) {
-          requests[i].result = std::move(read_chunks[k]);
+        if (m.data[k].ok()) {
+          requests[i].result = std::move(m.read_chunks[k]);
         } else {
-          requests[i].result = data[k].status();
+          requests[i].result = m.data[k].status();
         }
         ++k;
         break;
@@ -237,15 +198,78 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
         break;
     }
   }
+  m.Clear();
 }
 
-void SharedChunks::PublishLocked(const Key& key, const std::shared_ptr<Read>& read,
+void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
+  using Found = ManyScratch::Found;
+  std::vector<ManyScratch::Pending>& pending = m.pending;
+  std::shared_ptr<std::vector<Read>>& reads = m.reads;
+  std::lock_guard<std::mutex> lock(mu_);
+  // The table is large when many small chunks are kept: its slots are fetched a few requests
+  // ahead so that their cache misses overlap.
+  for (size_t i = 0; i < std::min(kPrefetchAhead, pending.size()); ++i) {
+    entries_.prefetch(pending[i].key);
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (i + kPrefetchAhead < pending.size()) entries_.prefetch(pending[i + kPrefetchAhead].key);
+    ManyScratch::Pending& p = pending[i];
+    ++stats_.requests;
+    Entry& entry = entries_[p.key];
+    if (std::shared_ptr<StreamChunk> live = LiveLocked(entry, taker)) {
+      p.found = Found::kLive;
+      p.chunk = std::move(live);
+    } else if (entry.in_flight) {
+      p.found = Found::kInFlight;  // waited for below, once this call's own reads are filled
+    } else {
+      p.found = Found::kToRead;
+      if (!reads) reads = std::make_shared<std::vector<Read>>(pending.size() - i);
+      p.read = &(*reads)[m.to_read.size()];
+      m.to_read.push_back(i);
+      entry.in_flight = std::shared_ptr<Read>(reads, p.read);
+    }
+  }
+  MaybeSweepLocked();
+}
+
+void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
+                            const FetchCohort* cohort, const void* taker) {
+  for (size_t i : m.to_read) m.addresses.push_back(requests[i].address);
+  store_->ReadChunksUnverified(m.addresses, &m.data);
+  m.read_chunks.reserve(m.to_read.size());
+  for (size_t k = 0; k < m.to_read.size(); ++k) {
+    const size_t i = m.to_read[k];
+    std::shared_ptr<StreamChunk> chunk;
+    if (m.data[k].ok()) {
+      chunk = std::make_shared<StreamChunk>();
+      chunk->address = requests[i].address;
+      chunk->data = *std::move(m.data[k]);
+      chunk->checksum = m.pending[i].key.checksum;
+    }
+    m.read_chunks.push_back(std::move(chunk));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t n = m.to_read.size();
+    for (size_t k = 0; k < std::min(kPrefetchAhead, n); ++k) {
+      entries_.prefetch(m.pending[m.to_read[k]].key);
+    }
+    for (size_t k = 0; k < n; ++k) {
+      if (k + kPrefetchAhead < n) entries_.prefetch(m.pending[m.to_read[k + kPrefetchAhead]].key);
+      const ManyScratch::Pending& p = m.pending[m.to_read[k]];
+      PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker);
+    }
+  }
+  read_done_.notify_all();
+}
+
+void SharedChunks::PublishLocked(const Key& key, Read& read,
                                  const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                                  const std::shared_ptr<StreamChunk>& chunk,
                                  const FetchCohort* cohort, const void* taker) {
-  read->done = true;
-  read->status = data.status();
-  read->chunk = chunk;
+  read.done = true;
+  read.status = data.status();
+  read.chunk = chunk;
   Entry& entry = entries_[key];  // references into the table may have moved meanwhile
   entry.in_flight.reset();
   if (chunk) {
@@ -254,7 +278,7 @@ void SharedChunks::PublishLocked(const Key& key, const std::shared_ptr<Read>& re
     entry.live = chunk;
     // Kept for the cohort's other open members.
     const int takers = cohort ? cohort->pacing() - 1 : 0;
-    CacheLocked(key, entry, chunk, takers, taker);
+    CacheLocked(chunk, takers, taker);
   }
 }
 
@@ -275,7 +299,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key&
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    PublishLocked(key, read, data, chunk, cohort, taker);
+    PublishLocked(key, *read, data, chunk, cohort, taker);
   }
   read_done_.notify_all();
   if (!data.ok()) return data.status();
@@ -546,78 +570,110 @@ absl::Status SharedChunks::VerifyShared(const Key& key, const std::shared_ptr<St
   return s;
 }
 
-void SharedChunks::ForgetLocked(const Key& key, const StreamChunk* chunk) {
+void SharedChunks::ForgetLocked(const Key& key, StreamChunk* chunk) {
+  if (chunk->kept_.cached) UncacheLocked(*chunk);
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   Entry& entry = it->second;
   std::shared_ptr<StreamChunk> live = entry.live.lock();
   if (live.get() != chunk) return;  // a fresh read replaced it already
-  if (entry.cached) UncacheLocked(entry);
   entry.live.reset();
   if (!entry.in_flight) entries_.erase(it);
 }
 
-void SharedChunks::CountKeptLocked(const StreamChunk& chunk) {
-  stats_.cached_bytes += static_cast<int64_t>(chunk.data->bytes().size());
+void SharedChunks::CountKeptLocked(StreamChunk& chunk) {
+  StreamChunk::Kept& k = chunk.kept_;
+  k.bytes = static_cast<int64_t>(chunk.data->bytes().size());
   const ChunkData::Pin pin = chunk.data->pin();
+  k.pin_id = pin.id;
+  k.pin_bytes = pin.bytes;
+  stats_.cached_bytes += k.bytes;
   if (pin.id == nullptr) return;
   if (pins_[pin.id]++ == 0) stats_.pinned_bytes += pin.bytes;
 }
 
-void SharedChunks::CountDroppedLocked(const StreamChunk& chunk) {
-  stats_.cached_bytes -= static_cast<int64_t>(chunk.data->bytes().size());
-  const ChunkData::Pin pin = chunk.data->pin();
-  if (pin.id == nullptr) return;
-  auto it = pins_.find(pin.id);
+void SharedChunks::CountDroppedLocked(StreamChunk& chunk) {
+  const StreamChunk::Kept& k = chunk.kept_;
+  stats_.cached_bytes -= k.bytes;
+  if (k.pin_id == nullptr) return;
+  auto it = pins_.find(k.pin_id);
   if (it == pins_.end() || --it->second > 0) return;
   pins_.erase(it);
-  stats_.pinned_bytes -= pin.bytes;
+  stats_.pinned_bytes -= k.pin_bytes;
 }
 
-void SharedChunks::UncacheLocked(Entry& entry) {
-  CountDroppedLocked(*entry.lru_it->second);
-  (entry.spare ? spare_ : wanted_).erase(entry.lru_it);
-  entry.taken_by.clear();
-  entry.taken_by.shrink_to_fit();
-  entry.cached = false;
-  entry.spare = false;
+void SharedChunks::List::PushFront(StreamChunk* c) {
+  c->kept_.prev = nullptr;
+  c->kept_.next = front;
+  if (front != nullptr) {
+    front->kept_.prev = c;
+  } else {
+    back = c;
+  }
+  front = c;
 }
 
-void SharedChunks::TakenLocked(Entry& entry, const void* taker) {
-  List& list = entry.spare ? spare_ : wanted_;
-  list.splice(list.begin(), list, entry.lru_it);
-  if (entry.spare) return;
+void SharedChunks::List::Unlink(StreamChunk* c) {
+  StreamChunk::Kept& k = c->kept_;
+  (k.prev != nullptr ? k.prev->kept_.next : front) = k.next;
+  (k.next != nullptr ? k.next->kept_.prev : back) = k.prev;
+  k.prev = k.next = nullptr;
+}
+
+std::shared_ptr<StreamChunk> SharedChunks::DropLocked(StreamChunk& chunk) {
+  StreamChunk::Kept& k = chunk.kept_;
+  CountDroppedLocked(chunk);
+  (k.spare ? spare_ : wanted_).Unlink(&chunk);
+  k.taken_by.clear();
+  k.taken_by.shrink_to_fit();
+  k.cached = false;
+  k.spare = false;
+  return std::move(k.self);
+}
+
+void SharedChunks::UncacheLocked(StreamChunk& chunk) {
+  DropLocked(chunk);  // the caller's reference keeps `chunk` alive
+}
+
+void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
+  StreamChunk::Kept& k = chunk.kept_;
+  List& list = k.spare ? spare_ : wanted_;
+  list.Unlink(&chunk);
+  list.PushFront(&chunk);
+  if (k.spare) return;
   if (taker != nullptr) {
-    if (std::find(entry.taken_by.begin(), entry.taken_by.end(), taker) != entry.taken_by.end()) {
+    if (std::find(k.taken_by.begin(), k.taken_by.end(), taker) != k.taken_by.end()) {
       return;  // it had the chunk already
     }
-    entry.taken_by.push_back(taker);
+    k.taken_by.push_back(taker);
   }
-  if (--entry.takers_left > 0) return;
+  if (--k.takers_left > 0) return;
   // Every member expected to take it has it (those that still use it hold it themselves): it
   // becomes spare, kept only in room no cohort needs, for members that joined since.
   ++stats_.released_taken;
-  spare_.splice(spare_.begin(), wanted_, entry.lru_it);
-  entry.spare = true;
-  entry.taken_by.clear();
-  entry.taken_by.shrink_to_fit();
+  wanted_.Unlink(&chunk);
+  spare_.PushFront(&chunk);
+  k.spare = true;
+  k.taken_by.clear();
+  k.taken_by.shrink_to_fit();
 }
 
-void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk,
-                               int takers, const void* reader) {
+void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
+                               const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
   // Kept: every chunk that fits the budget, except a spare one whose mapping alone exceeds it.
   // Pins evict spare chunks only, so a wanted chunk stays whatever its mapping pins.
   if (size > cache_bytes_ || (takers <= 0 && chunk->data->pin().bytes > cache_bytes_)) return;
-  entry.spare = takers <= 0;
-  entry.takers_left = takers;
-  entry.taken_by.clear();
-  if (reader != nullptr && !entry.spare) entry.taken_by.push_back(reader);
-  List& list = entry.spare ? spare_ : wanted_;
-  list.emplace_front(key, std::move(chunk));
-  entry.cached = true;
-  entry.lru_it = list.begin();
-  CountKeptLocked(*entry.lru_it->second);
+  StreamChunk& added = *chunk;
+  StreamChunk::Kept& k = added.kept_;
+  k.spare = takers <= 0;
+  k.takers_left = takers;
+  k.taken_by.clear();
+  if (reader != nullptr && !k.spare) k.taken_by.push_back(reader);
+  k.self = std::move(chunk);
+  (k.spare ? spare_ : wanted_).PushFront(&added);
+  k.cached = true;
+  CountKeptLocked(added);
   while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
     // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
     // at the front of its list and fits the budget alone, so the victim is another one. Wanted
@@ -626,25 +682,18 @@ void SharedChunks::CacheLocked(const Key& key, Entry& entry, std::shared_ptr<Str
     // cohort read them again.
     const bool for_pins = stats_.cached_bytes <= cache_bytes_;
     List* from = &wanted_;
-    if (!spare_.empty() && spare_.back().second.get() != entry.lru_it->second.get()) {
+    if (!spare_.empty() && spare_.back != &added) {
       from = &spare_;
-    } else if (entry.spare) {
+    } else if (k.spare) {
       if (for_pins) ++stats_.evicted_for_pins;
-      UncacheLocked(entry);
+      UncacheLocked(added);  // the table's entry keeps it alive (live) while a stream holds it
       break;
     } else if (for_pins) {
       break;
     }
     if (for_pins) ++stats_.evicted_for_pins;
-    auto& [old_key, old] = from->back();
-    CountDroppedLocked(*old);
-    // The entry stays while a stream holds the chunk (live) or reads it again.
-    auto it = entries_.find(old_key);
-    if (it != entries_.end()) {
-      it->second.cached = false;
-      it->second.spare = false;
-    }
-    from->pop_back();
+    // The chunk's entry stays while a stream holds the chunk (live) or reads it again.
+    DropLocked(*from->back);  // the chunk goes here unless a stream holds it
   }
 }
 
@@ -652,7 +701,7 @@ void SharedChunks::MaybeSweepLocked() {
   if (entries_.size() < sweep_at_) return;
   for (auto it = entries_.begin(); it != entries_.end();) {
     const Entry& e = it->second;
-    if (!e.in_flight && !e.cached && e.live.expired()) {
+    if (!e.in_flight && e.live.expired()) {  // a kept chunk is alive
       entries_.erase(it++);
     } else {
       ++it;
@@ -663,38 +712,25 @@ void SharedChunks::MaybeSweepLocked() {
 
 void SharedChunks::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (List* list : {&wanted_, &spare_}) {
-    for (auto& [key, chunk] : *list) {
-      auto it = entries_.find(key);
-      if (it != entries_.end()) {
-        it->second.cached = false;
-        it->second.spare = false;
-      }
-    }
-    list->clear();
-  }
-  pins_.clear();
-  stats_.cached_bytes = 0;
-  stats_.pinned_bytes = 0;
+  while (!wanted_.empty()) DropLocked(*wanted_.front);
+  while (!spare_.empty()) DropLocked(*spare_.front);
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (List* list : {&wanted_, &spare_}) {
-    for (auto it = list->begin(); it != list->end();) {
-      if (it->first.data_id != data_id) {
-        ++it;
-        continue;
+    for (StreamChunk* c = list->front; c != nullptr;) {
+      StreamChunk* const next = c->kept_.next;
+      if (c->address.data_id == data_id) {
+        const Key key = KeyOf(*c);
+        std::shared_ptr<StreamChunk> chunk = DropLocked(*c);
+        auto entry = entries_.find(key);
+        if (entry != entries_.end()) {
+          entry->second.live.reset();
+          if (!entry->second.in_flight) entries_.erase(entry);
+        }
       }
-      CountDroppedLocked(*it->second);
-      auto entry = entries_.find(it->first);
-      it = list->erase(it);
-      if (entry != entries_.end()) {
-        entry->second.cached = false;
-        entry->second.spare = false;
-        entry->second.live.reset();
-        if (!entry->second.in_flight) entries_.erase(entry);
-      }
+      c = next;
     }
   }
 }

@@ -115,6 +115,25 @@ struct StreamChunk {
   std::mutex verify_mu_;  // held while hashing, so that sharers wait instead of hashing too
   std::atomic<int> state_{kUnknown};
   absl::Status failure_;  // when kCorrupt; written before state_ is published
+
+  // The chunk's place in the SharedChunks cache that read it, guarded by that SharedChunks' mu_.
+  // Kept on the chunk rather than in the layer's table, so that evicting a chunk needs no table
+  // lookup, and linked through the chunk, so that keeping one allocates nothing; `bytes` and
+  // `pin` are copied from `data` when it is kept, so that counting it out reads nothing else.
+  friend class SharedChunks;
+  struct Kept {
+    bool cached = false;                // in wanted_ or spare_ (then self, prev, next are set)
+    bool spare = false;                 // in spare_
+    int takers_left = 0;                // expected takers that have not had it yet
+    std::vector<const void*> taken_by;  // the takers that have had it (while wanted)
+    std::shared_ptr<StreamChunk> self;  // the cache's reference
+    StreamChunk* prev = nullptr;        // the next more recent in its list
+    StreamChunk* next = nullptr;        // the next less recent
+    int64_t bytes = 0;
+    const void* pin_id = nullptr;
+    int64_t pin_bytes = 0;
+  };
+  Kept kept_;
 };
 
 class CohortMember;
@@ -283,16 +302,24 @@ class SharedChunks {
     absl::Status status;
     std::shared_ptr<StreamChunk> chunk;
   };
-  using List = std::list<std::pair<Key, std::shared_ptr<StreamChunk>>>;
-  struct Entry {
-    std::weak_ptr<StreamChunk> live;    // the chunk while anyone holds it
-    std::shared_ptr<Read> in_flight;    // while it is being read
-    bool cached = false;                // kept in wanted_ or spare_ (then lru_it is valid)
-    bool spare = false;                 // in spare_
-    int takers_left = 0;                // expected takers that have not had it yet
-    std::vector<const void*> taken_by;  // the takers that have had it (while kept)
-    List::iterator lru_it;
+  // Kept chunks, most recent first, linked through their StreamChunk::kept_ (which holds the
+  // cache's reference to each).
+  struct List {
+    StreamChunk* front = nullptr;
+    StreamChunk* back = nullptr;
+    bool empty() const { return front == nullptr; }
+    void PushFront(StreamChunk* c);
+    void Unlink(StreamChunk* c);
   };
+  // A chunk's slot in the table: small, since the table holds one per chunk alive or being read.
+  struct Entry {
+    std::weak_ptr<StreamChunk> live;  // the chunk while anyone holds it (the cache too)
+    std::shared_ptr<Read> in_flight;  // while it is being read
+  };
+  static Key KeyOf(const StreamChunk& chunk) {
+    const ChunkAddress& a = chunk.address;
+    return Key{a.data_id, a.tensor, a.blob, a.chunk, chunk.checksum};
+  }
 
   // What Share found for a key: an error, a chunk to share, or (neither) a Read the caller is
   // to fill from the store.
@@ -310,9 +337,17 @@ class SharedChunks {
   absl::StatusOr<std::shared_ptr<StreamChunk>> Finish(const Key& key, const ChunkAddress& address,
                                                       Shared shared, const FetchCohort* cohort,
                                                       const void* taker);
+  // GetMany's steps: looking every request up under one lock (registering the reads this call
+  // is to do), and doing those reads and publishing them under one lock.
+  struct ManyScratch;
+  void LookUpMany(ManyScratch& m, const void* taker);
+  void ReadMany(std::span<Request> requests, ManyScratch& m, const FetchCohort* cohort,
+                const void* taker);
+  // Table slots are prefetched this many requests ahead where many are looked up together.
+  static constexpr size_t kPrefetchAhead = 8;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
   // for the cohort (mu_ held; the caller notifies read_done_).
-  void PublishLocked(const Key& key, const std::shared_ptr<Read>& read,
+  void PublishLocked(const Key& key, Read& read,
                      const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                      const std::shared_ptr<StreamChunk>& chunk, const FetchCohort* cohort,
                      const void* taker);
@@ -326,19 +361,22 @@ class SharedChunks {
   // Verifies `chunk` as the second or later sharer: counts the bytes hashed, and on DATA_LOSS
   // forgets the chunk so that nobody else is handed it.
   absl::Status VerifyShared(const Key& key, const std::shared_ptr<StreamChunk>& chunk);
-  // Removes `key`'s entry if it still refers to `chunk` (mu_ held).
-  void ForgetLocked(const Key& key, const StreamChunk* chunk);
+  // Stops keeping `chunk` and removes `key`'s entry if it still refers to it (mu_ held).
+  void ForgetLocked(const Key& key, StreamChunk* chunk);
   // Keeps `chunk` for `takers` more streams (spare when none) and evicts beyond the budget, spare
   // chunks first, least recent first (mu_ held).
-  void CacheLocked(const Key& key, Entry& entry, std::shared_ptr<StreamChunk> chunk, int takers,
-                   const void* reader);
-  // Stops keeping `entry`'s chunk (mu_ held; entry.cached).
-  void UncacheLocked(Entry& entry);
-  // Counts `chunk` as kept, or as no longer kept: its bytes and its pin (mu_ held).
-  void CountKeptLocked(const StreamChunk& chunk);
-  void CountDroppedLocked(const StreamChunk& chunk);
-  // `taker` had the chunk: drops it once every expected taker has (mu_ held).
-  void TakenLocked(Entry& entry, const void* taker);
+  void CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers, const void* reader);
+  // Stops keeping `chunk` (mu_ held; chunk.kept_.cached). The caller holds a reference to it.
+  void UncacheLocked(StreamChunk& chunk);
+  // UncacheLocked, returning the cache's reference (the chunk goes when it is dropped, unless
+  // someone else holds it).
+  std::shared_ptr<StreamChunk> DropLocked(StreamChunk& chunk);
+  // Counts `chunk` as kept (recording its bytes and pin in chunk.kept_), or as no longer kept
+  // (mu_ held).
+  void CountKeptLocked(StreamChunk& chunk);
+  void CountDroppedLocked(StreamChunk& chunk);
+  // `taker` had the kept chunk: drops it once every expected taker has (mu_ held).
+  void TakenLocked(StreamChunk& chunk, const void* taker);
   // `entry`'s chunk when one is alive and not found damaged, counted as a cache or live hit and
   // taken by `taker`; null otherwise (mu_ held).
   std::shared_ptr<StreamChunk> LiveLocked(Entry& entry, const void* taker);

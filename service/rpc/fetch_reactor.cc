@@ -300,7 +300,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
         }
         has_next_ = true;
         next_data_ = piece_.data_bytes;
-        next_ = EncodeFetchResponse(std::move(piece_));
+        next_ = EncodeFetchResponse(&piece_);  // piece_ keeps its storage
         next_size_ = static_cast<int64_t>(next_.Length());
       }
       int64_t reserved;
@@ -432,7 +432,7 @@ class FetchCall : public std::enable_shared_from_this<FetchCall> {
   v1::FetchRequest request_;
   const bool request_ok_;
   std::unique_ptr<FetchStream> stream_;  // producer only
-  FetchPiece piece_;                     // producer only
+  FetchPiece piece_;                     // producer only: reused from message to message
   grpc::ByteBuffer next_;                // producer only: the encoded piece_
   bool has_next_ = false;                // producer only
   int64_t next_size_ = 0;                // producer only: encoded bytes

@@ -1,9 +1,12 @@
 #include "service/rpc/wire_format.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "google/protobuf/io/coded_stream.h"
 #include "service/engine/upload_wire.h"
@@ -13,11 +16,67 @@ namespace {
 
 // Releases the reference a grpc::Slice held on a data segment's owner.
 void ReleaseSegment(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
-// Releases a buffer a grpc::Slice owned.
-void ReleaseString(void* owned) { delete static_cast<std::string*>(owned); }
 
 // Segments smaller than this are copied into the message rather than referenced.
 constexpr size_t kCopiedSegmentBytes = size_t{4} << 10;
+
+// The memory of the bytes a message copies (its framing, a batch's headers, runs of small
+// segments, the tail), shared by the slices cut from it and freed when gRPC has dropped them
+// all. Blocks of a batch's size are reused from message to message (a process-wide free list of
+// at most kIdleBlocks), so that a stream of batches allocates, and faults in, no new megabyte
+// per message. Thread-safe: gRPC drops slices on its own threads.
+class CopyBlock {
+ public:
+  // A block of at least `bytes`, holding one reference (the caller's; Release drops it).
+  static CopyBlock* Take(size_t bytes) {
+    if (bytes < kPooledMinBytes || bytes > kPooledBytes) return new CopyBlock(bytes, false);
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      if (!idle_.empty()) {
+        CopyBlock* block = idle_.back();
+        idle_.pop_back();
+        block->refs_.store(1, std::memory_order_relaxed);
+        return block;
+      }
+    }
+    return new CopyBlock(kPooledBytes, true);
+  }
+  char* data() { return data_.get(); }
+  // A slice of `n` bytes from `offset`, which holds a reference on the block.
+  grpc::Slice Cut(size_t offset, size_t n) {
+    refs_.fetch_add(1, std::memory_order_relaxed);
+    return grpc::Slice(data_.get() + offset, n, &Unref, this);
+  }
+  void Release() { Unref(this); }
+
+ private:
+  static constexpr size_t kPooledMinBytes = size_t{64} << 10;
+  // A batch's data (FetchOptions::max_message_bytes), its headers and its tail.
+  static constexpr size_t kPooledBytes = size_t{3} << 19;
+  static constexpr size_t kIdleBlocks = 8;
+
+  CopyBlock(size_t capacity, bool pooled)
+      : pooled_(pooled), data_(new char[capacity]) {}
+
+  static void Unref(void* p) {
+    auto* block = static_cast<CopyBlock*>(p);
+    if (block->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (block->pooled_) {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      if (idle_.size() < kIdleBlocks) {
+        idle_.push_back(block);
+        return;
+      }
+    }
+    delete block;
+  }
+
+  std::atomic<int> refs_{1};
+  const bool pooled_;
+  std::unique_ptr<char[]> data_;
+  static inline std::mutex pool_mu_;
+  static inline std::vector<CopyBlock*> idle_;
+};
 
 // The fields of a data message after its bytes: the parts' sizes (`part_bytes_tag`) and
 // checksums (`part_checksums_tag`), then the tiles (FetchData.tile_box = 4, band_rows = 5).
@@ -63,36 +122,39 @@ std::vector<uint8_t> EncodeTail(const FetchPiece& piece, uint8_t part_bytes_tag,
   return tail;
 }
 
-// Appends `segments` to `out`: runs of small segments (a batch's tensors) copied into one
-// buffer, since a slice per segment would cost gRPC more than copying them does; larger ones
-// referenced, their owners kept alive until gRPC drops the slice. `length`: their total bytes.
-void AppendSegmentSlices(std::vector<DataSegment>& segments, uint64_t length,
-                         std::vector<grpc::Slice>* out) {
-  std::vector<grpc::Slice>& slices = *out;
-  std::string run;
-  auto end_run = [&] {
-    if (run.empty()) return;
-    auto* owned = new std::string(std::move(run));
-    slices.emplace_back(owned->data(), owned->size(), &ReleaseString, owned);
-    run = std::string();
-  };
+// The bytes of `segments` a message copies: those of segments under kCopiedSegmentBytes.
+size_t CopiedBytes(const std::vector<DataSegment>& segments) {
+  size_t n = 0;
+  for (const DataSegment& s : segments) {
+    if (s.bytes.size() < kCopiedSegmentBytes) n += s.bytes.size();
+  }
+  return n;
+}
+
+// Appends `segments` to `out`: runs of small segments (a batch's tensors) copied into `block`
+// from `*at` on, after the `*run_start` bytes already there (a slice of the block ends each
+// run), since a slice per segment would cost gRPC more than copying them does; larger ones
+// referenced, their owners kept alive until gRPC drops the slice.
+void AppendSegmentSlices(std::vector<DataSegment>& segments, CopyBlock* block, size_t* run_start,
+                         size_t* at, std::vector<grpc::Slice>* out) {
   for (DataSegment& s : segments) {
     if (s.bytes.size() < kCopiedSegmentBytes) {
-      if (run.empty()) run.reserve(std::min<size_t>(length, size_t{1} << 20));
-      run.append(s.bytes);
+      std::memcpy(block->data() + *at, s.bytes.data(), s.bytes.size());
+      *at += s.bytes.size();
       continue;
     }
-    end_run();
+    if (*at > *run_start) out->push_back(block->Cut(*run_start, *at - *run_start));
+    *run_start = *at;
     // gRPC only reads the bytes; the owner keeps them alive until gRPC drops the slice.
-    slices.emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
-                        new std::shared_ptr<const void>(std::move(s.owner)));
+    out->emplace_back(const_cast<char*>(s.bytes.data()), s.bytes.size(), &ReleaseSegment,
+                      new std::shared_ptr<const void>(std::move(s.owner)));
   }
-  end_run();
 }
 
 }  // namespace
 
-grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
+grpc::ByteBuffer EncodeFetchResponse(FetchPiece* out) {
+  FetchPiece& piece = *out;
   if (piece.segments.empty()) {
     std::string bytes = piece.message.SerializeAsString();
     grpc::Slice slice(bytes);
@@ -110,41 +172,48 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) {
   const uint8_t kDataBytes = batch ? (2 << 3) | 2 : (1 << 3) | 2;
   const uint8_t kPartBytes = batch ? (3 << 3) | 2 : (2 << 3) | 2;
   const uint8_t kPartChecksums = batch ? (4 << 3) | 2 : (3 << 3) | 2;
-  // A batch's headers, as protobuf writes FetchTensorBatch{tensors} (field 1 of each).
-  std::string headers;
-  if (batch) {
-    headers = std::move(piece.batch_headers);
-    headers.append(piece.message.batch().SerializeAsString());
-  }
+  // A batch's headers, as protobuf writes FetchTensorBatch{tensors} (field 1 of each): those
+  // in batch_headers, then any in the message.
+  const std::string more_headers = batch ? piece.message.batch().SerializeAsString() : "";
+  const size_t headers_size = batch ? piece.batch_headers.size() + more_headers.size() : 0;
   const auto length = static_cast<uint64_t>(piece.data_bytes);
   // The fields after the bytes: the parts' sizes and checksums, then the tiles.
   const std::vector<uint8_t> tail = EncodeTail(piece, kPartBytes, kPartChecksums);
-  const size_t tail_size = tail.size();
   const uint64_t inner =
-      headers.size() + 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;
-  uint8_t head[2 * (1 + 10)];
+      headers_size + 1 + CodedOutputStream::VarintSize64(length) + length + tail.size();
+  uint8_t head[3 * (1 + 10)];
   uint8_t* head_end = head;
   *head_end++ = kResponseData;
   head_end = CodedOutputStream::WriteVarint64ToArray(inner, head_end);
-  uint8_t data_head[1 + 10];
-  uint8_t* data_head_end = data_head;
-  *data_head_end++ = kDataBytes;
-  data_head_end = CodedOutputStream::WriteVarint64ToArray(length, data_head_end);
+  const auto head_size = static_cast<size_t>(head_end - head);
+  uint8_t* data_head = head_end;
+  *head_end++ = kDataBytes;
+  head_end = CodedOutputStream::WriteVarint64ToArray(length, head_end);
+  const auto data_head_size = static_cast<size_t>(head_end - data_head);
 
-  std::vector<grpc::Slice> slices;
-  slices.reserve(piece.segments.size() + 3);
-  if (!batch) {
-    head_end = std::copy(data_head, data_head_end, head_end);
-    slices.emplace_back(head, static_cast<size_t>(head_end - head));  // copied
-  } else {
-    std::string first(reinterpret_cast<const char*>(head), static_cast<size_t>(head_end - head));
-    first.append(headers);
-    first.append(reinterpret_cast<const char*>(data_head),
-                 static_cast<size_t>(data_head_end - data_head));
-    slices.emplace_back(first);  // copied
+  // Everything but the referenced segments is written once, into one block.
+  CopyBlock* block = CopyBlock::Take(head_size + headers_size + data_head_size +
+                                     CopiedBytes(piece.segments) + tail.size());
+  char* const base = block->data();
+  size_t at = 0;
+  auto put = [&](const void* bytes, size_t n) {
+    if (n > 0) std::memcpy(base + at, bytes, n);
+    at += n;
+  };
+  put(head, head_size);
+  if (batch) {
+    put(piece.batch_headers.data(), piece.batch_headers.size());
+    put(more_headers.data(), more_headers.size());
   }
-  AppendSegmentSlices(piece.segments, length, &slices);
-  slices.emplace_back(tail.data(), tail_size);  // copied
+  put(data_head, data_head_size);
+  std::vector<grpc::Slice> slices;
+  slices.reserve(piece.segments.size() + 2);
+  size_t run_start = 0;
+  AppendSegmentSlices(piece.segments, block, &run_start, &at, &slices);
+  put(tail.data(), tail.size());
+  if (at > run_start) slices.push_back(block->Cut(run_start, at - run_start));
+  block->Release();
+  piece.segments.clear();  // the copied ones' owners go now; the referenced ones' with gRPC
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 

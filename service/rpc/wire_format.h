@@ -22,7 +22,11 @@ namespace ckpt {
 // a batch with data (its headers in the piece's batch_headers, then any in its message) as
 // FetchResponse{batch: FetchTensorBatch{tensors, data, part_bytes, part_checksums}}, its data
 // referenced the same way.
-grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece);
+// Consumes `*piece`: its segments are released (their vectors keep their storage, so that a
+// producer reusing one FetchPiece from message to message, as FetchStream::NextPiece allows,
+// allocates them once); its other fields are left for NextPiece to clear.
+grpc::ByteBuffer EncodeFetchResponse(FetchPiece* piece);
+inline grpc::ByteBuffer EncodeFetchResponse(FetchPiece piece) { return EncodeFetchResponse(&piece); }
 
 // If `buffer` is exactly the wire format of UploadRequest{data} (as the client library writes
 // data messages; UploadDataOffset of service/engine/upload_wire.h decides from its first bytes),

@@ -4,8 +4,10 @@
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "ckpt.pb.h"
@@ -218,6 +220,54 @@ TEST(WireFormatTest, FetchBatchWithSerialisedHeaders) {
   expected.mutable_batch()->add_part_checksums(Checksum(all));
   const v1::FetchResponse got = Parse<v1::FetchResponse>(EncodeFetchResponse(std::move(piece)));
   EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
+}
+
+// Batches whose copied bytes fill blocks of a batch's size (the reused ones): many encoded
+// messages alive at once each keep their own bytes, whichever blocks earlier messages gave back,
+// and messages with a large segment between runs of small ones cut one block into several slices.
+TEST(WireFormatTest, ManyLargeBatchesAliveAtOnceKeepTheirOwnBytes) {
+  for (int round = 0; round < 3; ++round) {
+    std::vector<grpc::ByteBuffer> encoded;
+    std::vector<v1::FetchResponse> expected;
+    std::vector<std::shared_ptr<std::string>> owners;
+    for (int m = 0; m < 12; ++m) {
+      SCOPED_TRACE(::testing::Message() << "round " << round << ", message " << m);
+      std::vector<std::string> parts;
+      for (int i = 0; i < 300 + 37 * m; ++i) {
+        parts.push_back(Bytes(1000 + static_cast<size_t>(i % 7), static_cast<char>(m * 31 + i)));
+      }
+      if (m % 3 == 1) parts.insert(parts.begin() + 100, Bytes(70000, static_cast<char>(m)));
+      std::shared_ptr<std::string> owner;
+      FetchPiece piece = DataPiece(parts, &owner);
+      owners.push_back(owner);
+      v1::FetchTensorBatch* batch = piece.message.mutable_batch();
+      v1::FetchResponse want;
+      std::string all;
+      for (const std::string& p : parts) {
+        v1::FetchTensorHeader* h = want.mutable_batch()->add_tensors();
+        h->set_name(absl::StrCat("m", m, ".", all.size()));
+        h->set_total_bytes(static_cast<int64_t>(p.size()));
+        all += p;
+      }
+      *batch = want.batch();
+      piece.parts.push_back({static_cast<int64_t>(all.size()), Checksum(all)});
+      want.mutable_batch()->set_data(all);
+      want.mutable_batch()->add_part_bytes(all.size());
+      want.mutable_batch()->add_part_checksums(Checksum(all));
+      expected.push_back(std::move(want));
+      encoded.push_back(EncodeFetchResponse(std::move(piece)));
+    }
+    // Copied bytes must not depend on the segments' memory (a referenced segment's must).
+    for (size_t m = 0; m < owners.size(); ++m) {
+      if (m % 3 != 1) std::fill(owners[m]->begin(), owners[m]->end(), '\0');
+      owners[m].reset();
+    }
+    for (size_t m = 0; m < encoded.size(); ++m) {
+      SCOPED_TRACE(::testing::Message() << "round " << round << ", message " << m);
+      const v1::FetchResponse got = Parse<v1::FetchResponse>(std::move(encoded[m]));
+      EXPECT_TRUE(got.SerializeAsString() == expected[m].SerializeAsString());
+    }
+  }
 }
 
 using ::ckpt::testing::SlicedByteBuffer;
