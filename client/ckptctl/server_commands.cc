@@ -392,44 +392,53 @@ absl::Status RunExport(CkptClient& client, const ExportCommand& command, std::os
 
 // ---------------------------------------------------------------- stats
 
+namespace {
+
+// `ckptctl stats --json`: every field of `s` in one object, sizes in exact bytes.
+nlohmann::ordered_json StatsJson(const v1::ServerStats& s) {
+  nlohmann::ordered_json j;
+  j["version"] = s.version();
+  j["uptime_seconds"] = s.uptime_seconds();
+  j["checkpoints"] = s.checkpoints();
+  j["checkpoint_stored_bytes"] = s.checkpoint_stored_bytes();
+  j["disk_free_bytes"] = s.disk_free_bytes();
+  j["fetch_streams"] = s.fetch_streams();
+  j["fetch_bytes_sent"] = s.fetch_bytes_sent();
+  j["fetch_bytes_in_flight"] = s.fetch_bytes_in_flight();
+  j["fetch_chunks_shared"] = {{"read_in_flight", s.fetch_chunks_joined()},
+                              {"other_stream", s.fetch_chunks_live()},
+                              {"cache", s.fetch_chunks_cached()}};
+  j["fetch_cache_bytes"] = s.fetch_cache_bytes();
+  j["fetch_cache_pinned_bytes"] = s.fetch_cache_pinned_bytes();
+  j["fetch_cache_evicted_for_pins"] = s.fetch_cache_evicted_for_pins();
+  j["upload_streams"] = s.upload_streams();
+  j["pending_uploads"] = s.pending_uploads();
+  j["upload_bytes_received"] = s.upload_bytes_received();
+  j["jobs"] = {{"queued", s.jobs_queued()},
+               {"running", s.jobs_running()},
+               {"succeeded", s.jobs_succeeded()},
+               {"failed", s.jobs_failed()},
+               {"cancelled", s.jobs_cancelled()}};
+  j["job_bytes_written"] = s.job_bytes_written();
+  j["store_bytes_read"] = s.store_bytes_read();
+  j["store_chunks_read"] = s.store_chunks_read();
+  j["store_bytes_copied"] = s.store_bytes_copied();
+  j["store_bytes_written"] = s.store_bytes_written();
+  j["store_chunks_written"] = s.store_chunks_written();
+  j["store_mapped_bytes"] = s.store_mapped_bytes();
+  j["data_loss_rpcs"] = s.data_loss_rpcs();
+  j["data_loss_jobs"] = s.data_loss_jobs();
+  j["rss_bytes"] = s.rss_bytes();
+  j["peak_rss_bytes"] = s.peak_rss_bytes();
+  return j;
+}
+
+}  // namespace
+
 absl::Status RunStats(CkptClient& client, bool json, std::ostream& out) {
   CKPT_ASSIGN_OR_RETURN(v1::ServerStats s, client.GetStats());
   if (json) {
-    nlohmann::ordered_json j;
-    j["version"] = s.version();
-    j["uptime_seconds"] = s.uptime_seconds();
-    j["checkpoints"] = s.checkpoints();
-    j["checkpoint_stored_bytes"] = s.checkpoint_stored_bytes();
-    j["disk_free_bytes"] = s.disk_free_bytes();
-    j["fetch_streams"] = s.fetch_streams();
-    j["fetch_bytes_sent"] = s.fetch_bytes_sent();
-    j["fetch_bytes_in_flight"] = s.fetch_bytes_in_flight();
-    j["fetch_chunks_shared"] = {{"read_in_flight", s.fetch_chunks_joined()},
-                                {"other_stream", s.fetch_chunks_live()},
-                                {"cache", s.fetch_chunks_cached()}};
-    j["fetch_cache_bytes"] = s.fetch_cache_bytes();
-    j["fetch_cache_pinned_bytes"] = s.fetch_cache_pinned_bytes();
-    j["fetch_cache_evicted_for_pins"] = s.fetch_cache_evicted_for_pins();
-    j["upload_streams"] = s.upload_streams();
-    j["pending_uploads"] = s.pending_uploads();
-    j["upload_bytes_received"] = s.upload_bytes_received();
-    j["jobs"] = {{"queued", s.jobs_queued()},
-                 {"running", s.jobs_running()},
-                 {"succeeded", s.jobs_succeeded()},
-                 {"failed", s.jobs_failed()},
-                 {"cancelled", s.jobs_cancelled()}};
-    j["job_bytes_written"] = s.job_bytes_written();
-    j["store_bytes_read"] = s.store_bytes_read();
-    j["store_chunks_read"] = s.store_chunks_read();
-    j["store_bytes_copied"] = s.store_bytes_copied();
-    j["store_bytes_written"] = s.store_bytes_written();
-    j["store_chunks_written"] = s.store_chunks_written();
-    j["store_mapped_bytes"] = s.store_mapped_bytes();
-    j["data_loss_rpcs"] = s.data_loss_rpcs();
-    j["data_loss_jobs"] = s.data_loss_jobs();
-    j["rss_bytes"] = s.rss_bytes();
-    j["peak_rss_bytes"] = s.peak_rss_bytes();
-    PrintJsonLine(j, out);
+    PrintJsonLine(StatsJson(s), out);
     return absl::OkStatus();
   }
   // "  label         value", the values aligned.
