@@ -314,30 +314,7 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
                              tile_box.size(), " tile coordinates for a slice of rank ", rank));
   }
   if (!c.in_band()) {
-    Shape row(c.local.begin() + 1, c.local.end());
-    auto row_elements = NumElements(row);
-    auto row_bytes = row_elements.ok() ? ByteSizeOf(*c.dtype, *row_elements) : row_elements;
-    if (!row_bytes.ok() || *row_bytes <= 0 || c.received % *row_bytes != 0) {
-      return fail("tiles do not start at a whole row");
-    }
-    const int64_t first_row = c.received / *row_bytes;
-    // In lent memory the band is assembled where it belongs; otherwise in a buffer of its own.
-    auto band =
-        c.memory != nullptr
-            ? TileBand::StartIn(
-                  *c.dtype, c.local, first_row, band_rows, kMaxBandBytes, c.memory,
-                  c.total >= kStreamingMinBytes ? &fetch_checker_internal::StreamingCopy : nullptr)
-            : TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
-    if (!band.ok()) return fail(std::string(band.status().message()));
-    // Each message was checked against the bytes still due, but the band delivers all of its
-    // messages at once: it must fit as a whole too (the header's shape and size may disagree).
-    // Nothing is written before this check.
-    const auto band_bytes = static_cast<int64_t>((*band)->bytes().size());
-    if (band_bytes > c.total - c.received) {
-      return fail(absl::StrCat("a band of ", band_bytes, " bytes exceeds the ",
-                               c.total - c.received, " announced bytes still due"));
-    }
-    c.band = std::move(*band);
+    CKPT_RETURN_IF_ERROR(OpenBand(band_rows));
   } else if (band_rows != c.band->box().extent(0)) {
     return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",
                              band_rows));
@@ -366,6 +343,39 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
   }
   CKPT_RETURN_IF_ERROR(visitor_->OnData(band));
   c.band.reset();
+  return absl::OkStatus();
+}
+
+// Opens a band of `band_rows` rows at the first row of the current tensor not yet delivered.
+absl::Status FetchChecker::OpenBand(int64_t band_rows) {
+  Current& c = *current_;
+  auto fail = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("tensor ", c.name, ": ", what));
+  };
+  Shape row(c.local.begin() + 1, c.local.end());
+  auto row_elements = NumElements(row);
+  auto row_bytes = row_elements.ok() ? ByteSizeOf(*c.dtype, *row_elements) : row_elements;
+  if (!row_bytes.ok() || *row_bytes <= 0 || c.received % *row_bytes != 0) {
+    return fail("tiles do not start at a whole row");
+  }
+  const int64_t first_row = c.received / *row_bytes;
+  // In lent memory the band is assembled where it belongs; otherwise in a buffer of its own.
+  auto band =
+      c.memory != nullptr
+          ? TileBand::StartIn(
+                *c.dtype, c.local, first_row, band_rows, kMaxBandBytes, c.memory,
+                c.total >= kStreamingMinBytes ? &fetch_checker_internal::StreamingCopy : nullptr)
+          : TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
+  if (!band.ok()) return fail(std::string(band.status().message()));
+  // Each message was checked against the bytes still due, but the band delivers all of its
+  // messages at once: it must fit as a whole too (the header's shape and size may disagree).
+  // Nothing is written before this check.
+  const auto band_bytes = static_cast<int64_t>((*band)->bytes().size());
+  if (band_bytes > c.total - c.received) {
+    return fail(absl::StrCat("a band of ", band_bytes, " bytes exceeds the ",
+                             c.total - c.received, " announced bytes still due"));
+  }
+  c.band = std::move(*band);
   return absl::OkStatus();
 }
 

@@ -125,6 +125,9 @@ class FetchChecker {
                         absl::Span<const uint64_t> part_bytes,
                         absl::Span<const uint64_t> part_checksums,
                         absl::Span<const int64_t> tile_box, int64_t band_rows);
+  // Opens a band of `band_rows` rows at the first row of the current tensor not yet delivered
+  // (in lent memory, or in a buffer of its own); nothing is written yet.
+  absl::Status OpenBand(int64_t band_rows);
   // Checks `actual`, the checksum of the `size` bytes at `offset` in the current data message.
   absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const;
   // Closes the open tensor (if any) at `where`, checking it got all its bytes.
