@@ -257,10 +257,9 @@ absl::Status SegmentStore::ScanPacks(uint64_t data_id, Fn fn) {
     if (!IsPackKey(key)) continue;
     if (!segment_store_internal::ForEachPackEntry(
             std::string_view(it->value().data(), it->value().size()), fn)) {
-      return absl::DataLossError(absl::StrCat("pack of chunk locations ",
-                                              DecodeBigEndian(key.data() + 20, 8), " of data id ",
-                                              data_id, " is damaged (", it->value().size(),
-                                              " bytes)"));
+      return absl::DataLossError(
+          absl::StrCat("pack of chunk locations ", DecodeBigEndian(key.data() + 20, 8),
+                       " of data id ", data_id, " is damaged (", it->value().size(), " bytes)"));
     }
   }
   return FromRocks(it->status(), absl::StrCat("reading the packs of data id ", data_id));
@@ -268,8 +267,7 @@ absl::Status SegmentStore::ScanPacks(uint64_t data_id, Fn fn) {
 
 absl::StatusOr<std::optional<ChunkLocation>> SegmentStore::LoadPacks(const ChunkAddress& address) {
   LocationCache::Packs packs;
-  CKPT_RETURN_IF_ERROR(
-      ScanPacks(address.data_id, [&](const PackEntry& e) { packs.push_back(e); }));
+  CKPT_RETURN_IF_ERROR(ScanPacks(address.data_id, [&](const PackEntry& e) { packs.push_back(e); }));
   // Sorted by address; of entries naming one address (a sole chunk written again) the last, in
   // pack order, counts: a stable sort keeps them in that order, and the last of each run is kept.
   std::stable_sort(packs.begin(), packs.end(), [](const PackEntry& a, const PackEntry& b) {
@@ -312,8 +310,10 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
   if (!cached.blob_cached && !live) {
     if (!cached.packs_known) {
       absl::StatusOr<std::optional<ChunkLocation>> packed = LoadPacks(address);
-      if (!packed.ok()) return absl::Status(packed.status().code(),
-                                            absl::StrCat(what(), ": ", packed.status().message()));
+      if (!packed.ok()) {
+        return absl::Status(packed.status().code(),
+                            absl::StrCat(what(), ": ", packed.status().message()));
+      }
       location = *packed;
     }
     if (!location) location = ScanBlobLocations(address);
@@ -332,8 +332,10 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
   }
   if (!location && live && found.IsNotFound()) {
     absl::StatusOr<std::optional<ChunkLocation>> packed = FindInPacks(address);
-    if (!packed.ok()) return absl::Status(packed.status().code(),
-                                          absl::StrCat(what(), ": ", packed.status().message()));
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat(what(), ": ", packed.status().message()));
+    }
     location = *packed;
   }
   if (location) return ReadLocated(address, *location);

@@ -329,40 +329,40 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
   }
   // The global shape is worked out once per tensor: another rank holding a slice of the same
   // shape (every rank of an even split does) only has its pipeline stage checked.
-  const absl::StatusOr<Shape> global =
-      !first && layout && t.known_local == local &&
-              std::count(layout->stages.begin(), layout->stages.end(), stage_)
-          ? absl::StatusOr<Shape>(t.global)
-          : GlobalShape(name, layout, local);
-  if (!global.ok()) {
+  const bool known = !first && layout && t.known_local == local &&
+                     std::count(layout->stages.begin(), layout->stages.end(), stage_);
+  absl::StatusOr<Shape> worked_out;
+  if (!known) worked_out = GlobalShape(name, layout, local);
+  if (!known && !worked_out.ok()) {
     if (first) pending_->tensors_.erase(name);
-    return global.status();
+    return worked_out.status();
   }
+  const Shape& global = known ? t.global : *worked_out;  // read in place, not copied
   if (!first) {
     const auto& known_dims = t.record.global_shape();
-    if (!std::equal(known_dims.begin(), known_dims.end(), global->begin(), global->end())) {
-      const Shape known(known_dims.begin(), known_dims.end());
+    if (!std::equal(known_dims.begin(), known_dims.end(), global.begin(), global.end())) {
+      const Shape earlier(known_dims.begin(), known_dims.end());
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
-          layout ? absl::StrCat(" (global ", ShapeToString(*global), ")") : std::string(),
-          " but earlier ranks imply global shape ", ShapeToString(known)));
+          layout ? absl::StrCat(" (global ", ShapeToString(global), ")") : std::string(),
+          " but earlier ranks imply global shape ", ShapeToString(earlier)));
     }
   } else {
-    for (int64_t d : *global) t.record.add_global_shape(d);
+    for (int64_t d : global) t.record.add_global_shape(d);
     t.record.set_sharded(layout != nullptr);
-    t.global = *global;
+    t.global = global;
     if (layout) {
       t.layout = layout;
       t.known_local = local;
-      t.cell_grid = layout->Grid(global->size());
+      t.cell_grid = layout->Grid(global.size());
     }
   }
   t.ranks.insert(rank_);
   cur->tensor_index = t.record.tensor_index();
   if (layout) {
-    ClaimCellLocked(t, *layout, *global, cur);
+    ClaimCellLocked(t, *layout, global, cur);
   } else {
-    ClaimVariantLocked(t, *global, cur);
+    ClaimVariantLocked(t, global, cur);
   }
   return absl::OkStatus();
 }
@@ -463,7 +463,8 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
       if (cur.mode == Mode::kWrite) {
         batch_writes_.push_back({{pending_->data_id_, cur.tensor_index, cur.blob_index, 0},
                                  *whole,
-                                 static_cast<uint32_t>(rank_)});
+                                 static_cast<uint32_t>(rank_),
+                                 /*sole_chunk=*/true});
         batch_ends_.push_back(kBorrowedBytes);
         bytes_stored_ += cur.total;
       }
@@ -533,6 +534,7 @@ absl::Status RankUpload::FlushBand() {
   BandChunker& chunker = *c.chunker;
   std::vector<ChunkWrite>& writes = band_writes_;
   writes.clear();
+  const bool sole = chunker.bands() == 1 && chunker.chunks_per_band() == 1;
   for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
     const std::string_view bytes = chunker.chunk(k);
     c.checksums.push_back(Checksum(bytes));
@@ -540,7 +542,8 @@ absl::Status RankUpload::FlushBand() {
       writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
                          static_cast<uint32_t>(chunker.ChunkIndex(k))},
                         bytes,
-                        static_cast<uint32_t>(rank_)});
+                        static_cast<uint32_t>(rank_),
+                        sole});
     }
   }
   if (!writes.empty()) {

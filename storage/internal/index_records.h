@@ -191,10 +191,11 @@ inline std::string PackRangeStart(uint64_t data_id) {
 
 // True when `key` is a pack key (of any data id).
 inline bool IsPackKey(std::string_view key) {
-  return key.size() == kPackKeyBytes && key.substr(8, 12) == std::string_view(
-                                                                "\xff\xff\xff\xff\xff\xff"
-                                                                "\xff\xff\xff\xff\xff\xff",
-                                                                12);
+  if (key.size() != kPackKeyBytes) return false;
+  for (size_t i = 8; i < 20; ++i) {
+    if (key[i] != '\xff') return false;
+  }
+  return true;
 }
 
 // One location of a pack.
@@ -231,6 +232,18 @@ bool ForEachPackEntry(std::string_view value, Fn&& fn) {
                  ChunkLocation{DecodeBigEndian(p + 12, 8), DecodeBigEndian(p + 20, 8)}});
   }
   return true;
+}
+
+// The location of a chunk_locations record (key, value): a chunk key's, or the first of a pack's;
+// nullopt when the value is damaged or the pack empty.
+inline std::optional<ChunkLocation> FirstLocationOfRecord(std::string_view key,
+                                                          std::string_view value) {
+  if (!IsPackKey(key)) return DecodeLocation(value);
+  std::optional<ChunkLocation> first;
+  ForEachPackEntry(value, [&first](const PackEntry& e) {
+    if (!first) first = e.location;
+  });
+  return first;
 }
 
 }  // namespace ckpt::segment_store_internal

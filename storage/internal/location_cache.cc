@@ -18,12 +18,11 @@ void LocationCache::FindMany(std::span<const ChunkAddress> addresses, std::vecto
 }
 
 std::optional<ChunkLocation> LocationCache::FindPacked(const Packs& packs,
-                                                      const ChunkAddress& address) {
-  auto at = std::lower_bound(packs.begin(), packs.end(), address,
-                             [](const PackEntry& e, const ChunkAddress& a) {
-                               return std::tie(e.tensor, e.blob, e.chunk) <
-                                      std::tie(a.tensor, a.blob, a.chunk);
-                             });
+                                                       const ChunkAddress& address) {
+  auto at = std::lower_bound(
+      packs.begin(), packs.end(), address, [](const PackEntry& e, const ChunkAddress& a) {
+        return std::tie(e.tensor, e.blob, e.chunk) < std::tie(a.tensor, a.blob, a.chunk);
+      });
   if (at == packs.end() || at->tensor != address.tensor || at->blob != address.blob ||
       at->chunk != address.chunk) {
     return std::nullopt;

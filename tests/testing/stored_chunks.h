@@ -53,7 +53,7 @@ inline absl::Status FlipByteOfFirstStoredChunk(const std::filesystem::path& data
   }
   for (rocksdb::ColumnFamilyHandle* h : handles) db->DestroyColumnFamilyHandle(h);
   db.reset();
-  const auto location = segment_store_internal::DecodeLocation(value);
+  const auto location = segment_store_internal::FirstLocationOfRecord(key, value);
   if (key.size() < 8 || !location.has_value() || location->length == 0) {
     return absl::NotFoundError(absl::StrCat("no stored chunk in ", data_dir.string()));
   }

@@ -27,12 +27,12 @@
 namespace ckpt {
 namespace {
 
-using ::testing::HasSubstr;
 using segment_store_internal::IsPackKey;
 using segment_store_internal::kChunkKeyBytes;
+using ::testing::HasSubstr;
 
-#define PACKS_ASSERT_OK(expr)              \
-  do {                                     \
+#define PACKS_ASSERT_OK(expr)               \
+  do {                                      \
     const ::absl::Status packs_s_ = (expr); \
     ASSERT_TRUE(packs_s_.ok()) << packs_s_; \
   } while (0)
