@@ -49,6 +49,11 @@ struct ChunkWrite {
   // together where it can (the segment store: in extents of its segment file of their own), so
   // that a stored slice is not interleaved with the slices other streams upload at the same time.
   uint32_t stream = 0;
+  // The chunk is the only one of its blob, and every write of this address says the same. The
+  // segment store then records its location together with the call's other sole chunks, one
+  // index record for all of them, instead of one record each (a later write of the address
+  // still replaces an earlier one).
+  bool sole_chunk = false;
 };
 
 // Bytes of one chunk as read. May reference storage-owned memory (no copy); valid while the

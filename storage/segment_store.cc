@@ -285,12 +285,20 @@ absl::Status SegmentStore::CheckFormat() {
           absl::StrCat("its format version record has ", value->size(), " bytes, expected 8"));
     }
     const uint64_t version = DecodeBigEndian(value->data(), 8);
-    if (version != kStoreFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat("it is in store format ", version,
-                                                        "; this version of ckptd reads format ",
-                                                        kStoreFormatVersion, " only"));
+    using segment_store_internal::kOldestReadableFormatVersion;
+    if (version < kOldestReadableFormatVersion || version > kStoreFormatVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "it is in store format ", version, "; this version of ckptd reads formats ",
+          kOldestReadableFormatVersion, " to ", kStoreFormatVersion));
     }
-    return absl::OkStatus();
+    // An older format is a subset of this one: recorded as this one, since records of this
+    // format may be written from now on (an older ckptd then refuses the store rather than
+    // misreading it). A read-only store gets no records, so it keeps its format.
+    if (version == kStoreFormatVersion || !read_only_reason_.empty()) return absl::OkStatus();
+    rocksdb::WriteBatch batch;
+    CKPT_RETURN_IF_ERROR(FromRocks(batch.Put(meta_, kFormatKey, BigEndian64(kStoreFormatVersion)),
+                                   "batching the store format version"));
+    return Write(&batch, /*sync=*/true, "recording the store format version");
   }
   if (!absl::IsNotFound(value.status())) return value.status();
   // No version: a new store (or one whose creation stopped before its first record) gets one;

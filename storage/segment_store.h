@@ -153,11 +153,21 @@ class SegmentStore final : public CheckpointStore {
   // the chunk is then looked up alone).
   std::optional<segment_store_internal::ChunkLocation> ScanBlobLocations(
       const ChunkAddress& address);
-  // Reads the chunk at `address` from `location` (ReadChunkUnverified's last step). `key`: the
-  // chunk's location key if built already (else built here, only on error).
+  // Reads the packs of the data id of committed `address` (index_records.h) and keeps them in
+  // location_cache_ (when not too many); returns the location of `address` if packed. DATA_LOSS
+  // when a pack record is damaged.
+  absl::StatusOr<std::optional<segment_store_internal::ChunkLocation>> LoadPacks(
+      const ChunkAddress& address);
+  // The location of `address` in its data id's packs, read now and not kept (live data, whose
+  // packs may still grow); nullopt when not packed. DATA_LOSS when a pack record is damaged.
+  absl::StatusOr<std::optional<segment_store_internal::ChunkLocation>> FindInPacks(
+      const ChunkAddress& address);
+  // Calls fn(const PackEntry&) for every entry of every pack of `data_id`, in key order.
+  template <typename Fn>
+  absl::Status ScanPacks(uint64_t data_id, Fn fn);
+  // Reads the chunk at `address` from `location` (ReadChunkUnverified's last step).
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadLocated(
-      const ChunkAddress& address, const segment_store_internal::ChunkLocation& location,
-      std::string key);
+      const ChunkAddress& address, const segment_store_internal::ChunkLocation& location);
   // Moves a live data id to kClosing and waits for its in-flight PutChunks calls to finish.
   absl::Status ClaimLiveData(uint64_t data_id);
   // Finishes a claim: forgets the data id, or (the commit failed) makes it live again.
@@ -233,6 +243,10 @@ class SegmentStore final : public CheckpointStore {
   std::atomic<int64_t> chunks_read_{0};
   std::atomic<int64_t> chunk_bytes_written_{0};
   std::atomic<int64_t> chunks_written_{0};
+  // The sequence of the next pack record (index_records.h): increasing in write order, so that a
+  // later write of a sole chunk is in a later pack. Data ids are never written across restarts,
+  // so the sequence need not persist.
+  std::atomic<uint64_t> next_pack_{0};
   // Chunk ranges deleted since the last compaction by CollectGarbage.
   std::atomic<int64_t> deleted_ranges_{0};
 };

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,7 @@
 namespace ckpt {
 namespace {
 
+using segment_store_internal::AppendPackEntry;
 using segment_store_internal::BigEndian64;
 using segment_store_internal::ChunkKey;
 using segment_store_internal::ChunkKeyArray;
@@ -34,9 +36,12 @@ using segment_store_internal::DecodeBigEndian;
 using segment_store_internal::DecodeLocation;
 using segment_store_internal::EncodeLocationArray;
 using segment_store_internal::FromRocks;
+using segment_store_internal::IsPackKey;
 using segment_store_internal::kChunkKeyBytes;
 using segment_store_internal::kLocationBytes;
+using segment_store_internal::kPackEntryBytes;
 using segment_store_internal::LocationCache;
+using segment_store_internal::PackEntry;
 
 absl::Status NotLive(uint64_t data_id) {
   return absl::FailedPreconditionError(absl::StrCat(
@@ -111,6 +116,15 @@ absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
 
 absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
                                         rocksdb::WriteBatch* batch) {
+  // Sole chunks' locations go to one pack record per data id (usually one in all), the others'
+  // to a record each.
+  std::vector<std::pair<uint64_t, std::string>> packs;
+  auto pack_of = [&packs](uint64_t id) -> std::string& {
+    for (auto& [pack_id, value] : packs) {
+      if (pack_id == id) return value;
+    }
+    return packs.emplace_back(id, std::string(1, segment_store_internal::kPackTag)).second;
+  };
   // One append per data id and stream (usually one in all).
   std::vector<std::pair<uint64_t, uint32_t>> lanes;
   for (const ChunkWrite& c : chunks) lanes.push_back({c.address.data_id, c.stream});
@@ -139,6 +153,12 @@ absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
     for (const ChunkWrite& c : chunks) {
       if (!in_lane(c)) continue;
       const ChunkLocation location{(*offsets)[k++], c.bytes.size()};
+      if (c.sole_chunk) {
+        std::string& pack = pack_of(id);
+        if (pack.size() == 1) pack.reserve(1 + pieces.size() * kPackEntryBytes);
+        AppendPackEntry(&pack, {c.address.tensor, c.address.blob, c.address.chunk, location});
+        continue;
+      }
       // The chunk is named only when the put fails: no string is built per chunk.
       const std::array<char, kChunkKeyBytes> key = ChunkKeyArray(c.address);
       const std::array<char, kLocationBytes> value = EncodeLocationArray(location);
@@ -148,6 +168,13 @@ absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
         return FromRocks(put, absl::StrCat("batching chunk ", c.address.ToString()));
       }
     }
+  }
+  for (const auto& [id, value] : packs) {
+    const auto key = segment_store_internal::PackKeyArray(
+        id, next_pack_.fetch_add(1, std::memory_order_relaxed));
+    CKPT_RETURN_IF_ERROR(
+        FromRocks(batch->Put(locations_, rocksdb::Slice(key.data(), key.size()), value),
+                  absl::StrCat("batching a pack of chunk locations of data id ", id)));
   }
   return absl::OkStatus();
 }
@@ -188,7 +215,9 @@ std::optional<ChunkLocation> SegmentStore::ScanBlobLocations(const ChunkAddress&
   for (it->Seek(from); it->Valid() && it->key().starts_with(data_prefix); it->Next()) {
     const char* key = it->key().data();
     if (it->key().size() != kChunkKeyBytes) {
-      complete = false;  // not a chunk key: the blob being scanned is looked up alone
+      // The data id's packs follow its chunk keys: the end of them. Anything else is not a chunk
+      // key: the blob being scanned is looked up alone.
+      if (!IsPackKey(std::string_view(key, it->key().size()))) complete = false;
       break;
     }
     const auto key_tensor = static_cast<uint32_t>(DecodeBigEndian(key + 8, 4));
@@ -218,22 +247,81 @@ std::optional<ChunkLocation> SegmentStore::ScanBlobLocations(const ChunkAddress&
   return found;
 }
 
+template <typename Fn>
+absl::Status SegmentStore::ScanPacks(uint64_t data_id, Fn fn) {
+  const std::string from = segment_store_internal::PackRangeStart(data_id);
+  const rocksdb::Slice data_prefix(from.data(), 8);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
+  for (it->Seek(from); it->Valid() && it->key().starts_with(data_prefix); it->Next()) {
+    const std::string_view key(it->key().data(), it->key().size());
+    if (!IsPackKey(key)) continue;
+    if (!segment_store_internal::ForEachPackEntry(
+            std::string_view(it->value().data(), it->value().size()), fn)) {
+      return absl::DataLossError(
+          absl::StrCat("pack of chunk locations ", DecodeBigEndian(key.data() + 20, 8),
+                       " of data id ", data_id, " is damaged (", it->value().size(), " bytes)"));
+    }
+  }
+  return FromRocks(it->status(), absl::StrCat("reading the packs of data id ", data_id));
+}
+
+absl::StatusOr<std::optional<ChunkLocation>> SegmentStore::LoadPacks(const ChunkAddress& address) {
+  LocationCache::Packs packs;
+  CKPT_RETURN_IF_ERROR(ScanPacks(address.data_id, [&](const PackEntry& e) { packs.push_back(e); }));
+  // Sorted by address; of entries naming one address (a sole chunk written again) the last, in
+  // pack order, counts: a stable sort keeps them in that order, and the last of each run is kept.
+  std::stable_sort(packs.begin(), packs.end(), [](const PackEntry& a, const PackEntry& b) {
+    return std::tie(a.tensor, a.blob, a.chunk) < std::tie(b.tensor, b.blob, b.chunk);
+  });
+  size_t kept = 0;
+  for (size_t i = 0; i < packs.size(); ++i) {
+    const bool last = i + 1 == packs.size() || packs[i].tensor != packs[i + 1].tensor ||
+                      packs[i].blob != packs[i + 1].blob || packs[i].chunk != packs[i + 1].chunk;
+    if (last) packs[kept++] = packs[i];
+  }
+  packs.resize(kept);
+  std::optional<ChunkLocation> found = LocationCache::FindPacked(packs, address);
+  location_cache_->InsertPacks(address.data_id, std::move(packs));
+  return found;
+}
+
+absl::StatusOr<std::optional<ChunkLocation>> SegmentStore::FindInPacks(
+    const ChunkAddress& address) {
+  std::optional<ChunkLocation> found;
+  CKPT_RETURN_IF_ERROR(ScanPacks(address.data_id, [&](const PackEntry& e) {
+    if (e.tensor == address.tensor && e.blob == address.blob && e.chunk == address.chunk) {
+      found = e.location;  // a later pack overrides
+    }
+  }));
+  return found;
+}
+
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
     const ChunkAddress& address) {
   // The chunk is named only when something went wrong: no string is built per read.
   auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
-  // Chunks of committed data: their blob's locations, read with one scan for the whole blob.
-  // Chunks of data being uploaded may still be added: those are looked up one by one, and so is
-  // a chunk its cached blob lacks (which is then not found).
+  // Chunks of committed data: their data id's packs, read once for all of them, or their blob's
+  // locations, read with one scan for the whole blob. Chunks of data being uploaded may still be
+  // added: those are looked up one by one, and so is a chunk its cached blob lacks (which is then
+  // not found).
   const LocationCache::Lookup cached = location_cache_->Find(address);
   std::optional<ChunkLocation> location = cached.location;
-  if (!cached.blob_cached && !IsLive(address.data_id)) location = ScanBlobLocations(address);
-  std::string key;  // built only when needed
+  const bool live = !cached.blob_cached && IsLive(address.data_id);
+  if (!cached.blob_cached && !live) {
+    if (!cached.packs_known) {
+      absl::StatusOr<std::optional<ChunkLocation>> packed = LoadPacks(address);
+      if (!packed.ok()) {
+        return absl::Status(packed.status().code(),
+                            absl::StrCat(what(), ": ", packed.status().message()));
+      }
+      location = *packed;
+    }
+    if (!location) location = ScanBlobLocations(address);
+  }
   rocksdb::Status found = rocksdb::Status::OK();
   if (!location) {
-    key = ChunkKey(address);
     rocksdb::PinnableSlice value;
-    found = db_->Get(rocksdb::ReadOptions(), locations_, key, &value);
+    found = db_->Get(rocksdb::ReadOptions(), locations_, ChunkKey(address), &value);
     if (found.ok()) {
       location = DecodeLocation(std::string_view(value.data(), value.size()));
       if (!location) {
@@ -242,23 +330,32 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
       }
     }
   }
-  if (location) return ReadLocated(address, *location, std::move(key));
+  if (!location && live && found.IsNotFound()) {
+    absl::StatusOr<std::optional<ChunkLocation>> packed = FindInPacks(address);
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat(what(), ": ", packed.status().message()));
+    }
+    location = *packed;
+  }
+  if (location) return ReadLocated(address, *location);
   if (!found.IsNotFound()) return FromRocks(found, what());
   return absl::NotFoundError(absl::StrCat("chunk ", address.ToString(), " not found"));
 }
 
-absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(const ChunkAddress& address,
-                                                                     const ChunkLocation& location,
-                                                                     std::string key) {
+absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(
+    const ChunkAddress& address, const ChunkLocation& location) {
   auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
   absl::StatusOr<std::unique_ptr<ChunkData>> data =
       reader_->Read(address.data_id, location.offset, location.length, "");
   if (absl::IsDataLoss(data.status())) {
     // The checkpoint may have been deleted between the lookup and the read (its segment file
-    // goes right after its records): that is NOT_FOUND, not damage.
-    if (key.empty()) key = ChunkKey(address);
-    rocksdb::PinnableSlice again;
-    if (db_->Get(rocksdb::ReadOptions(), locations_, key, &again).IsNotFound()) {
+    // goes right after its records, all of which one batch deletes): that is NOT_FOUND, not
+    // damage.
+    const std::string prefix = BigEndian64(address.data_id);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
+    it->Seek(prefix);
+    if (it->status().ok() && !(it->Valid() && it->key().starts_with(prefix))) {
       return absl::NotFoundError(
           absl::StrCat("chunk ", address.ToString(), " not found (deleted while being read)"));
     }
@@ -282,7 +379,7 @@ void SegmentStore::ReadChunksUnverified(
   location_cache_->FindMany(addresses, &found);
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (found[i].blob_cached && found[i].location) {
-      out->push_back(ReadLocated(addresses[i], *found[i].location, std::string()));
+      out->push_back(ReadLocated(addresses[i], *found[i].location));
     } else {
       out->push_back(ReadChunkUnverified(addresses[i]));
     }

@@ -110,7 +110,8 @@ absl::StatusOr<int64_t> SegmentStore::CollectLocations() {
   // iterator's implicit snapshot does not see our own DeleteRange, which is fine: we skip past it.
   for (it->SeekToFirst(); it->Valid();) {
     const rocksdb::Slice key = it->key();
-    if (key.size() != kChunkKeyBytes) {
+    if (key.size() != kChunkKeyBytes &&
+        !segment_store_internal::IsPackKey(std::string_view(key.data(), key.size()))) {
       return absl::DataLossError(absl::StrCat("chunk key of ", key.size(), " bytes (expected ",
                                               kChunkKeyBytes, ") in RocksDB store in ", dir_));
     }

@@ -25,8 +25,8 @@ std::string StagesString(const std::vector<int32_t>& stages) {
 }
 
 // Keeps the holders sorted and distinct.
-void AddHolder(records::BlobRecord& record, int64_t rank) {
-  auto* holders = record.mutable_holders();
+void AddHolder(records::BlobRecord* record, int64_t rank) {
+  auto* holders = record->mutable_holders();
   auto at = std::lower_bound(holders->begin(), holders->end(), rank);
   if (at != holders->end() && *at == rank) return;
   const auto index = at - holders->begin();
@@ -34,8 +34,8 @@ void AddHolder(records::BlobRecord& record, int64_t rank) {
   std::rotate(holders->begin() + index, holders->end() - 1, holders->end());
 }
 
-void RemoveHolder(records::BlobRecord& record, int64_t rank) {
-  auto* holders = record.mutable_holders();
+void RemoveHolder(records::BlobRecord* record, int64_t rank) {
+  auto* holders = record->mutable_holders();
   holders->erase(std::remove(holders->begin(), holders->end(), rank), holders->end());
 }
 
@@ -48,11 +48,9 @@ bool BoxHasShape(const Box& box, const Shape& shape) {
   return true;
 }
 
-void SetBox(records::BlobRecord& record, const Box& box) {
-  record.clear_box_lo();
-  record.clear_box_hi();
-  for (int64_t v : box.lo) record.add_box_lo(v);
-  for (int64_t v : box.hi) record.add_box_hi(v);
+void SetBox(records::BlobRecord* record, const Box& box) {
+  record->mutable_box_lo()->Assign(box.lo.begin(), box.lo.end());
+  record->mutable_box_hi()->Assign(box.hi.begin(), box.hi.end());
 }
 
 }  // namespace
@@ -75,6 +73,7 @@ PendingCheckpoint::~PendingCheckpoint() {
   }
   tensors_.clear();
   source_files_.clear();
+  arena_.Reset();  // the records, before the heap is trimmed
   if (slices >= kTrimAfterSlices) ReleaseFreeHeapMemory();
 }
 
@@ -117,7 +116,7 @@ void PendingCheckpoint::ReleaseRank(int64_t rank) {
     }
     for (auto v = t.variants.begin(); v != t.variants.end();) {
       RemoveHolder(v->record, rank);
-      if (v->record.holders().empty()) {
+      if (v->record->holders().empty()) {
         v = t.variants.erase(v);
       } else {
         ++v;
@@ -149,31 +148,29 @@ std::string PendingCheckpoint::SerializeManifest() {
   std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) {
     return std::tie(a->first_rank, a->position) < std::tie(b->first_rank, b->position);
   });
-  // The tensors' and blobs' records are swapped into the manifest rather than copied (a
-  // checkpoint of many small tensors has hundreds of thousands of them), and swapped back once it
-  // is serialised, in the same order.
+  // The tensors' and blobs' records (on arena_) are lent to the manifest rather than copied (a
+  // checkpoint of many small tensors has hundreds of thousands of them), and taken back once it is
+  // serialised: the manifest, not on the arena, must not free them.
   auto for_each_blob = [](Tensor& t, auto&& fn) {
     for (auto& [cell, blob] : t.cells) fn(blob.record);
     for (Blob& blob : t.variants) fn(blob.record);
   };
   for (Tensor* t : order) {
-    records::TensorRecord* r = m.add_tensors();
-    r->Swap(&t->record);
-    r->clear_blobs();
-    for_each_blob(*t, [r](records::BlobRecord& b) { r->add_blobs()->Swap(&b); });
+    records::TensorRecord* r = t->record;
+    for_each_blob(*t,
+                  [r](records::BlobRecord* b) { r->mutable_blobs()->UnsafeArenaAddAllocated(b); });
+    m.mutable_tensors()->UnsafeArenaAddAllocated(r);
   }
   for (int64_t r = 0; r < world_size(); ++r) {
     auto it = source_files_.find(r);
     m.add_source_files(it == source_files_.end() ? "" : it->second);
   }
   std::string bytes = m.SerializeAsString();
-  for (size_t i = 0; i < order.size(); ++i) {
-    records::TensorRecord* r = m.mutable_tensors(static_cast<int>(i));
-    int k = 0;
-    for_each_blob(*order[i], [r, &k](records::BlobRecord& b) { b.Swap(r->mutable_blobs(k++)); });
-    r->clear_blobs();
-    r->Swap(&order[i]->record);
+  for (Tensor* t : order) {
+    auto* blobs = t->record->mutable_blobs();
+    while (!blobs->empty()) blobs->UnsafeArenaReleaseLast();
   }
+  while (!m.tensors().empty()) m.mutable_tensors()->UnsafeArenaReleaseLast();
   return bytes;
 }
 
@@ -309,9 +306,10 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
   const bool first = slot == nullptr;
   if (first) {
     slot = std::make_unique<PendingCheckpoint::Tensor>();
-    slot->record.set_name(name);
-    slot->record.set_dtype(std::string(DTypeName(cur->dtype)));
-    slot->record.set_tensor_index(pending_->next_tensor_index_++);
+    slot->record = google::protobuf::Arena::CreateMessage<records::TensorRecord>(&pending_->arena_);
+    slot->record->set_name(name);
+    slot->record->set_dtype(std::string(DTypeName(cur->dtype)));
+    slot->record->set_tensor_index(pending_->next_tensor_index_++);
     slot->dtype = cur->dtype;
     slot->first_rank = rank_;
     slot->position = position_;
@@ -329,40 +327,40 @@ absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& loca
   }
   // The global shape is worked out once per tensor: another rank holding a slice of the same
   // shape (every rank of an even split does) only has its pipeline stage checked.
-  const absl::StatusOr<Shape> global =
-      !first && layout && t.known_local == local &&
-              std::count(layout->stages.begin(), layout->stages.end(), stage_)
-          ? absl::StatusOr<Shape>(t.global)
-          : GlobalShape(name, layout, local);
-  if (!global.ok()) {
+  const bool known = !first && layout && t.known_local == local &&
+                     std::count(layout->stages.begin(), layout->stages.end(), stage_);
+  absl::StatusOr<Shape> worked_out;
+  if (!known) worked_out = GlobalShape(name, layout, local);
+  if (!known && !worked_out.ok()) {
     if (first) pending_->tensors_.erase(name);
-    return global.status();
+    return worked_out.status();
   }
+  const Shape& global = known ? t.global : *worked_out;  // read in place, not copied
   if (!first) {
-    const auto& known_dims = t.record.global_shape();
-    if (!std::equal(known_dims.begin(), known_dims.end(), global->begin(), global->end())) {
-      const Shape known(known_dims.begin(), known_dims.end());
+    const auto& known_dims = t.record->global_shape();
+    if (!std::equal(known_dims.begin(), known_dims.end(), global.begin(), global.end())) {
+      const Shape earlier(known_dims.begin(), known_dims.end());
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
-          layout ? absl::StrCat(" (global ", ShapeToString(*global), ")") : std::string(),
-          " but earlier ranks imply global shape ", ShapeToString(known)));
+          layout ? absl::StrCat(" (global ", ShapeToString(global), ")") : std::string(),
+          " but earlier ranks imply global shape ", ShapeToString(earlier)));
     }
   } else {
-    for (int64_t d : *global) t.record.add_global_shape(d);
-    t.record.set_sharded(layout != nullptr);
-    t.global = *global;
+    for (int64_t d : global) t.record->add_global_shape(d);
+    t.record->set_sharded(layout != nullptr);
+    t.global = global;
     if (layout) {
       t.layout = layout;
       t.known_local = local;
-      t.cell_grid = layout->Grid(global->size());
+      t.cell_grid = layout->Grid(global.size());
     }
   }
   t.ranks.insert(rank_);
-  cur->tensor_index = t.record.tensor_index();
+  cur->tensor_index = t.record->tensor_index();
   if (layout) {
-    ClaimCellLocked(t, *layout, *global, cur);
+    ClaimCellLocked(t, *layout, global, cur);
   } else {
-    ClaimVariantLocked(t, *global, cur);
+    ClaimVariantLocked(t, global, cur);
   }
   return absl::OkStatus();
 }
@@ -388,10 +386,10 @@ void RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& lay
     cur->mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
     return;
   }
-  PendingCheckpoint::Blob blob;
+  PendingCheckpoint::Blob blob = pending_->NewBlob();
   blob.owner_rank = rank_;
-  blob.record.set_cell(id);
-  blob.record.set_blob_index(cur->blob_index);
+  blob.record->set_cell(id);
+  blob.record->set_blob_index(cur->blob_index);
   SetBox(blob.record, cur->box);
   t.cells.emplace(id, std::move(blob));
   cur->mode = Mode::kWrite;
@@ -406,10 +404,10 @@ void RankUpload::ClaimVariantLocked(PendingCheckpoint::Tensor& t, const Shape& g
   }
   cur->mode = Mode::kWrite;
   cur->blob_index = t.next_blob_index++;
-  PendingCheckpoint::Blob blob;
+  PendingCheckpoint::Blob blob = pending_->NewBlob();
   blob.owner_rank = rank_;
-  blob.record.set_cell(cur->blob_index);
-  blob.record.set_blob_index(cur->blob_index);
+  blob.record->set_cell(cur->blob_index);
+  blob.record->set_blob_index(cur->blob_index);
   SetBox(blob.record, cur->box);
   AddHolder(blob.record, rank_);
   t.variants.push_back(std::move(blob));
@@ -463,7 +461,8 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
       if (cur.mode == Mode::kWrite) {
         batch_writes_.push_back({{pending_->data_id_, cur.tensor_index, cur.blob_index, 0},
                                  *whole,
-                                 static_cast<uint32_t>(rank_)});
+                                 static_cast<uint32_t>(rank_),
+                                 /*sole_chunk=*/true});
         batch_ends_.push_back(kBorrowedBytes);
         bytes_stored_ += cur.total;
       }
@@ -533,6 +532,7 @@ absl::Status RankUpload::FlushBand() {
   BandChunker& chunker = *c.chunker;
   std::vector<ChunkWrite>& writes = band_writes_;
   writes.clear();
+  const bool sole = chunker.bands() == 1 && chunker.chunks_per_band() == 1;
   for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
     const std::string_view bytes = chunker.chunk(k);
     c.checksums.push_back(Checksum(bytes));
@@ -540,7 +540,8 @@ absl::Status RankUpload::FlushBand() {
       writes.push_back({{pending_->data_id_, c.tensor_index, c.blob_index,
                          static_cast<uint32_t>(chunker.ChunkIndex(k))},
                         bytes,
-                        static_cast<uint32_t>(rank_)});
+                        static_cast<uint32_t>(rank_),
+                        sole});
     }
   }
   if (!writes.empty()) {
@@ -587,7 +588,7 @@ absl::Status RankUpload::StoreVerbatim() {
     pending_->cv_.wait(lock, [t] { return !t->storing_variant; });
     for (PendingCheckpoint::Blob& v : t->variants) {
       if (v.state == PendingCheckpoint::BlobState::kDone &&
-          std::equal(v.record.chunk_checksums().begin(), v.record.chunk_checksums().end(),
+          std::equal(v.record->chunk_checksums().begin(), v.record->chunk_checksums().end(),
                      checksums.begin(), checksums.end())) {
         AddHolder(v.record, rank_);
         return absl::OkStatus();
@@ -603,15 +604,15 @@ absl::Status RankUpload::StoreVerbatim() {
   t->storing_variant = false;
   pending_->cv_.notify_all();
   CKPT_RETURN_IF_ERROR(written);
-  PendingCheckpoint::Blob blob;
+  PendingCheckpoint::Blob blob = pending_->NewBlob();
   blob.owner_rank = rank_;
   blob.state = PendingCheckpoint::BlobState::kDone;
-  blob.record.set_cell(c.blob_index);
-  blob.record.set_blob_index(c.blob_index);
+  blob.record->set_cell(c.blob_index);
+  blob.record->set_blob_index(c.blob_index);
   SetBox(blob.record, c.box);
-  for (int64_t v : c.tile) blob.record.add_tile(v);
-  for (uint64_t x : c.checksums) blob.record.add_chunk_checksums(x);
-  blob.record.set_total_bytes(c.total);
+  for (int64_t v : c.tile) blob.record->add_tile(v);
+  for (uint64_t x : c.checksums) blob.record->add_chunk_checksums(x);
+  blob.record->set_total_bytes(c.total);
   AddHolder(blob.record, rank_);
   t->variants.push_back(std::move(blob));
   return absl::OkStatus();
@@ -652,13 +653,13 @@ absl::Status RankUpload::MarkWrittenLocked(const WrittenSlice& slice) {
     blob = &t.cells.at(slice.cell);
   } else {
     for (auto& v : t.variants) {
-      if (v.record.blob_index() == slice.blob_index) blob = &v;
+      if (v.record->blob_index() == slice.blob_index) blob = &v;
     }
   }
   if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", slice.name));
-  blob->record.mutable_tile()->Assign(slice.tile.begin(), slice.tile.end());
-  blob->record.mutable_chunk_checksums()->Assign(slice.checksums.begin(), slice.checksums.end());
-  blob->record.set_total_bytes(slice.total);
+  blob->record->mutable_tile()->Assign(slice.tile.begin(), slice.tile.end());
+  blob->record->mutable_chunk_checksums()->Assign(slice.checksums.begin(), slice.checksums.end());
+  blob->record->set_total_bytes(slice.total);
   AddHolder(blob->record, rank_);
   blob->state = PendingCheckpoint::BlobState::kDone;
   return absl::OkStatus();
@@ -699,7 +700,7 @@ absl::Status RankUpload::VerifyReplicasLocked(std::unique_lock<std::mutex>& lock
                                              v.box.ToString(), " of ", v.name,
                                              " failed; upload this rank again"));
     }
-    const auto& stored = c->second.record.chunk_checksums();
+    const auto& stored = c->second.record->chunk_checksums();
     if (!std::equal(stored.begin(), stored.end(), v.checksums.begin(), v.checksums.end())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", v.name, ": rank ", rank_, "'s copy of slice ", v.box.ToString(),

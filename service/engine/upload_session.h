@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "google/protobuf/arena.h"
 #include "ckpt.pb.h"
 #include "ckpt_records.pb.h"
 #include "core/band_chunker.h"
@@ -97,12 +98,13 @@ class PendingCheckpoint {
 
   enum class BlobState { kWriting, kDone };
   struct Blob {
-    records::BlobRecord record;
+    records::BlobRecord* record = nullptr;  // on arena_ (NewBlob)
     BlobState state = BlobState::kWriting;
     int64_t owner_rank = -1;
   };
   struct Tensor {
-    records::TensorRecord record;  // blobs filled at commit
+    // On arena_; its blobs are lent to it only while the manifest is serialised.
+    records::TensorRecord* record = nullptr;
     DType dtype = DType::kFloat32;
     const Layout* layout = nullptr;  // sharded: its layout in strategy_ (which outlives it)
     Shape global;                   // the global shape (record.global_shape)
@@ -124,6 +126,12 @@ class PendingCheckpoint {
   // The manifest's wire form; requires mu_ held and every rank received. Leaves the records as
   // they were.
   std::string SerializeManifest();
+  // A blob whose record is on arena_; mu_ held.
+  Blob NewBlob() {
+    Blob blob;
+    blob.record = google::protobuf::Arena::CreateMessage<records::BlobRecord>(&arena_);
+    return blob;
+  }
   void ReleaseRank(int64_t rank);  // mu_ held: undo a failed rank's contributions
 
   const std::string id_;
@@ -135,6 +143,10 @@ class PendingCheckpoint {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  // The tensors' and blobs' records: allocated without a heap call each and freed all at once
+  // with the pending checkpoint (a record dropped by ReleaseRank stays until then). Declared
+  // before tensors_, which refers to it, so destroyed after it.
+  google::protobuf::Arena arena_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_;
   std::uint32_t next_tensor_index_ = 0;
   std::set<int64_t> received_;

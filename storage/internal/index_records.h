@@ -13,10 +13,21 @@
 //           chunk key (below)             -> 8-byte BE offset | 8-byte BE length of the chunk's
 //                                            bytes in its data id's segment file
 //                                            (segment_directory.h: <dir>/segments/<id hex>.seg)
+//           pack key (below)              -> kPackTag | entries of kPackEntryBytes: 4-byte BE
+//                                            tensor | blob | chunk, 8-byte BE offset | length
+//                                            (format 2: the locations of one PutChunks call's
+//                                            sole chunks, ChunkWrite::sole_chunk)
 //   jobs    job id                        -> job record
 // Chunk key: 8-byte BE data id | 4-byte BE tensor | 4-byte BE blob | 4-byte BE chunk.
+// Pack key: 8-byte BE data id | 12 bytes 0xff | 8-byte BE pack sequence (kPackKeyBytes).
 // Big-endian integers make byte order equal numeric order, so one data id (and within it one
-// tensor, one blob) is a contiguous key range that DeleteRange and Seek can address.
+// tensor, one blob) is a contiguous key range that DeleteRange and Seek can address. A data id's
+// pack keys follow all of its chunk keys (the 0xff run is past any chunk key's tensor, blob and
+// chunk bytes, a chunk key of all 0xff being a prefix of them), so its chunk keys and its packs
+// are two contiguous ranges. A chunk is recorded in one form only: a sole chunk (the only chunk of
+// its blob) in a pack, every other chunk under its chunk key. A sole chunk written again (a slice
+// whose first write never completed) is in a later pack, with a larger sequence: the last pack
+// naming an address holds its location. Stores of format 1 have no packs.
 #ifndef CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_
 #define CKPT_STORAGE_INTERNAL_INDEX_RECORDS_H_
 
@@ -41,7 +52,10 @@ inline constexpr char kJobsFamily[] = "jobs";
 // The layout above (with the records of proto/ckpt_records.proto it holds) as one number, checked
 // at open: a store recording another one is refused with FAILED_PRECONDITION. Any change to the
 // layout or to the meaning of a record gives it a new number.
-inline constexpr uint64_t kStoreFormatVersion = 1;
+inline constexpr uint64_t kStoreFormatVersion = 2;
+// The oldest format this version reads: format 1 is format 2 without pack records, and a store
+// of format 1 is marked format 2 when it is opened (it may get packs from then on).
+inline constexpr uint64_t kOldestReadableFormatVersion = 1;
 
 // A column family of this name holds chunk bytes in RocksDB itself, a layout this version does
 // not read: a store that has one is refused at open (FAILED_PRECONDITION naming it).
@@ -151,6 +165,85 @@ inline std::array<char, kLocationBytes> EncodeLocationArray(const ChunkLocation&
 inline std::optional<ChunkLocation> DecodeLocation(std::string_view value) {
   if (value.size() != kLocationBytes) return std::nullopt;
   return ChunkLocation{DecodeBigEndian(value.data(), 8), DecodeBigEndian(value.data() + 8, 8)};
+}
+
+// --- Packs of sole-chunk locations -------------------------------------------------------------
+
+inline constexpr size_t kPackKeyBytes = 28;
+inline constexpr char kPackTag = '\x01';  // the first byte of a pack's value
+inline constexpr size_t kPackEntryBytes = 28;
+
+// The pack key of `data_id`'s pack number `sequence`.
+inline std::array<char, kPackKeyBytes> PackKeyArray(uint64_t data_id, uint64_t sequence) {
+  std::array<char, kPackKeyBytes> key;
+  StoreBigEndian(key.data(), data_id, 8);
+  for (size_t i = 8; i < 20; ++i) key[i] = '\xff';
+  StoreBigEndian(key.data() + 20, sequence, 8);
+  return key;
+}
+
+// The first pack key of `data_id` (every pack key of it is at or after this one).
+inline std::string PackRangeStart(uint64_t data_id) {
+  std::string key = BigEndian64(data_id);
+  key.append(12, '\xff');
+  return key;
+}
+
+// True when `key` is a pack key (of any data id).
+inline bool IsPackKey(std::string_view key) {
+  if (key.size() != kPackKeyBytes) return false;
+  for (size_t i = 8; i < 20; ++i) {
+    if (key[i] != '\xff') return false;
+  }
+  return true;
+}
+
+// One location of a pack.
+struct PackEntry {
+  uint32_t tensor = 0;
+  uint32_t blob = 0;
+  uint32_t chunk = 0;
+  ChunkLocation location;
+};
+
+// Appends `entry` to a pack's value (which starts with kPackTag).
+inline void AppendPackEntry(std::string* value, const PackEntry& entry) {
+  char bytes[kPackEntryBytes];
+  StoreBigEndian(bytes, entry.tensor, 4);
+  StoreBigEndian(bytes + 4, entry.blob, 4);
+  StoreBigEndian(bytes + 8, entry.chunk, 4);
+  StoreBigEndian(bytes + 12, entry.location.offset, 8);
+  StoreBigEndian(bytes + 20, entry.location.length, 8);
+  value->append(bytes, kPackEntryBytes);
+}
+
+// Calls fn(const PackEntry&) for each entry of a pack's value, in order; false (having called fn
+// for none) unless `value` is kPackTag followed by whole entries.
+template <typename Fn>
+bool ForEachPackEntry(std::string_view value, Fn&& fn) {
+  if (value.empty() || value[0] != kPackTag || (value.size() - 1) % kPackEntryBytes != 0) {
+    return false;
+  }
+  for (size_t at = 1; at < value.size(); at += kPackEntryBytes) {
+    const char* p = value.data() + at;
+    fn(PackEntry{static_cast<uint32_t>(DecodeBigEndian(p, 4)),
+                 static_cast<uint32_t>(DecodeBigEndian(p + 4, 4)),
+                 static_cast<uint32_t>(DecodeBigEndian(p + 8, 4)),
+                 ChunkLocation{DecodeBigEndian(p + 12, 8), DecodeBigEndian(p + 20, 8)}});
+  }
+  return true;
+}
+
+// The location of a chunk_locations record (key, value): a chunk key's, or the first of a pack's;
+// nullopt when the value is damaged or the pack empty.
+inline std::optional<ChunkLocation> FirstLocationOfRecord(std::string_view key,
+                                                          std::string_view value) {
+  if (!IsPackKey(key)) return DecodeLocation(value);
+  std::optional<ChunkLocation> first;
+  ForEachPackEntry(value, [&first](const PackEntry& e) {
+    if (!first) first = e.location;
+  });
+  return first;
 }
 
 }  // namespace ckpt::segment_store_internal

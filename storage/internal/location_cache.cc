@@ -1,6 +1,7 @@
 #include "storage/internal/location_cache.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace ckpt::segment_store_internal {
 
@@ -16,9 +17,28 @@ void LocationCache::FindMany(std::span<const ChunkAddress> addresses, std::vecto
   for (const ChunkAddress& a : addresses) out->push_back(FindLocked(a));
 }
 
+std::optional<ChunkLocation> LocationCache::FindPacked(const Packs& packs,
+                                                       const ChunkAddress& address) {
+  auto at = std::lower_bound(
+      packs.begin(), packs.end(), address, [](const PackEntry& e, const ChunkAddress& a) {
+        return std::tie(e.tensor, e.blob, e.chunk) < std::tie(a.tensor, a.blob, a.chunk);
+      });
+  if (at == packs.end() || at->tensor != address.tensor || at->blob != address.blob ||
+      at->chunk != address.chunk) {
+    return std::nullopt;
+  }
+  return at->location;
+}
+
 LocationCache::Lookup LocationCache::FindLocked(const ChunkAddress& address) {
   auto it = index_.find(BlobKey{address.data_id, address.tensor, address.blob});
-  if (it == index_.end()) return {};
+  if (it == index_.end()) {
+    auto packs = packs_index_.find(address.data_id);
+    if (packs == packs_index_.end()) return {};
+    packs_lru_.splice(packs_lru_.begin(), packs_lru_, packs->second);
+    std::optional<ChunkLocation> location = FindPacked(packs->second->second, address);
+    return {location.has_value(), location, true};
+  }
   lru_.splice(lru_.begin(), lru_, it->second);
   const Locations& locations = it->second->second;
   if (address.chunk >= locations.size()) return {true, std::nullopt};
@@ -48,8 +68,30 @@ void LocationCache::Insert(const ChunkAddress& address, Locations locations) {
   while (locations_ > max_locations_) EraseLocked(std::prev(lru_.end()));
 }
 
+void LocationCache::InsertPacks(uint64_t data_id, Packs packs) {
+  const size_t weight = std::max<size_t>(1, packs.size());
+  if (weight > max_locations_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto old = packs_index_.find(data_id); old != packs_index_.end()) {
+    ErasePacksLocked(old->second);
+  }
+  packed_ += weight;
+  packs_lru_.emplace_front(data_id, std::move(packs));
+  packs_index_[data_id] = packs_lru_.begin();
+  while (packed_ > max_locations_) ErasePacksLocked(std::prev(packs_lru_.end()));
+}
+
+void LocationCache::ErasePacksLocked(std::list<PacksEntry>::iterator it) {
+  packed_ -= std::max<size_t>(1, it->second.size());
+  packs_index_.erase(it->first);
+  packs_lru_.erase(it);
+}
+
 void LocationCache::EraseData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto packs = packs_index_.find(data_id); packs != packs_index_.end()) {
+    ErasePacksLocked(packs->second);
+  }
   for (auto it = lru_.begin(); it != lru_.end();) {
     auto next = std::next(it);
     if (it->first.data_id == data_id) EraseLocked(it);

@@ -3,7 +3,10 @@
 // read itself for small chunks; the store instead reads all of a blob's locations with one
 // iterator scan the first time one of its chunks is read, and keeps them here. Only for data ids
 // whose chunks cannot change any more (committed); the store drops a data id's entries when it
-// deletes it. Bounded: least recently used blobs go first. Thread-safe. Private to the store.
+// deletes it. Bounded: least recently used blobs go first. Beside the blobs it keeps the packed
+// locations of data ids (index_records.h: pack records), each data id's merged into one sorted
+// table, read whole the first time a chunk of the data id is looked up; bounded likewise, least
+// recently used data ids first. Thread-safe. Private to the store.
 #ifndef CKPT_STORAGE_INTERNAL_LOCATION_CACHE_H_
 #define CKPT_STORAGE_INTERNAL_LOCATION_CACHE_H_
 
@@ -32,9 +35,15 @@ class LocationCache {
   // that is not kept).
   explicit LocationCache(size_t max_locations) : max_locations_(max_locations) {}
 
+  // A data id's packed locations, sorted by (tensor, blob, chunk), one per address.
+  using Packs = std::vector<PackEntry>;
+
   struct Lookup {
     bool blob_cached = false;               // the blob of the address is kept here
     std::optional<ChunkLocation> location;  // and has the chunk, there
+    // The packed locations of the address's data id are kept here: when the address is among
+    // them, blob_cached is true and location is its location.
+    bool packs_known = false;
   };
   Lookup Find(const ChunkAddress& address);
   // Find of each of `addresses`, under one lock, into `out` (replacing its contents).
@@ -42,7 +51,13 @@ class LocationCache {
   // Keeps the locations of the blob of `address` (its chunk index is ignored), replacing any
   // kept before, and drops least recently used blobs beyond the bound.
   void Insert(const ChunkAddress& address, Locations locations);
-  // Drops every blob of `data_id`.
+  // Keeps `packs` (sorted, one entry per address) as the packed locations of `data_id`,
+  // replacing any kept before, and drops least recently used data ids' packs beyond the bound
+  // (entries, a data id without any counting one; a larger table is not kept).
+  void InsertPacks(uint64_t data_id, Packs packs);
+  // The location of `address` in sorted `packs`, if there.
+  static std::optional<ChunkLocation> FindPacked(const Packs& packs, const ChunkAddress& address);
+  // Drops every blob and the packs of `data_id`.
   void EraseData(uint64_t data_id);
   // Locations held now (as counted against the bound).
   size_t size() const;
@@ -59,8 +74,10 @@ class LocationCache {
     }
   };
   using Entry = std::pair<BlobKey, Locations>;
+  using PacksEntry = std::pair<uint64_t, Packs>;
 
   void EraseLocked(std::list<Entry>::iterator it);
+  void ErasePacksLocked(std::list<PacksEntry>::iterator it);
   // Find with mu_ held.
   Lookup FindLocked(const ChunkAddress& address);
 
@@ -69,6 +86,9 @@ class LocationCache {
   std::list<Entry> lru_;  // most recently used first; guarded by mu_
   absl::flat_hash_map<BlobKey, std::list<Entry>::iterator> index_;  // guarded by mu_
   size_t locations_ = 0;  // guarded by mu_
+  std::list<PacksEntry> packs_lru_;  // most recently used first; guarded by mu_
+  absl::flat_hash_map<uint64_t, std::list<PacksEntry>::iterator> packs_index_;  // guarded by mu_
+  size_t packed_ = 0;  // entries of packs_lru_ as counted against the bound; guarded by mu_
 };
 
 }  // namespace ckpt::segment_store_internal

@@ -101,7 +101,8 @@ struct Index {
         db->NewIterator(rocksdb::ReadOptions(), by_name[segment_store_internal::kLocationsFamily]));
     it->Seek(segment_store_internal::BigEndian64(data_id));
     EXPECT_TRUE(it->Valid());
-    return it->Valid() ? *segment_store_internal::DecodeLocation(it->value().ToString())
+    return it->Valid() ? *segment_store_internal::FirstLocationOfRecord(it->key().ToString(),
+                                                                        it->value().ToString())
                        : segment_store_internal::ChunkLocation{};
   }
   // The table file of column family `family` that holds meta/location key `key`.

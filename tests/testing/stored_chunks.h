@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,9 +22,9 @@
 
 namespace ckpt::testing {
 
-// Flips one byte in the middle of the first stored chunk (in location-key order) of the store in
-// `data_dir`. The server owning the store must be stopped. Returns an error naming what could
-// not be opened, found or written.
+// Flips one byte in the middle of the first stored chunk (the lowest address of the first data id)
+// of the store in `data_dir`. The server owning the store must be stopped. Returns an error naming
+// what could not be opened, found or written.
 inline absl::Status FlipByteOfFirstStoredChunk(const std::filesystem::path& data_dir) {
   rocksdb::DBOptions options;
   std::vector<std::string> names;
@@ -35,32 +37,57 @@ inline absl::Status FlipByteOfFirstStoredChunk(const std::filesystem::path& data
   rocksdb::DB* raw = nullptr;
   if (rocksdb::Status s = rocksdb::DB::Open(options, data_dir.string(), families, &handles, &raw);
       !s.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("open ", data_dir.string(), ": ", s.ToString()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("open ", data_dir.string(), ": ", s.ToString()));
   }
   std::unique_ptr<rocksdb::DB> db(raw);
   rocksdb::ColumnFamilyHandle* locations = nullptr;
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == segment_store_internal::kLocationsFamily) locations = handles[i];
   }
-  std::string key, value;
+  // The chunk of the lowest address of the first data id, whether its location is under its
+  // chunk key or in a pack (index_records.h).
+  std::string key;
+  std::optional<std::tuple<uint32_t, uint32_t, uint32_t>> lowest;
+  std::optional<segment_store_internal::ChunkLocation> location;
+  auto consider = [&](uint32_t tensor, uint32_t blob, uint32_t chunk,
+                      const segment_store_internal::ChunkLocation& at) {
+    const auto address = std::make_tuple(tensor, blob, chunk);
+    if (lowest && *lowest <= address) return;
+    lowest = address;
+    location = at;
+  };
   if (locations != nullptr) {
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
-    it->SeekToFirst();
-    if (it->Valid()) {
-      key = it->key().ToString();
-      value = it->value().ToString();
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const std::string k = it->key().ToString(), v = it->value().ToString();
+      if (key.empty()) key = k;
+      if (k.size() < 8 || k.compare(0, 8, key, 0, 8) != 0) break;
+      if (segment_store_internal::IsPackKey(k)) {
+        segment_store_internal::ForEachPackEntry(v,
+                                                 [&](const segment_store_internal::PackEntry& e) {
+                                                   consider(e.tensor, e.blob, e.chunk, e.location);
+                                                 });
+      } else if (k.size() == segment_store_internal::kChunkKeyBytes) {
+        const auto at = segment_store_internal::DecodeLocation(v);
+        if (at) {
+          consider(static_cast<uint32_t>(segment_store_internal::DecodeBigEndian(k.data() + 8, 4)),
+                   static_cast<uint32_t>(segment_store_internal::DecodeBigEndian(k.data() + 12, 4)),
+                   static_cast<uint32_t>(segment_store_internal::DecodeBigEndian(k.data() + 16, 4)),
+                   *at);
+        }
+      }
     }
   }
   for (rocksdb::ColumnFamilyHandle* h : handles) db->DestroyColumnFamilyHandle(h);
   db.reset();
-  const auto location = segment_store_internal::DecodeLocation(value);
   if (key.size() < 8 || !location.has_value() || location->length == 0) {
     return absl::NotFoundError(absl::StrCat("no stored chunk in ", data_dir.string()));
   }
   uint64_t data_id = 0;
   for (int i = 0; i < 8; ++i) data_id = data_id << 8 | static_cast<unsigned char>(key[i]);
-  const std::filesystem::path segment = data_dir / segment_store_internal::kSegmentsDir /
-                                        segment_internal::SegmentFileName(data_id);
+  const std::filesystem::path segment =
+      data_dir / segment_store_internal::kSegmentsDir / segment_internal::SegmentFileName(data_id);
   std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
   const auto at = static_cast<std::streamoff>(location->offset + location->length / 2);
   file.seekg(at);

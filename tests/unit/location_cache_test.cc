@@ -2,6 +2,7 @@
 #include "storage/internal/location_cache.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "storage/internal/index_records.h"
@@ -124,6 +125,76 @@ TEST(LocationCacheTest, EraseDataDropsEveryBlobOfThatDataIdOnly) {
   }
   cache.EraseData(9);  // nothing of it kept: nothing happens
   EXPECT_EQ(cache.size(), 10u);
+}
+
+// Packs: a data id's sorted table answers for every address of it (found or not), blobs kept
+// whole come first, EraseData drops the table, and tables beyond the bound go least recently used
+// first.
+TEST(LocationCacheTest, PacksAnswerForTheirDataId) {
+  LocationCache cache(10);
+  LocationCache::Packs packs = {{0, 1, 0, {100, 10}}, {0, 2, 0, {200, 20}}, {3, 0, 0, {300, 30}}};
+  EXPECT_FALSE(cache.Find({5, 0, 1, 0}).packs_known);
+  cache.InsertPacks(5, packs);
+  LocationCache::Lookup hit = cache.Find({5, 0, 2, 0});
+  EXPECT_TRUE(hit.packs_known);
+  EXPECT_TRUE(hit.blob_cached);
+  ASSERT_TRUE(hit.location.has_value());
+  EXPECT_EQ(hit.location->offset, 200u);
+  EXPECT_EQ(hit.location->length, 20u);
+  LocationCache::Lookup miss = cache.Find({5, 0, 3, 0});
+  EXPECT_TRUE(miss.packs_known);
+  EXPECT_FALSE(miss.blob_cached);
+  EXPECT_FALSE(miss.location.has_value());
+  EXPECT_FALSE(cache.Find({5, 3, 0, 1}).location.has_value());
+  EXPECT_EQ(cache.Find({5, 3, 0, 0}).location->offset, 300u);
+  EXPECT_FALSE(cache.Find({6, 0, 1, 0}).packs_known);
+  // A blob kept whole answers before the packs.
+  cache.Insert({5, 0, 1, 0}, Blob(1, 9000));
+  EXPECT_EQ(cache.Find({5, 0, 1, 0}).location->offset, 9000u);
+  // An empty table (a data id without packs) counts one.
+  cache.InsertPacks(6, {});
+  EXPECT_TRUE(cache.Find({6, 0, 0, 0}).packs_known);
+  cache.Find({5, 0, 2, 0});  // 5 used last: 6 goes first
+  cache.InsertPacks(7, LocationCache::Packs(7, PackEntry{}));  // 3 + 1 + 7 > 10
+  EXPECT_FALSE(cache.Find({6, 0, 0, 0}).packs_known);
+  EXPECT_TRUE(cache.Find({5, 0, 2, 0}).packs_known);
+  EXPECT_TRUE(cache.Find({7, 0, 0, 0}).packs_known);
+  cache.InsertPacks(8, LocationCache::Packs(11, PackEntry{}));  // beyond the bound: not kept
+  EXPECT_FALSE(cache.Find({8, 0, 0, 0}).packs_known);
+  cache.EraseData(5);
+  EXPECT_FALSE(cache.Find({5, 0, 2, 0}).packs_known);
+  EXPECT_FALSE(cache.Find({5, 0, 1, 0}).blob_cached);
+}
+
+TEST(IndexRecordsTest, PackRecordsRoundTripAndSortAfterChunkKeys) {
+  std::string value(1, kPackTag);
+  const std::vector<PackEntry> entries = {{1, 2, 3, {4, 5}},
+                                          {~uint32_t{0}, 0, 7, {~uint64_t{0}, uint64_t{1} << 40}}};
+  for (const PackEntry& e : entries) AppendPackEntry(&value, e);
+  std::vector<PackEntry> decoded;
+  ASSERT_TRUE(ForEachPackEntry(value, [&](const PackEntry& e) { decoded.push_back(e); }));
+  ASSERT_EQ(decoded.size(), entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    EXPECT_EQ(decoded[i].tensor, entries[i].tensor);
+    EXPECT_EQ(decoded[i].blob, entries[i].blob);
+    EXPECT_EQ(decoded[i].chunk, entries[i].chunk);
+    EXPECT_EQ(decoded[i].location.offset, entries[i].location.offset);
+    EXPECT_EQ(decoded[i].location.length, entries[i].location.length);
+  }
+  EXPECT_FALSE(ForEachPackEntry(value.substr(0, value.size() - 1), [](const PackEntry&) {}));
+  EXPECT_FALSE(ForEachPackEntry(value.substr(1), [](const PackEntry&) {}));
+  EXPECT_TRUE(ForEachPackEntry(std::string(1, kPackTag), [](const PackEntry&) {}));
+  const auto key = PackKeyArray(9, 3);
+  const std::string pack(key.data(), key.size());
+  EXPECT_TRUE(IsPackKey(pack));
+  EXPECT_EQ(pack.compare(0, PackRangeStart(9).size(), PackRangeStart(9)), 0);
+  EXPECT_FALSE(IsPackKey(ChunkKey({9, ~uint32_t{0}, ~uint32_t{0}, ~uint32_t{0}})));
+  // After every chunk key of its data id, before the next data id's.
+  EXPECT_LT(ChunkKey({9, ~uint32_t{0}, ~uint32_t{0}, ~uint32_t{0}}), pack);
+  EXPECT_LT(PackRangeStart(9), pack);
+  EXPECT_LT(pack, ChunkKey({10, 0, 0, 0}));
+  const auto later = PackKeyArray(9, 4);
+  EXPECT_LT(pack, std::string(later.data(), later.size()));
 }
 
 }  // namespace

@@ -1081,8 +1081,9 @@ TEST_F(SegmentStoreTest, StoresWithAChunkBytesColumnFamilyAreRefused) {
   });
 }
 
-// A new store records its format version; a store recording another version, or holding records
-// without one, is refused at open with FAILED_PRECONDITION naming the problem.
+// A new store records its format version; a store recording a version this one does not read, or
+// holding records without one, is refused at open with FAILED_PRECONDITION naming the problem; a
+// store of an older readable version opens and is recorded as the current one.
 TEST_F(SegmentStoreTest, OpenChecksTheStoreFormatVersion) {
   ASSERT_OK(store_->PutStrategy("s", "strategy", false));
   store_.reset();
@@ -1110,16 +1111,21 @@ TEST_F(SegmentStoreTest, OpenChecksTheStoreFormatVersion) {
     ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
                         Family(names, handles, segment_store_internal::kMetaFamily), key, &value)
                     .ok());
-    EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\1", 8));
+    EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\2", 8));
   });
-  EXPECT_EQ(segment_store_internal::kStoreFormatVersion, 1u);
+  EXPECT_EQ(segment_store_internal::kStoreFormatVersion, 2u);
 
-  set_version(2);
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenSegmentStore(db_dir_, options_);
-  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-  EXPECT_THAT(Msg(refused.status()),
-              AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
-                    HasSubstr("it is in store format 2; this version of ckptd reads format 1")));
+  for (uint64_t unreadable : {uint64_t{3}, uint64_t{0}}) {
+    set_version(unreadable);
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> refused =
+        OpenSegmentStore(db_dir_, options_);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_THAT(Msg(refused.status()),
+                AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
+                      HasSubstr(absl::StrCat("it is in store format ", unreadable,
+                                             "; this version of ckptd reads formats 1 to 2"))));
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> refused;
 
   set_version(std::nullopt);
   refused = OpenSegmentStore(db_dir_, options_);
@@ -1130,6 +1136,15 @@ TEST_F(SegmentStoreTest, OpenChecksTheStoreFormatVersion) {
   ASSERT_NO_FATAL_FAILURE(Open());
   ASSERT_OK_AND_ASSIGN(std::string got, store_->GetStrategy("s"));
   EXPECT_EQ(got, "strategy");
+  store_.reset();
+  WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                         const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    std::string value;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
+                        Family(names, handles, segment_store_internal::kMetaFamily), key, &value)
+                    .ok());
+    EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\2", 8));
+  });
 }
 
 // Chunks are views of mapped segment files while the map budget allows, copies beyond it: the
