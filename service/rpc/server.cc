@@ -126,7 +126,8 @@ void AddConnectionLimits(const ServerOptions& options, grpc::ServerBuilder& buil
   if (options.receive_window_bytes > 0) {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
-                               static_cast<int>(options.receive_window_bytes));
+                               static_cast<int>(std::min<int64_t>(
+                                   options.receive_window_bytes, std::numeric_limits<int>::max())));
   }
 }
 
