@@ -39,6 +39,7 @@ struct Flags {
   double grace_seconds = absl::ToDoubleSeconds(options.drain_timeout);
   int64_t connection_idle_seconds = absl::ToInt64Seconds(options.max_connection_idle);
   int64_t shared_chunk_cache_mib = options.manager.shared_chunk_cache_bytes >> 20;
+  int64_t receive_window_mib = options.receive_window_bytes >> 20;
 
   // Copies the MiB and minute values into `options`.
   void Apply() {
@@ -57,6 +58,7 @@ struct Flags {
     options.drain_timeout = absl::Seconds(grace_seconds);
     options.max_connection_idle = absl::Seconds(connection_idle_seconds);
     options.manager.shared_chunk_cache_bytes = shared_chunk_cache_mib << 20;
+    options.receive_window_bytes = receive_window_mib << 20;
   }
 };
 
@@ -148,6 +150,13 @@ void AddStreamFlags(CLI::App& app, Flags& f) {
                  "Calls one client connection may run at once")
       ->envname("CKPTD_MAX_STREAMS_PER_CONNECTION")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--receive-window-mib", f.receive_window_mib,
+                 "Bytes a client may send on one call ahead of ckptd handling them (MiB), held "
+                 "in memory: per upload stream; 0: gRPC's automatic window, which grows with "
+                 "the link and the upload")
+      ->envname("CKPTD_RECEIVE_WINDOW_MIB")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   app.add_option("--max-connections", f.options.max_connections,
                  "Client TCP connections served at once; one more is closed at accept and its "

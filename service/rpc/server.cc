@@ -121,6 +121,14 @@ void AddConnectionLimits(const ServerOptions& options, grpc::ServerBuilder& buil
                                            std::numeric_limits<int>::max())));
   }
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
+  // A fixed receive window per call (ServerOptions::receive_window_bytes): without the
+  // bandwidth-delay-product probe, gRPC keeps the window it is given.
+  if (options.receive_window_bytes > 0) {
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               static_cast<int>(std::min<int64_t>(
+                                   options.receive_window_bytes, std::numeric_limits<int>::max())));
+  }
 }
 
 // The start line: where the server listens, its resources and its security.

@@ -57,6 +57,13 @@ struct ServerOptions {
   absl::Duration max_connection_idle = absl::Minutes(5);
   int max_streams_per_connection = 1024;
   int64_t max_connections = 4096;
+  // HTTP/2 receive window of each call (bytes): what a client may send ahead of the handler,
+  // which gRPC holds in memory (an upload stream's data messages wait there while the store
+  // writes earlier ones). Fixed, so that ckptd's memory per upload stream is at most this plus
+  // the message being read, however long the upload runs. 0: gRPC's automatic window, which
+  // follows its estimate of the link's bandwidth-delay product and, on a fast link, grows to
+  // tens of MiB per stream as an upload goes on.
+  int64_t receive_window_bytes = int64_t{4} << 20;
   StoreOptions store;
   ManagerOptions manager;
   ServiceOptions service;
