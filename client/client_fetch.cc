@@ -197,7 +197,9 @@ class MessagePipe {
 
   // Returns a consumed message for reuse.
   void Recycle(std::unique_ptr<FetchWire> message) {
-    message->ReleaseBytes();
+    // Drop the received slices now rather than when the message is next read into.
+    message->reader.reset();
+    message->buffer.Clear();
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(std::move(message));
   }
@@ -357,7 +359,6 @@ absl::Status CkptClient::FetchImpl(const v1::FetchRequest& request, TensorVisito
     while (stream->Read(&message)) {
       local = checker.Consume(message);
       if (!local.ok()) break;
-      message.ReleaseBytes();  // before the next message is read: see there
     }
     if (!local.ok()) {
       // Stop the server producing bytes nobody reads; drain what is already in flight so that

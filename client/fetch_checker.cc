@@ -247,6 +247,7 @@ absl::Status FetchChecker::OnData(const std::vector<std::string_view>& views, ui
         part_checksums.size(),
         " part checksums (expected at least one of each, as many of one as of the other)"));
   }
+  ViewCursor cursor(views);
   uint64_t offset = 0;
   for (size_t i = 0; i < part_bytes.size(); ++i) {
     const uint64_t part = part_bytes[i];
@@ -255,6 +256,7 @@ absl::Status FetchChecker::OnData(const std::vector<std::string_view>& views, ui
                                               size, " bytes lists part ", i, " of ", part,
                                               " bytes at offset ", offset));
     }
+    CKPT_RETURN_IF_ERROR(Verify(cursor.Checksum(part), offset, part, part_checksums[i]));
     offset += part;
   }
   if (offset != size) {
@@ -262,16 +264,7 @@ absl::Status FetchChecker::OnData(const std::vector<std::string_view>& views, ui
                                             ": the parts of a data message cover ", offset,
                                             " of its ", size, " bytes"));
   }
-  // Tiles are verified one by one as they are placed (AddTiles): each is hashed right before
-  // it is copied, which then reads it from the core's cache rather than from memory.
-  if (!tile_box.empty()) return AddTiles(views, part_bytes, part_checksums, tile_box, band_rows);
-  ViewCursor cursor(views);
-  offset = 0;
-  for (size_t i = 0; i < part_bytes.size(); ++i) {
-    CKPT_RETURN_IF_ERROR(
-        Verify(cursor.Checksum(part_bytes[i]), offset, part_bytes[i], part_checksums[i]));
-    offset += part_bytes[i];
-  }
+  if (!tile_box.empty()) return AddTiles(views, part_bytes, tile_box, band_rows);
   return Deliver(views, size);
 }
 
@@ -296,12 +289,10 @@ absl::Status FetchChecker::Deliver(absl::Span<const std::string_view> views, uin
   return absl::OkStatus();
 }
 
-// Places a message of tiles (part i is tile i) into the current band, verifying each right
-// before it is placed, opening the band at the first row not yet delivered; hands the band on
-// once its tiles cover it.
+// Places a verified message of tiles (part i is tile i) into the current band, opening it at
+// the first row not yet delivered; hands the band on once its tiles cover it.
 absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
                                     absl::Span<const uint64_t> part_bytes,
-                                    absl::Span<const uint64_t> part_checksums,
                                     absl::Span<const int64_t> tile_box, int64_t band_rows) {
   Current& c = *current_;
   auto fail = [&](const std::string& what) {
@@ -314,22 +305,40 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
                              tile_box.size(), " tile coordinates for a slice of rank ", rank));
   }
   if (!c.in_band()) {
-    CKPT_RETURN_IF_ERROR(OpenBand(band_rows));
+    Shape row(c.local.begin() + 1, c.local.end());
+    auto row_elements = NumElements(row);
+    auto row_bytes = row_elements.ok() ? ByteSizeOf(*c.dtype, *row_elements) : row_elements;
+    if (!row_bytes.ok() || *row_bytes <= 0 || c.received % *row_bytes != 0) {
+      return fail("tiles do not start at a whole row");
+    }
+    const int64_t first_row = c.received / *row_bytes;
+    // In lent memory the band is assembled where it belongs; otherwise in a buffer of its own.
+    auto band =
+        c.memory != nullptr
+            ? TileBand::StartIn(
+                  *c.dtype, c.local, first_row, band_rows, kMaxBandBytes, c.memory,
+                  c.total >= kStreamingMinBytes ? &fetch_checker_internal::StreamingCopy : nullptr)
+            : TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
+    if (!band.ok()) return fail(std::string(band.status().message()));
+    // Each message was checked against the bytes still due, but the band delivers all of its
+    // messages at once: it must fit as a whole too (the header's shape and size may disagree).
+    // Nothing is written before this check.
+    const auto band_bytes = static_cast<int64_t>((*band)->bytes().size());
+    if (band_bytes > c.total - c.received) {
+      return fail(absl::StrCat("a band of ", band_bytes, " bytes exceeds the ",
+                               c.total - c.received, " announced bytes still due"));
+    }
+    c.band = std::move(*band);
   } else if (band_rows != c.band->box().extent(0)) {
     return fail(absl::StrCat("a band of ", c.band->box().extent(0), " rows continues as one of ",
                              band_rows));
   }
   ViewCursor cursor(views);  // the parts cover the views exactly (checked by OnData)
-  uint64_t offset = 0;
   for (size_t i = 0; i < part_bytes.size(); ++i) {
     const absl::Span<const int64_t> lo = tile_box.subspan(2 * rank * i, rank);
     const absl::Span<const int64_t> hi = tile_box.subspan(2 * rank * i + rank, rank);
     const std::vector<std::string_view>& bytes = cursor.Next(part_bytes[i]);
-    // Verified right before it is placed, while its bytes are in the core's cache for the copy;
-    // only verified bytes are ever written, to the band's buffer or to lent memory.
-    CKPT_RETURN_IF_ERROR(Verify(Checksum(bytes), offset, part_bytes[i], part_checksums[i]));
     if (absl::Status s = c.band->Add(lo, hi, bytes); !s.ok()) return fail(std::string(s.message()));
-    offset += part_bytes[i];
   }
   if (!c.band->complete()) return absl::OkStatus();
   const std::string_view band = c.band->bytes();
@@ -343,39 +352,6 @@ absl::Status FetchChecker::AddTiles(const std::vector<std::string_view>& views,
   }
   CKPT_RETURN_IF_ERROR(visitor_->OnData(band));
   c.band.reset();
-  return absl::OkStatus();
-}
-
-// Opens a band of `band_rows` rows at the first row of the current tensor not yet delivered.
-absl::Status FetchChecker::OpenBand(int64_t band_rows) {
-  Current& c = *current_;
-  auto fail = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("tensor ", c.name, ": ", what));
-  };
-  Shape row(c.local.begin() + 1, c.local.end());
-  auto row_elements = NumElements(row);
-  auto row_bytes = row_elements.ok() ? ByteSizeOf(*c.dtype, *row_elements) : row_elements;
-  if (!row_bytes.ok() || *row_bytes <= 0 || c.received % *row_bytes != 0) {
-    return fail("tiles do not start at a whole row");
-  }
-  const int64_t first_row = c.received / *row_bytes;
-  // In lent memory the band is assembled where it belongs; otherwise in a buffer of its own.
-  auto band =
-      c.memory != nullptr
-          ? TileBand::StartIn(
-                *c.dtype, c.local, first_row, band_rows, kMaxBandBytes, c.memory,
-                c.total >= kStreamingMinBytes ? &fetch_checker_internal::StreamingCopy : nullptr)
-          : TileBand::Start(*c.dtype, c.local, first_row, band_rows, kMaxBandBytes);
-  if (!band.ok()) return fail(std::string(band.status().message()));
-  // Each message was checked against the bytes still due, but the band delivers all of its
-  // messages at once: it must fit as a whole too (the header's shape and size may disagree).
-  // Nothing is written before this check.
-  const auto band_bytes = static_cast<int64_t>((*band)->bytes().size());
-  if (band_bytes > c.total - c.received) {
-    return fail(absl::StrCat("a band of ", band_bytes, " bytes exceeds the ",
-                             c.total - c.received, " announced bytes still due"));
-  }
-  c.band = std::move(*band);
   return absl::OkStatus();
 }
 

@@ -118,16 +118,11 @@ class FetchChecker {
                       absl::Span<const uint64_t> part_bytes,
                       absl::Span<const uint64_t> part_checksums, absl::Span<const int64_t> tile_box,
                       int64_t band_rows);
-  // Places a message of tiles (part i is tile i, whose sizes OnData checked) into the current
-  // band, opening it at the first row not yet delivered, verifying each tile against its
-  // checksum right before placing it; hands the band on once its tiles cover it.
+  // Places a verified message of tiles (part i is tile i) into the current band, opening it at
+  // the first row not yet delivered; hands the band on once its tiles cover it.
   absl::Status AddTiles(const std::vector<std::string_view>& views,
-                        absl::Span<const uint64_t> part_bytes,
-                        absl::Span<const uint64_t> part_checksums,
-                        absl::Span<const int64_t> tile_box, int64_t band_rows);
-  // Opens a band of `band_rows` rows at the first row of the current tensor not yet delivered
-  // (in lent memory, or in a buffer of its own); nothing is written yet.
-  absl::Status OpenBand(int64_t band_rows);
+                        absl::Span<const uint64_t> part_bytes, absl::Span<const int64_t> tile_box,
+                        int64_t band_rows);
   // Checks `actual`, the checksum of the `size` bytes at `offset` in the current data message.
   absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const;
   // Closes the open tensor (if any) at `where`, checking it got all its bytes.

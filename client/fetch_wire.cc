@@ -225,15 +225,6 @@ grpc::Status ParseFetchWire(grpc::ByteBuffer* buffer, FetchWire* out) {
   return grpc::Status::OK;
 }
 
-void FetchWire::ReleaseBytes() {
-  is_data = false;
-  is_batch = false;
-  data.clear();
-  data_bytes = 0;
-  reader.reset();  // before the buffer it reads
-  buffer.Clear();
-}
-
 uint64_t ViewCursor::Checksum(uint64_t n) { return ckpt::Checksum(Next(n)); }
 
 const std::vector<std::string_view>& ViewCursor::Next(uint64_t n) {

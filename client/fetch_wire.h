@@ -46,12 +46,6 @@ struct FetchWire {
   // What the views point into (the reader may hold a decompressed copy of the buffer).
   grpc::ByteBuffer buffer;
   std::unique_ptr<grpc::ProtoBufferReader> reader;
-
-  // Drops the received bytes and the views into them now rather than at the next parse into the
-  // object. A consumer calls it before reading the next message: the freed memory is still in
-  // the core's cache, and the allocator hands it to that message's socket reads, which then write
-  // to cached lines instead of fetching fresh ones from memory.
-  void ReleaseBytes();
 };
 
 // Parses `buffer` (taken over) into `out`.
