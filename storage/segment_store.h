@@ -158,8 +158,9 @@ class SegmentStore final : public CheckpointStore {
   // when a pack record is damaged.
   absl::StatusOr<std::optional<segment_store_internal::ChunkLocation>> LoadPacks(
       const ChunkAddress& address);
-  // The location of `address` in its data id's packs, read now and not kept (live data, whose
-  // packs may still grow); nullopt when not packed. DATA_LOSS when a pack record is damaged.
+  // The location of `address` in its data id's packs, read on every call and not cached (live
+  // data, whose packs may still grow); nullopt when not packed. DATA_LOSS when a pack record is
+  // damaged.
   absl::StatusOr<std::optional<segment_store_internal::ChunkLocation>> FindInPacks(
       const ChunkAddress& address);
   // Calls fn(const PackEntry&) for every entry of every pack of `data_id`, in key order.

@@ -23,6 +23,7 @@
 #include "rocksdb/options.h"
 #include "storage/checkpoint_store.h"
 #include "storage/internal/index_records.h"
+#include "tests/testing/raw_store_db.h"
 
 namespace ckpt {
 namespace {
@@ -44,26 +45,17 @@ struct Written {
 
 // The keys of the closed store in `dir`'s chunk_locations family, with their values.
 std::vector<std::pair<std::string, std::string>> LocationRecords(const std::string& dir) {
-  rocksdb::DBOptions options;
-  std::vector<std::string> names;
-  EXPECT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
-  std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  EXPECT_TRUE(rocksdb::DB::Open(options, dir, families, &handles, &db).ok());
   std::vector<std::pair<std::string, std::string>> records;
-  if (db == nullptr) return records;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] != segment_store_internal::kLocationsFamily) continue;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
+  testing::WithRawDb(dir, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                              const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    rocksdb::ColumnFamilyHandle* locations =
+        testing::Family(names, handles, segment_store_internal::kLocationsFamily);
+    ASSERT_NE(locations, nullptr);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       records.emplace_back(it->key().ToString(), it->value().ToString());
     }
-  }
-  for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  EXPECT_TRUE(db->Close().ok());
-  delete db;
+  });
   return records;
 }
 
@@ -72,34 +64,27 @@ std::vector<std::pair<std::string, std::string>> LocationRecords(const std::stri
 template <typename Pick>
 void RewriteRecords(const std::string& dir, Pick pick, const std::string& value,
                     std::optional<uint64_t> version) {
-  rocksdb::DBOptions options;
-  std::vector<std::string> names;
-  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
-  std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(options, dir, families, &handles, &db).ok());
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == segment_store_internal::kLocationsFamily) {
-      std::vector<std::string> keys;
-      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
-      for (it->SeekToFirst(); it->Valid(); it->Next()) {
-        if (pick(it->key().ToString())) keys.push_back(it->key().ToString());
-      }
-      for (const std::string& k : keys) {
-        EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], k, value).ok());
-      }
+  testing::WithRawDb(dir, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                              const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    rocksdb::ColumnFamilyHandle* locations =
+        testing::Family(names, handles, segment_store_internal::kLocationsFamily);
+    ASSERT_NE(locations, nullptr);
+    std::vector<std::string> keys;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), locations));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (pick(it->key().ToString())) keys.push_back(it->key().ToString());
     }
-    if (names[i] == segment_store_internal::kMetaFamily && version) {
-      EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], segment_store_internal::kFormatKey,
+    for (const std::string& k : keys) {
+      EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), locations, k, value).ok());
+    }
+    if (version) {
+      EXPECT_TRUE(db->Put(rocksdb::WriteOptions(),
+                          testing::Family(names, handles, segment_store_internal::kMetaFamily),
+                          segment_store_internal::kFormatKey,
                           segment_store_internal::BigEndian64(*version))
                       .ok());
     }
-  }
-  for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  EXPECT_TRUE(db->Close().ok());
-  delete db;
+  });
 }
 
 class SegmentPacksTest : public ::testing::Test {
@@ -232,7 +217,8 @@ TEST_F(SegmentPacksTest, StoresOfFormatOneReadAndTakePacks) {
     EXPECT_EQ(key.size(), kChunkKeyBytes);
     EXPECT_EQ(value.size(), segment_store_internal::kLocationBytes);
   }
-  RewriteRecords(dir_, [](const std::string&) { return false; }, "", /*version=*/1);
+  RewriteRecords(
+      dir_, [](const std::string&) { return false; }, "", /*version=*/1);
 
   ASSERT_NO_FATAL_FAILURE(Open());
   for (const Written& w : old_form) ASSERT_NO_FATAL_FAILURE(ExpectChunk(w));

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,6 +31,7 @@
 #include "storage/checkpoint_store.h"
 #include "storage/internal/index_records.h"
 #include "storage/internal/segment_directory.h"
+#include "tests/testing/raw_store_db.h"
 
 namespace ckpt {
 namespace {
@@ -517,8 +518,8 @@ TEST_P(StoreConformanceTest, ManySmallBlobsReadInAnyOrderFindEveryChunk) {
           missing.push_back(Addr(0, tensor, blob, chunk));
           continue;
         }
-        chunks.push_back({Addr(0, tensor, blob, chunk),
-                          absl::StrCat("t", tensor, "b", blob, "c", chunk)});
+        chunks.push_back(
+            {Addr(0, tensor, blob, chunk), absl::StrCat("t", tensor, "b", blob, "c", chunk)});
       }
       missing.push_back(Addr(0, tensor, blob, count + 1));  // past its end
     }
@@ -1016,36 +1017,8 @@ TEST_F(SegmentStoreTest, SegmentFilesOfUploadsThatNeverCommittedAreCollectedAtOp
   for (const auto& [address, bytes] : kept) ASSERT_NO_FATAL_FAILURE(ExpectChunk(address, bytes));
 }
 
-// Opens the RocksDB database of the closed store in `dir` directly, with every column family it
-// has, and calls `fn(db, names, handles)`.
-template <typename Fn>
-void WithRawDb(const std::string& dir, Fn fn) {
-  rocksdb::DBOptions options;
-  std::vector<std::string> names;
-  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(options, dir, &names).ok());
-  std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status s = rocksdb::DB::Open(options, dir, families, &handles, &raw);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  fn(raw, names, handles);
-  for (rocksdb::ColumnFamilyHandle* h : handles) {
-    EXPECT_TRUE(raw->DestroyColumnFamilyHandle(h).ok());
-  }
-  EXPECT_TRUE(raw->Close().ok());
-  delete raw;
-}
-
-// The handle of column family `name` (null when absent).
-rocksdb::ColumnFamilyHandle* Family(const std::vector<std::string>& names,
-                                    const std::vector<rocksdb::ColumnFamilyHandle*>& handles,
-                                    const std::string& name) {
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name) return handles[i];
-  }
-  return nullptr;
-}
+using testing::Family;
+using testing::WithRawDb;
 
 // A database with a column family of chunk bytes (a layout this version does not read) is refused
 // at open with FAILED_PRECONDITION naming the family and the directory, and left as it is.
@@ -1105,20 +1078,23 @@ TEST_F(SegmentStoreTest, OpenChecksTheStoreFormatVersion) {
       EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), meta, key, value).ok());
     });
   };
-  WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
-                         const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
-    std::string value;
-    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
-                        Family(names, handles, segment_store_internal::kMetaFamily), key, &value)
-                    .ok());
-    EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\2", 8));
-  });
+  // The version the store records is 2.
+  auto expect_format_2 = [&] {
+    WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                           const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+      std::string value;
+      ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
+                          Family(names, handles, segment_store_internal::kMetaFamily), key, &value)
+                      .ok());
+      EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\2", 8));
+    });
+  };
+  expect_format_2();
   EXPECT_EQ(segment_store_internal::kStoreFormatVersion, 2u);
 
   for (uint64_t unreadable : {uint64_t{3}, uint64_t{0}}) {
     set_version(unreadable);
-    absl::StatusOr<std::unique_ptr<CheckpointStore>> refused =
-        OpenSegmentStore(db_dir_, options_);
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> refused = OpenSegmentStore(db_dir_, options_);
     ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
     EXPECT_THAT(Msg(refused.status()),
                 AllOf(HasSubstr("cannot open RocksDB store in " + db_dir_),
@@ -1137,14 +1113,7 @@ TEST_F(SegmentStoreTest, OpenChecksTheStoreFormatVersion) {
   ASSERT_OK_AND_ASSIGN(std::string got, store_->GetStrategy("s"));
   EXPECT_EQ(got, "strategy");
   store_.reset();
-  WithRawDb(db_dir_, [&](rocksdb::DB* db, const std::vector<std::string>& names,
-                         const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
-    std::string value;
-    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(),
-                        Family(names, handles, segment_store_internal::kMetaFamily), key, &value)
-                    .ok());
-    EXPECT_EQ(value, std::string("\0\0\0\0\0\0\0\2", 8));
-  });
+  expect_format_2();
 }
 
 // Chunks are views of mapped segment files while the map budget allows, copies beyond it: the
