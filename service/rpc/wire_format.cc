@@ -31,10 +31,11 @@ class CopyBlock {
   static CopyBlock* Take(size_t bytes) {
     if (bytes < kPooledMinBytes || bytes > kPooledBytes) return new CopyBlock(bytes, false);
     {
-      std::lock_guard<std::mutex> lock(pool_mu_);
-      if (!idle_.empty()) {
-        CopyBlock* block = idle_.back();
-        idle_.pop_back();
+      Pool& pool = IdlePool();
+      std::lock_guard<std::mutex> lock(pool.mu);
+      if (!pool.idle.empty()) {
+        CopyBlock* block = pool.idle.back();
+        pool.idle.pop_back();
         block->refs_.store(1, std::memory_order_relaxed);
         return block;
       }
@@ -62,9 +63,10 @@ class CopyBlock {
     auto* block = static_cast<CopyBlock*>(p);
     if (block->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     if (block->pooled_) {
-      std::lock_guard<std::mutex> lock(pool_mu_);
-      if (idle_.size() < kIdleBlocks) {
-        idle_.push_back(block);
+      Pool& pool = IdlePool();
+      std::lock_guard<std::mutex> lock(pool.mu);
+      if (pool.idle.size() < kIdleBlocks) {
+        pool.idle.push_back(block);
         return;
       }
     }
@@ -74,8 +76,17 @@ class CopyBlock {
   std::atomic<int> refs_{1};
   const bool pooled_;
   std::unique_ptr<char[]> data_;
-  static inline std::mutex pool_mu_;
-  static inline std::vector<CopyBlock*> idle_;
+
+  struct Pool {
+    std::mutex mu;
+    std::vector<CopyBlock*> idle;
+  };
+  // The idle blocks. Never destroyed: gRPC may drop a slice on its own thread while the process
+  // exits, and the blocks stay reachable (not reported as leaks) through this pointer.
+  static Pool& IdlePool() {
+    static Pool* const pool = new Pool;
+    return *pool;
+  }
 };
 
 // The fields of a data message after its bytes: the parts' sizes (`part_bytes_tag`) and
