@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <string_view>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "core/absl_compat.h"
 #include "core/names.h"
@@ -13,23 +15,103 @@
 #include "service/engine/upload_session_internal.h"
 
 namespace ckpt {
+namespace {
 
-using upload_internal::AddHolder;
 using upload_internal::kMaxDims;
-using upload_internal::SetBox;
 using upload_internal::StagesString;
 using upload_internal::StorageBits;
+
+// True when `name` is 1 to kMaxNameBytes bytes of printable ASCII: then ValidatePrintableName
+// accepts it, and the byte-by-byte UTF-8 decoding can be skipped.
+bool PlainPrintableAscii(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameBytes) return false;
+  for (char c : name) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x20 || b > 0x7e) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+PendingCheckpoint::Slice* PendingCheckpoint::Tensor::FindCell(int64_t cell) {
+  int32_t slot = -1;
+  if (!dense_slots.empty()) {
+    if (cell >= 0 && cell < static_cast<int64_t>(dense_slots.size())) slot = dense_slots[cell];
+  } else if (auto it = sparse_slots.find(cell); it != sparse_slots.end()) {
+    slot = it->second;
+  }
+  return slot < 0 ? nullptr : &slices[slot];
+}
+
+PendingCheckpoint::Slice& PendingCheckpoint::Tensor::AddCell(int64_t cell) {
+  const auto slot = static_cast<int32_t>(slices.size());
+  if (!dense_slots.empty()) {
+    dense_slots[cell] = slot;
+  } else {
+    sparse_slots[cell] = slot;
+  }
+  Slice& s = slices.emplace_back();
+  s.cell = cell;
+  return s;
+}
+
+PendingCheckpoint::Slice* PendingCheckpoint::Tensor::FindVariant(int64_t blob_index) {
+  for (Slice& v : slices) {
+    if (v.cell == blob_index) return &v;
+  }
+  return nullptr;
+}
+
+void PendingCheckpoint::Tensor::EraseSlice(size_t i) {
+  if (!layout) {
+    slices.erase(slices.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+  auto set_slot = [this](int64_t cell, int32_t slot) {
+    if (!dense_slots.empty()) {
+      dense_slots[cell] = slot;
+    } else if (slot < 0) {
+      sparse_slots.erase(cell);
+    } else {
+      sparse_slots[cell] = slot;
+    }
+  };
+  set_slot(slices[i].cell, -1);
+  if (i + 1 != slices.size()) {
+    slices[i] = std::move(slices.back());
+    set_slot(slices[i].cell, static_cast<int32_t>(i));
+  }
+  slices.pop_back();
+}
+
+Shape PendingCheckpoint::Tensor::CellShape() const {
+  Shape shape(global.size());
+  for (size_t i = 0; i < global.size(); ++i) shape[i] = global[i] / cell_grid[i];
+  return shape;
+}
+
+Box PendingCheckpoint::Tensor::CellBoxOf(int64_t cell) const {
+  Box box;
+  box.lo.resize(global.size());
+  box.hi.resize(global.size());
+  for (size_t i = global.size(); i-- > 0;) {
+    const int64_t block = global[i] / cell_grid[i];
+    box.lo[i] = cell % cell_grid[i] * block;
+    box.hi[i] = box.lo[i] + block;
+    cell /= cell_grid[i];
+  }
+  return box;
+}
 
 absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* cur,
                                      Shape* local) const {
   const std::string& name = h.name();
   // The context of an error is built only for a name that is refused.
-  if (absl::Status valid = ValidatePrintableName("tensor name", name); !valid.ok()) {
-    return absl::Status(valid.code(), absl::StrCat(Where(), ": ", valid.message()));
-  }
-  if (sent_.contains(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": tensor ", name, " appears twice in the rank's file"));
+  if (!PlainPrintableAscii(name)) {
+    if (absl::Status valid = ValidatePrintableName("tensor name", name); !valid.ok()) {
+      return absl::Status(valid.code(), absl::StrCat(Where(), ": ", valid.message()));
+    }
   }
   auto dtype_or = ParseDType(h.dtype());
   if (!dtype_or.ok()) {
@@ -50,7 +132,7 @@ absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* c
     }
   }
   // MindSpore's reader treats dims [0] (and every str value) as a scalar.
-  if (dtype == DType::kStr || *local == Shape{0}) local->clear();
+  if (dtype == DType::kStr || (local->size() == 1 && (*local)[0] == 0)) local->clear();
   const int64_t total = h.total_bytes();
   if (dtype == DType::kStr) {
     if (total < 0 || total % 4 != 0) {
@@ -77,153 +159,154 @@ absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* c
   return absl::OkStatus();
 }
 
-absl::StatusOr<Shape> RankUpload::GlobalShape(const std::string& name, const Layout* layout,
+absl::StatusOr<Shape> RankUpload::GlobalShape(std::string_view name, const Layout* layout,
                                               const Shape& local) const {
   if (!layout) return local;
   if (!std::count(layout->stages.begin(), layout->stages.end(), stage_)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("parameter ", name, ": rank ", rank_, " is in pipeline stage ", stage_,
+        absl::StrCat("parameter ", Sv(name), ": rank ", rank_, " is in pipeline stage ", stage_,
                      " but the strategy places it in stages ", StagesString(layout->stages)));
   }
   auto g = layout->GlobalShapeFromLocal(local);
   absl::Status valid = g.ok() ? layout->Validate(*g) : g.status();
   if (!valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
-                     ", which does not fit layout ", layout->ToString(), ": ", valid.message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", Sv(name), ": rank ", rank_, " holds shape ", ShapeToString(local),
+        ", which does not fit layout ", layout->ToString(), ": ", valid.message()));
   }
   return *std::move(g);
 }
 
-absl::Status RankUpload::AddTensorLocked(const Layout* layout, const Shape& local, Current* cur) {
-  const std::string& name = cur->name;
-  auto& slot = pending_->tensors_[name];
-  const bool first = slot == nullptr;
-  if (first) {
-    slot = std::make_unique<PendingCheckpoint::Tensor>();
-    slot->record = google::protobuf::Arena::CreateMessage<records::TensorRecord>(&pending_->arena_);
-    slot->record->set_name(name);
-    slot->record->set_dtype(std::string(DTypeName(cur->dtype)));
-    slot->record->set_tensor_index(pending_->next_tensor_index_++);
-    slot->dtype = cur->dtype;
-    slot->first_rank = rank_;
-    slot->position = position_;
-  }
-  PendingCheckpoint::Tensor& t = *slot;
-  cur->tensor = &t;
-  if (t.dtype != cur->dtype) {
+absl::Status RankUpload::AddTensorLocked(const Shape& local, Current* cur) {
+  auto& tensors = pending_->tensors_;
+  auto it = tensors.find(cur->name);
+  const bool first = it == tensors.end();
+  PendingCheckpoint::Tensor* found = first ? nullptr : it->second.get();
+  if (found && Sent(found->tensor_index)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("parameter ", name, ": rank ", rank_, " has dtype ", Sv(DTypeName(cur->dtype)),
-                     " but earlier ranks sent ", Sv(DTypeName(t.dtype))));
+        absl::StrCat(Where(), ": tensor ", Sv(cur->name), " appears twice in the rank's file"));
   }
+  // The layout is looked up in the strategy once per tensor, when it is first seen.
+  const Layout* layout =
+      found
+          ? found->layout
+          : (pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur->name, true) : nullptr);
+  if (layout && cur->dtype == DType::kStr) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": str tensor ", Sv(cur->name),
+                                                   " cannot have a layout in the strategy"));
+  }
+  if (found && found->dtype != cur->dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", Sv(cur->name), ": rank ", rank_, " has dtype ", Sv(DTypeName(cur->dtype)),
+        " but earlier ranks sent ", Sv(DTypeName(found->dtype))));
+  }
+  // The global shape is worked out once per tensor: another rank holding a slice of the same
+  // shape (every rank of an even split does) only has its pipeline stage checked.
+  const bool known = found && layout && found->known_local == local &&
+                     std::count(layout->stages.begin(), layout->stages.end(), stage_);
+  absl::StatusOr<Shape> worked_out;
+  if (!known) {
+    worked_out = GlobalShape(cur->name, layout, local);
+    if (!worked_out.ok()) return worked_out.status();
+  }
+  if (found && !known && found->global != *worked_out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", Sv(cur->name), ": rank ", rank_, " holds shape ", ShapeToString(local),
+        layout ? absl::StrCat(" (global ", ShapeToString(*worked_out), ")") : std::string(),
+        " but earlier ranks imply global shape ", ShapeToString(found->global)));
+  }
+  if (first) {
+    auto made = std::make_unique<PendingCheckpoint::Tensor>();
+    found = made.get();
+    found->name = std::string(cur->name);
+    found->dtype = cur->dtype;
+    found->tensor_index = pending_->next_tensor_index_++;
+    found->first_rank = rank_;
+    found->position = position_;
+    found->global = *std::move(worked_out);
+    if (layout) {
+      found->layout = layout;
+      found->known_local = local;
+      found->cell_grid = layout->Grid(found->global.size());
+      found->cell_count = 1;
+      for (int64_t g : found->cell_grid) found->cell_count *= g;
+      if (found->cell_count <= PendingCheckpoint::kDenseCells) {
+        found->dense_slots.assign(found->cell_count, -1);
+      }
+      found->slices.reserve(std::min<int64_t>(found->cell_count, 16));
+    }
+    tensors.emplace(std::string_view(found->name), std::move(made));
+  }
+  PendingCheckpoint::Tensor& t = *found;
   if (rank_ < t.first_rank) {
     t.first_rank = rank_;
     t.position = position_;
   }
-  // The global shape is worked out once per tensor: another rank holding a slice of the same
-  // shape (every rank of an even split does) only has its pipeline stage checked.
-  const bool known = !first && layout && t.known_local == local &&
-                     std::count(layout->stages.begin(), layout->stages.end(), stage_);
-  absl::StatusOr<Shape> worked_out;
-  if (!known) worked_out = GlobalShape(name, layout, local);
-  if (!known && !worked_out.ok()) {
-    if (first) pending_->tensors_.erase(name);
-    return worked_out.status();
-  }
-  const Shape& global = known ? t.global : *worked_out;  // read in place, not copied
-  if (!first) {
-    const auto& known_dims = t.record->global_shape();
-    if (!std::equal(known_dims.begin(), known_dims.end(), global.begin(), global.end())) {
-      const Shape earlier(known_dims.begin(), known_dims.end());
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", name, ": rank ", rank_, " holds shape ", ShapeToString(local),
-          layout ? absl::StrCat(" (global ", ShapeToString(global), ")") : std::string(),
-          " but earlier ranks imply global shape ", ShapeToString(earlier)));
-    }
-  } else {
-    for (int64_t d : global) t.record->add_global_shape(d);
-    t.record->set_sharded(layout != nullptr);
-    t.global = global;
-    if (layout) {
-      t.layout = layout;
-      t.known_local = local;
-      t.cell_grid = layout->Grid(global.size());
-    }
-  }
-  t.ranks.insert(rank_);
-  cur->tensor_index = t.record->tensor_index();
+  cur->name = t.name;
+  cur->tensor = &t;
+  cur->tensor_index = t.tensor_index;
   if (layout) {
-    ClaimCellLocked(t, *layout, global, cur);
+    CKPT_RETURN_IF_ERROR(ClaimCellLocked(t, cur));
   } else {
-    ClaimVariantLocked(t, global, cur);
+    ClaimVariantLocked(t, cur);
   }
+  if (t.tensor_index >= sent_.size()) sent_.resize(pending_->next_tensor_index_, false);
+  sent_[t.tensor_index] = true;
+  ++tensors_sent_;
+  ++t.rank_count;
   return absl::OkStatus();
 }
 
-void RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& layout,
-                                 const Shape& global, Current* cur) {
-  const std::vector<int64_t>& grid = t.cell_grid;
-  const std::vector<int64_t> cell = *layout.CellOf(local_rank_, global.size());
+absl::Status RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, Current* cur) {
+  absl::InlinedVector<int64_t, 8> cell(t.global.size());
+  if (absl::Status s = t.layout->CellInto(local_rank_, absl::MakeSpan(cell)); !s.ok()) {
+    return absl::InternalError(absl::StrCat("parameter ", t.name, ": ", s.message()));
+  }
   int64_t id = 0;
-  for (size_t i = 0; i < cell.size(); ++i) id = id * grid[i] + cell[i];
+  for (size_t i = 0; i < cell.size(); ++i) id = id * t.cell_grid[i] + cell[i];
   cur->cell = id;
   cur->blob_index = static_cast<uint32_t>(id);
-  cur->box = CellBox(global, grid, cell);
-  // The chunk grid of a cell, made once per tensor (cells of an even split share their shape)
+  // The chunk grid of a cell, made once per tensor (every cell of a layout has the same shape)
   // and never changed afterwards, so BeginTensor reads it without the lock.
   if (!t.cell_chunks && cur->total > 0) {
     auto chunks =
-        ChunkGrid::Make(cur->box.shape(), StorageBits(cur->dtype), pending_->options_.chunk_grid);
+        ChunkGrid::Make(t.CellShape(), StorageBits(cur->dtype), pending_->options_.chunk_grid);
     if (chunks.ok()) t.cell_chunks = *std::move(chunks);
   }
   cur->grid = t.cell_chunks ? &*t.cell_chunks : nullptr;
-  if (t.cells.contains(id)) {
+  if (t.FindCell(id) != nullptr) {
     cur->mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
-    return;
+    return absl::OkStatus();
   }
-  PendingCheckpoint::Blob blob = pending_->NewBlob();
-  blob.owner_rank = rank_;
-  blob.record->set_cell(id);
-  blob.record->set_blob_index(cur->blob_index);
-  SetBox(blob.record, cur->box);
-  t.cells.emplace(id, std::move(blob));
+  t.AddCell(id).owner_rank = static_cast<int32_t>(rank_);
   cur->mode = Mode::kWrite;
+  return absl::OkStatus();
 }
 
-void RankUpload::ClaimVariantLocked(PendingCheckpoint::Tensor& t, const Shape& global,
-                                    Current* cur) {
-  cur->box = Box::Whole(global);
+void RankUpload::ClaimVariantLocked(PendingCheckpoint::Tensor& t, Current* cur) {
   if (cur->total <= pending_->options_.verbatim_dedupe_bytes) {
     cur->mode = Mode::kBuffer;  // compared with the other ranks' copies when complete
     return;
   }
   cur->mode = Mode::kWrite;
   cur->blob_index = t.next_blob_index++;
-  PendingCheckpoint::Blob blob = pending_->NewBlob();
-  blob.owner_rank = rank_;
-  blob.record->set_cell(cur->blob_index);
-  blob.record->set_blob_index(cur->blob_index);
-  SetBox(blob.record, cur->box);
-  AddHolder(blob.record, rank_);
-  t.variants.push_back(std::move(blob));
+  PendingCheckpoint::Slice& v = t.slices.emplace_back();
+  v.cell = cur->blob_index;
+  v.owner_rank = static_cast<int32_t>(rank_);
+  v.holders.push_back(static_cast<int32_t>(rank_));
 }
 
 absl::Status RankUpload::PrepareTensor(const v1::UploadTensorHeader& h, Prepared* p) const {
   p->cur = Current();
   CKPT_RETURN_IF_ERROR(CheckHeader(h, &p->cur, &p->local));
-  Current& cur = p->cur;
+  const Current& cur = p->cur;
   // Checked before anything is claimed or allocated for the tensor: a header only declares a size.
   const int64_t limit = pending_->options_.max_upload_bytes;
   if (cur.total > limit - bytes_announced_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        Where(), ": tensor ", cur.name, " announces ", cur.total, " bytes, which with the ",
+        Where(), ": tensor ", Sv(cur.name), " announces ", cur.total, " bytes, which with the ",
         bytes_announced_, " bytes of the tensors before it exceeds the per-upload limit of ", limit,
         " bytes (ckptd --max-upload-gib)"));
-  }
-  p->layout = pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur.name, true) : nullptr;
-  if (p->layout && cur.dtype == DType::kStr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": str tensor ", cur.name, " cannot have a layout in the strategy"));
   }
   return absl::OkStatus();
 }

@@ -13,9 +13,7 @@
 namespace ckpt {
 
 using upload_internal::AddHolder;
-using upload_internal::BoxHasShape;
 using upload_internal::RemoveHolder;
-using upload_internal::SetBox;
 using upload_internal::StorageBits;
 
 PendingCheckpoint::PendingCheckpoint(std::string id, std::string strategy_name,
@@ -31,12 +29,9 @@ PendingCheckpoint::PendingCheckpoint(std::string id, std::string strategy_name,
 
 PendingCheckpoint::~PendingCheckpoint() {
   int64_t slices = 0;
-  for (const auto& [name, t] : tensors_) {
-    slices += static_cast<int64_t>(t->cells.size() + t->variants.size());
-  }
+  for (const auto& [name, t] : tensors_) slices += static_cast<int64_t>(t->slices.size());
   tensors_.clear();
   source_files_.clear();
-  arena_.Reset();  // the records, before the heap is trimmed
   if (slices >= kTrimAfterSlices) ReleaseFreeHeapMemory();
 }
 
@@ -63,29 +58,21 @@ bool PendingCheckpoint::committed() const {
   return committed_;
 }
 
-void PendingCheckpoint::ReleaseRank(int64_t rank) {
+void PendingCheckpoint::ReleaseRank(int64_t rank, const std::vector<bool>& sent) {
   for (auto it = tensors_.begin(); it != tensors_.end();) {
     Tensor& t = *it->second;
-    t.ranks.erase(rank);
-    for (auto c = t.cells.begin(); c != t.cells.end();) {
-      // A slice this rank was still writing is incomplete: drop the claim (a retry writes the
-      // same chunk addresses again). Completed slices stay: their bytes and checksums are valid.
-      if (c->second.owner_rank == rank && c->second.state == BlobState::kWriting) {
-        c = t.cells.erase(c);
-      } else {
-        RemoveHolder(c->second.record, rank);
-        ++c;
+    if (t.tensor_index < sent.size() && sent[t.tensor_index]) --t.rank_count;
+    for (size_t i = t.slices.size(); i-- > 0;) {
+      Slice& s = t.slices[i];
+      RemoveHolder(s.holders, rank);
+      if (t.layout ? s.owner_rank == rank && s.state == BlobState::kWriting : s.holders.empty()) {
+        // A cell this rank was still writing is incomplete: drop the claim (a retry writes the
+        // same chunk addresses again); completed cells stay, their bytes and checksums valid. A
+        // variant goes with its last holder.
+        t.EraseSlice(i);
       }
     }
-    for (auto v = t.variants.begin(); v != t.variants.end();) {
-      RemoveHolder(v->record, rank);
-      if (v->record->holders().empty()) {
-        v = t.variants.erase(v);
-      } else {
-        ++v;
-      }
-    }
-    if (t.ranks.empty()) {
+    if (t.rank_count == 0) {
       tensors_.erase(it++);
     } else {
       ++it;
@@ -140,7 +127,7 @@ RankUpload::RankUpload(std::shared_ptr<PendingCheckpoint> pending, int64_t rank)
 RankUpload::~RankUpload() {
   if (finished_) return;
   std::lock_guard<std::mutex> lock(pending_->mu_);
-  pending_->ReleaseRank(rank_);
+  pending_->ReleaseRank(rank_, sent_);
 }
 
 std::string RankUpload::Where() const {
@@ -149,22 +136,24 @@ std::string RankUpload::Where() const {
 
 absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole) {
   if (cur.total > 0) {
-    // The tensor's cell grid when the slice has its shape (every cell of an even split), read
-    // in place; otherwise a grid of the slice's own.
-    const bool shared_grid =
-        cur.grid != nullptr && cur.dtype != DType::kStr && BoxHasShape(cur.box, cur.grid->shape());
+    // A sharded slice is cut by its tensor's cell grid, read in place; a verbatim value by a
+    // grid of its own (str values: raw bytes), whose tile its record keeps.
+    const bool shared_grid = cur.grid != nullptr;
     std::optional<ChunkGrid> own;
     if (!shared_grid) {
-      const Shape storage = cur.dtype == DType::kStr ? Shape{cur.total} : cur.box.shape();
+      const PendingCheckpoint::Tensor& t = *cur.tensor;
+      const Shape storage = cur.dtype == DType::kStr ? Shape{cur.total}
+                            : t.layout               ? t.CellShape()
+                                                     : t.global;
       auto made = ChunkGrid::Make(storage, StorageBits(cur.dtype), pending_->options_.chunk_grid);
       if (!made.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(Where(), ": tensor ", cur.name, ": ", made.status().message()));
+            absl::StrCat(Where(), ": tensor ", Sv(cur.name), ": ", made.status().message()));
       }
       own.emplace(*std::move(made));
+      cur.tile = own->tile();
     }
     const ChunkGrid& grid = shared_grid ? *cur.grid : *own;
-    cur.tile = grid.tile();
     if (whole != nullptr && batching_ && cur.mode != Mode::kBuffer && grid.chunk_count() == 1 &&
         static_cast<int64_t>(whole->size()) == cur.total) {
       // The slice is one chunk and all of its bytes are here: checksummed, and (when this rank
@@ -180,8 +169,7 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
         batch_ends_.push_back(kBorrowedBytes);
         bytes_stored_ += cur.total;
       }
-      current_ = std::move(cur);
-      return FinishTensor();
+      return CompleteSlice(cur);
     }
     cur.chunker.emplace(shared_grid ? grid : *std::move(own));
   }
@@ -192,21 +180,19 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
 
 absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
   if (current_) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", current_->name, " got ",
-                                                   current_->received, " of ", current_->total,
-                                                   " bytes before the next tensor header"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), ": tensor ", Sv(current_->name), " got ", current_->received, " of ",
+                     current_->total, " bytes before the next tensor header"));
   }
   Prepared p;
   CKPT_RETURN_IF_ERROR(PrepareTensor(h, &p));
   {
     std::lock_guard<std::mutex> lock(pending_->mu_);
     pending_->last_activity_ = absl::Now();
-    CKPT_RETURN_IF_ERROR(AddTensorLocked(p.layout, p.local, &p.cur));
+    CKPT_RETURN_IF_ERROR(AddTensorLocked(p.local, &p.cur));
   }
-  const std::string name = p.cur.name;
   const int64_t total = p.cur.total;
   CKPT_RETURN_IF_ERROR(BeginTensor(std::move(p.cur), nullptr));
-  sent_.insert(name);
   bytes_announced_ += total;
   ++position_;
   return absl::OkStatus();
@@ -219,7 +205,7 @@ absl::Status RankUpload::Append(std::string_view data) {
   Current& c = *current_;
   if (static_cast<int64_t>(data.size()) > c.total - c.received) {
     return absl::InvalidArgumentError(absl::StrCat(
-        Where(), ": tensor ", c.name, " sends more than the announced ", c.total, " bytes"));
+        Where(), ": tensor ", Sv(c.name), " sends more than the announced ", c.total, " bytes"));
   }
   c.received += static_cast<int64_t>(data.size());
   bytes_received_ += static_cast<int64_t>(data.size());
@@ -279,7 +265,7 @@ absl::Status RankUpload::StoreVerbatim() {
   Current& c = *current_;
   // Chunk and checksum the buffered value without writing, then write only if no identical copy
   // is stored yet.
-  std::vector<uint64_t> checksums;
+  Checksums checksums;
   if (c.chunker) {
     BandChunker& chunker = *c.chunker;
     std::string_view rest = c.value;
@@ -293,18 +279,16 @@ absl::Status RankUpload::StoreVerbatim() {
     chunker.Start(0);
   }
   // The tensor stays in tensors_ while this rank holds it (ReleaseRank runs on this thread).
-  PendingCheckpoint::Tensor* t = nullptr;
+  PendingCheckpoint::Tensor* t = c.tensor;
   {
     std::unique_lock<std::mutex> lock(pending_->mu_);
-    t = pending_->tensors_.at(c.name).get();
     // One rank at a time stores a new copy of a tensor, so that a rank finishing the same value
     // meanwhile finds that copy below instead of storing the value again.
     pending_->cv_.wait(lock, [t] { return !t->storing_variant; });
-    for (PendingCheckpoint::Blob& v : t->variants) {
+    for (PendingCheckpoint::Slice& v : t->slices) {
       if (v.state == PendingCheckpoint::BlobState::kDone &&
-          std::equal(v.record->chunk_checksums().begin(), v.record->chunk_checksums().end(),
-                     checksums.begin(), checksums.end())) {
-        AddHolder(v.record, rank_);
+          std::equal(v.checksums.begin(), v.checksums.end(), checksums.begin(), checksums.end())) {
+        AddHolder(v.holders, rank_);
         return absl::OkStatus();
       }
     }
@@ -318,64 +302,55 @@ absl::Status RankUpload::StoreVerbatim() {
   t->storing_variant = false;
   pending_->cv_.notify_all();
   CKPT_RETURN_IF_ERROR(written);
-  PendingCheckpoint::Blob blob = pending_->NewBlob();
-  blob.owner_rank = rank_;
-  blob.state = PendingCheckpoint::BlobState::kDone;
-  blob.record->set_cell(c.blob_index);
-  blob.record->set_blob_index(c.blob_index);
-  SetBox(blob.record, c.box);
-  for (int64_t v : c.tile) blob.record->add_tile(v);
-  for (uint64_t x : c.checksums) blob.record->add_chunk_checksums(x);
-  blob.record->set_total_bytes(c.total);
-  AddHolder(blob.record, rank_);
-  t->variants.push_back(std::move(blob));
+  PendingCheckpoint::Slice& v = t->slices.emplace_back();
+  v.cell = c.blob_index;
+  v.owner_rank = static_cast<int32_t>(rank_);
+  v.state = PendingCheckpoint::BlobState::kDone;
+  v.tile = c.tile;
+  v.checksums = std::move(c.checksums);
+  v.total_bytes = c.total;
+  v.holders.push_back(static_cast<int32_t>(rank_));
   return absl::OkStatus();
 }
 
 absl::Status RankUpload::FinishTensor() {
-  Current& c = *current_;
-  if (c.mode == Mode::kBuffer) {
-    CKPT_RETURN_IF_ERROR(StoreVerbatim());
-  } else if (c.mode == Mode::kVerify) {
-    verifications_.push_back({c.name, c.cell, std::move(c.checksums), c.box});
-  } else {
-    WrittenSlice slice;
-    slice.tensor = c.tensor;
-    slice.name = std::move(c.name);
-    slice.cell = c.cell;
-    slice.blob_index = c.blob_index;
-    slice.tile = std::move(c.tile);
-    slice.checksums = std::move(c.checksums);
-    slice.total = c.total;
-    if (batching_) {
-      batch_slices_.push_back(std::move(slice));  // complete once EndBatch stored its chunks
-    } else {
-      std::lock_guard<std::mutex> lock(pending_->mu_);
-      CKPT_RETURN_IF_ERROR(MarkWrittenLocked(slice));
-      pending_->last_activity_ = absl::Now();
-      pending_->cv_.notify_all();
-    }
-  }
+  CKPT_RETURN_IF_ERROR(CompleteSlice(*current_));
   current_.reset();
   return absl::OkStatus();
 }
 
-absl::Status RankUpload::MarkWrittenLocked(const WrittenSlice& slice) {
-  PendingCheckpoint::Tensor& t = *slice.tensor;
-  PendingCheckpoint::Blob* blob = nullptr;
-  if (t.layout) {
-    blob = &t.cells.at(slice.cell);
-  } else {
-    for (auto& v : t.variants) {
-      if (v.record->blob_index() == slice.blob_index) blob = &v;
-    }
+absl::Status RankUpload::CompleteSlice(Current& c) {
+  if (c.mode == Mode::kBuffer) return StoreVerbatim();
+  if (c.mode == Mode::kVerify) {
+    verifications_.push_back({c.tensor, c.cell, std::move(c.checksums)});
+    return absl::OkStatus();
   }
-  if (!blob) return absl::InternalError(absl::StrCat("lost the slice of ", slice.name));
-  blob->record->mutable_tile()->Assign(slice.tile.begin(), slice.tile.end());
-  blob->record->mutable_chunk_checksums()->Assign(slice.checksums.begin(), slice.checksums.end());
-  blob->record->set_total_bytes(slice.total);
-  AddHolder(blob->record, rank_);
-  blob->state = PendingCheckpoint::BlobState::kDone;
+  WrittenSlice slice;
+  slice.tensor = c.tensor;
+  slice.cell = c.tensor->layout ? c.cell : c.blob_index;
+  slice.tile = std::move(c.tile);
+  slice.checksums = std::move(c.checksums);
+  slice.total = c.total;
+  if (batching_) {
+    batch_slices_.push_back(std::move(slice));  // complete once EndBatch stored its chunks
+    return absl::OkStatus();
+  }
+  std::lock_guard<std::mutex> lock(pending_->mu_);
+  CKPT_RETURN_IF_ERROR(MarkWrittenLocked(slice));
+  pending_->last_activity_ = absl::Now();
+  pending_->cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::MarkWrittenLocked(WrittenSlice& slice) {
+  PendingCheckpoint::Tensor& t = *slice.tensor;
+  PendingCheckpoint::Slice* s = t.layout ? t.FindCell(slice.cell) : t.FindVariant(slice.cell);
+  if (!s) return absl::InternalError(absl::StrCat("lost the slice of ", t.name));
+  if (!t.layout) s->tile = std::move(slice.tile);
+  s->checksums = std::move(slice.checksums);
+  s->total_bytes = slice.total;
+  AddHolder(s->holders, rank_);
+  s->state = PendingCheckpoint::BlobState::kDone;
   return absl::OkStatus();
 }
 

@@ -10,8 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ckpt_records.pb.h"
-#include "core/box.h"
 #include "core/dtype.h"
 
 namespace ckpt::upload_internal {
@@ -24,33 +22,17 @@ inline std::string StagesString(const std::vector<int32_t>& stages) {
   return absl::StrCat("[", absl::StrJoin(stages, ", "), "]");
 }
 
-// Keeps the holders sorted and distinct.
-inline void AddHolder(records::BlobRecord* record, int64_t rank) {
-  auto* holders = record->mutable_holders();
-  auto at = std::lower_bound(holders->begin(), holders->end(), rank);
-  if (at != holders->end() && *at == rank) return;
-  const auto index = at - holders->begin();
-  holders->Add(rank);
-  std::rotate(holders->begin() + index, holders->end() - 1, holders->end());
+// Adds `rank` to `holders` (ascending, distinct), keeping them so.
+template <typename Holders>
+void AddHolder(Holders& holders, int64_t rank) {
+  auto at = std::lower_bound(holders.begin(), holders.end(), rank);
+  if (at != holders.end() && *at == rank) return;
+  holders.insert(at, static_cast<typename Holders::value_type>(rank));
 }
 
-inline void RemoveHolder(records::BlobRecord* record, int64_t rank) {
-  auto* holders = record->mutable_holders();
-  holders->erase(std::remove(holders->begin(), holders->end(), rank), holders->end());
-}
-
-// True when `box` has shape `shape` (Box::shape() without building it).
-inline bool BoxHasShape(const Box& box, const Shape& shape) {
-  if (box.rank() != shape.size()) return false;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (box.extent(i) != shape[i]) return false;
-  }
-  return true;
-}
-
-inline void SetBox(records::BlobRecord* record, const Box& box) {
-  record->mutable_box_lo()->Assign(box.lo.begin(), box.lo.end());
-  record->mutable_box_hi()->Assign(box.hi.begin(), box.hi.end());
+template <typename Holders>
+void RemoveHolder(Holders& holders, int64_t rank) {
+  holders.erase(std::remove(holders.begin(), holders.end(), rank), holders.end());
 }
 
 }  // namespace ckpt::upload_internal
