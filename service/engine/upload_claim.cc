@@ -91,17 +91,29 @@ Shape PendingCheckpoint::Tensor::CellShape() const {
   return shape;
 }
 
-Box PendingCheckpoint::Tensor::CellBoxOf(int64_t cell) const {
-  Box box;
-  box.lo.resize(global.size());
-  box.hi.resize(global.size());
+void PendingCheckpoint::Tensor::CellBoxOf(int64_t cell, Box* box) const {
+  box->lo.resize(global.size());
+  box->hi.resize(global.size());
   for (size_t i = global.size(); i-- > 0;) {
     const int64_t block = global[i] / cell_grid[i];
-    box.lo[i] = cell % cell_grid[i] * block;
-    box.hi[i] = box.lo[i] + block;
+    box->lo[i] = cell % cell_grid[i] * block;
+    box->hi[i] = box->lo[i] + block;
     cell /= cell_grid[i];
   }
+}
+
+Box PendingCheckpoint::Tensor::CellBoxOf(int64_t cell) const {
+  Box box;
+  CellBoxOf(cell, &box);
   return box;
+}
+
+const ChunkGrid* PendingCheckpoint::CellGrid(const Shape& shape, int elem_bits) {
+  std::pair<Shape, int> key(shape, elem_bits);
+  if (auto it = cell_grids_.find(key); it != cell_grids_.end()) return &it->second;
+  auto made = ChunkGrid::Make(shape, elem_bits, options_.chunk_grid);
+  if (!made.ok()) return nullptr;  // BeginTensor reports it
+  return &cell_grids_.emplace(std::move(key), *std::move(made)).first->second;
 }
 
 absl::Status RankUpload::CheckHeader(const v1::UploadTensorHeader& h, Current* cur,
@@ -266,14 +278,12 @@ absl::Status RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, Current* 
   for (size_t i = 0; i < cell.size(); ++i) id = id * t.cell_grid[i] + cell[i];
   cur->cell = id;
   cur->blob_index = static_cast<uint32_t>(id);
-  // The chunk grid of a cell, made once per tensor (every cell of a layout has the same shape)
-  // and never changed afterwards, so BeginTensor reads it without the lock.
+  // The chunk grid of a cell, looked up once per tensor (every cell of a layout has the same
+  // shape) and never changed afterwards, so BeginTensor reads it without the lock.
   if (!t.cell_chunks && cur->total > 0) {
-    auto chunks =
-        ChunkGrid::Make(t.CellShape(), StorageBits(cur->dtype), pending_->options_.chunk_grid);
-    if (chunks.ok()) t.cell_chunks = *std::move(chunks);
+    t.cell_chunks = pending_->CellGrid(t.CellShape(), StorageBits(cur->dtype));
   }
-  cur->grid = t.cell_chunks ? &*t.cell_chunks : nullptr;
+  cur->grid = t.cell_chunks;
   if (t.FindCell(id) != nullptr) {
     cur->mode = Mode::kVerify;  // a replica: its bytes must equal the stored copy
     return absl::OkStatus();

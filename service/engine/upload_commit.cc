@@ -139,7 +139,11 @@ std::string PendingCheckpoint::SerializeManifest() {
 
   // records::CheckpointManifest, its TensorRecords and their BlobRecords, each nested record
   // written into a buffer of its own (reused) and then copied behind its length.
+  size_t slice_count = 0;
+  for (const Tensor* t : order) slice_count += t->slices.size();
   std::string out;
+  out.reserve((forms ? forms->json.size() + forms->binary.size() : 0) + 64 * order.size() +
+              96 * slice_count);
   std::string tensor_bytes;
   std::string blob_bytes;
   Wire m(&out);
@@ -169,9 +173,10 @@ std::string PendingCheckpoint::SerializeManifest() {
       Wire b(&blob_bytes);
       b.Int(1, s->cell);
       if (t->layout) {
-        box = t->CellBoxOf(s->cell);
+        t->CellBoxOf(s->cell, &box);
       } else {
-        box = Box::Whole(t->global);
+        box.lo.assign(t->global.size(), 0);
+        box.hi.assign(t->global.begin(), t->global.end());
       }
       b.PackedInts(2, box.lo);
       b.PackedInts(3, box.hi);

@@ -12,10 +12,12 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
@@ -111,11 +113,11 @@ class PendingCheckpoint {
     Shape global;                    // the global shape
     // Sharded: the first slice's local shape (whose global shape is `global`), the layout's grid
     // of cells and their number, and the chunk grid of a cell (every cell of a layout has the
-    // same shape; once made, never changed while the tensor lives).
+    // same shape), in cell_grids_ (once set, never changed while the tensor lives).
     Shape known_local;
     std::vector<int64_t> cell_grid;
     int64_t cell_count = 0;
-    std::optional<ChunkGrid> cell_chunks;
+    const ChunkGrid* cell_chunks = nullptr;
     // Sharded: the cells claimed so far, in the order claimed. Verbatim: the distinct contents,
     // in the order stored.
     std::vector<Slice> slices;
@@ -141,12 +143,18 @@ class PendingCheckpoint {
     // Drops slices[i]: a sharded tensor's cell (the last slice takes its place) or a verbatim
     // tensor's variant (the order of the others is kept).
     void EraseSlice(size_t i);
-    // The box of grid cell `cell` in global coordinates (sharded).
+    // The box of grid cell `cell` in global coordinates (sharded); the second form reuses the
+    // storage of `*box`.
     Box CellBoxOf(int64_t cell) const;
+    void CellBoxOf(int64_t cell, Box* box) const;
     // The shape of every cell (sharded).
     Shape CellShape() const;
   };
 
+  // The chunk grid of a slice of `shape` with `elem_bits` bits per element, made once per pending
+  // checkpoint (tensors of one shape share it); null when ChunkGrid::Make refuses the shape.
+  // mu_ held. The grid stays at its address, unchanged, while the pending checkpoint lives.
+  const ChunkGrid* CellGrid(const Shape& shape, int elem_bits);
   // The manifest's wire form; requires mu_ held and every rank received.
   std::string SerializeManifest();
   // mu_ held: undo a failed rank's contributions. `sent`: the tensor indexes it sent.
@@ -164,6 +172,7 @@ class PendingCheckpoint {
   // By name (a view of the tensor's own name).
   absl::flat_hash_map<std::string_view, std::unique_ptr<Tensor>> tensors_;
   std::uint32_t next_tensor_index_ = 0;
+  absl::node_hash_map<std::pair<Shape, int>, ChunkGrid> cell_grids_;  // CellGrid's
   std::set<int64_t> received_;
   std::set<int64_t> active_;
   std::map<int64_t, std::string> source_files_;
