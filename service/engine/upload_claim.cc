@@ -199,10 +199,12 @@ absl::Status RankUpload::AddTensorLocked(const Shape& local, Current* cur) {
         absl::StrCat(Where(), ": tensor ", Sv(cur->name), " appears twice in the rank's file"));
   }
   // The layout is looked up in the strategy once per tensor, when it is first seen.
-  const Layout* layout =
-      found
-          ? found->layout
-          : (pending_->strategy_ ? ResolveLayout(*pending_->strategy_, cur->name, true) : nullptr);
+  const Layout* layout = found ? found->layout : nullptr;
+  const StrategyParam* param = nullptr;
+  if (!found && pending_->strategy_) {
+    param = pending_->strategy_->Find(cur->name);
+    layout = param ? &param->layout : ResolveLayout(*pending_->strategy_, cur->name, true);
+  }
   if (layout && cur->dtype == DType::kStr) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": str tensor ", Sv(cur->name),
                                                    " cannot have a layout in the strategy"));
@@ -236,6 +238,7 @@ absl::Status RankUpload::AddTensorLocked(const Shape& local, Current* cur) {
     found->first_rank = rank_;
     found->position = position_;
     found->global = *std::move(worked_out);
+    found->strategy_param = param != nullptr;
     if (layout) {
       found->layout = layout;
       found->known_local = local;
@@ -265,6 +268,7 @@ absl::Status RankUpload::AddTensorLocked(const Shape& local, Current* cur) {
   if (t.tensor_index >= sent_.size()) sent_.resize(pending_->next_tensor_index_, false);
   sent_[t.tensor_index] = true;
   ++tensors_sent_;
+  if (t.strategy_param) ++params_sent_;
   ++t.rank_count;
   return absl::OkStatus();
 }

@@ -25,7 +25,14 @@ PendingCheckpoint::PendingCheckpoint(std::string id, std::string strategy_name,
       data_id_(data_id),
       store_(store),
       options_(std::move(options)),
-      last_activity_(absl::Now()) {}
+      last_activity_(absl::Now()) {
+  if (strategy_) {
+    stage_params_.assign(static_cast<size_t>(strategy_->stage_count()), 0);
+    for (const auto& [name, param] : strategy_->params()) {
+      for (int32_t stage : param.layout.stages) ++stage_params_[static_cast<size_t>(stage)];
+    }
+  }
+}
 
 PendingCheckpoint::~PendingCheckpoint() {
   int64_t slices = 0;

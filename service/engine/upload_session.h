@@ -132,6 +132,8 @@ class PendingCheckpoint {
     uint32_t next_blob_index = 0;
     // A rank is storing a new variant (RankUpload::StoreVerbatim); others wait for it on cv_.
     bool storing_variant = false;
+    // A parameter of the strategy under its own name (not an optimizer state inheriting one).
+    bool strategy_param = false;
 
     // The claimed cell `cell` of a sharded tensor, or null. The pointer is valid until the next
     // AddCell or EraseSlice.
@@ -166,6 +168,8 @@ class PendingCheckpoint {
   const uint64_t data_id_;
   CheckpointStore* const store_;
   const UploadOptions options_;
+  // By pipeline stage: the strategy's parameters that the stage holds.
+  std::vector<int64_t> stage_params_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -313,6 +317,9 @@ class RankUpload {
   // when their slice is claimed; and how many.
   std::vector<bool> sent_;
   int64_t tensors_sent_ = 0;
+  // Of them, parameters of the strategy under their own name (each in this rank's stage, or its
+  // slice would have been refused).
+  int64_t params_sent_ = 0;
   std::vector<Verification> verifications_;
   // Between BeginBatch and EndBatch: chunk writes not stored yet and the slices they complete.
   // Their bytes are copied one after the other into batch_bytes_ (whose capacity is kept from
