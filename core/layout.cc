@@ -100,10 +100,13 @@ absl::Status Layout::Validate(const Shape& global_shape) const {
     }
   }
   CKPT_ASSIGN_OR_RETURN(int64_t elements, NumElements(global_shape));
-  // 8 bytes is the widest element: every dtype's byte count must fit as well.
-  CKPT_RETURN_IF_ERROR(
-      CheckedMul(elements, 8, absl::StrCat("byte size of shape ", ShapeToString(global_shape)))
-          .status());
+  // 8 bytes is the widest element: every dtype's byte count must fit as well (the error's text is
+  // built only for a shape whose byte count overflows).
+  if (elements > std::numeric_limits<int64_t>::max() / 8) {
+    CKPT_RETURN_IF_ERROR(
+        CheckedMul(elements, 8, absl::StrCat("byte size of shape ", ShapeToString(global_shape)))
+            .status());
+  }
   const std::vector<int64_t> splits = SplitsPerDim();
   for (size_t i = 0; i < global_shape.size(); ++i) {
     if (global_shape[i] % splits[i] != 0) {

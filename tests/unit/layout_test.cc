@@ -150,6 +150,16 @@ TEST(LayoutTest, CellIntoWritesCellOfIntoCallerStorage) {
   EXPECT_EQ(l.CellInto(0, absl::MakeSpan(two)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(LayoutTest, ShapesWhoseByteCountOverflowsAreRefused) {
+  const Layout l = Plain({2}, {-1});
+  const absl::Status s = l.Validate({int64_t{1} << 60});  // 8-byte elements: 2^63 bytes
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("byte size of shape [1152921504606846976] overflows int64"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(l.Validate({(int64_t{1} << 60) - 1}).ok());
+}
+
 TEST(LayoutTest, GlobalShapeFromLocal) {
   Layout l = Plain({2, 4}, {1, 0});
   EXPECT_EQ(*l.GlobalShapeFromLocal({8, 4}), (Shape{16, 16}));
