@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
@@ -17,17 +18,6 @@ std::string AxesString(const std::vector<int32_t>& axes, bool nested) {
   if (axes.empty()) return nested ? "[-1]" : "-1";
   if (!nested && axes.size() == 1) return absl::StrCat(axes[0]);
   return absl::StrCat("[", absl::StrJoin(axes, ", "), "]");
-}
-
-// Unravels a local rank into dev_matrix coordinates, row-major (last axis fastest, as MindSpore
-// numbers a stage's devices).
-std::vector<int64_t> Unravel(int64_t rank, const std::vector<int64_t>& dev_matrix) {
-  std::vector<int64_t> coord(dev_matrix.size());
-  for (size_t a = dev_matrix.size(); a-- > 0;) {
-    coord[a] = rank % dev_matrix[a];
-    rank /= dev_matrix[a];
-  }
-  return coord;
 }
 
 }  // namespace
@@ -110,10 +100,13 @@ absl::Status Layout::Validate(const Shape& global_shape) const {
     }
   }
   CKPT_ASSIGN_OR_RETURN(int64_t elements, NumElements(global_shape));
-  // 8 bytes is the widest element: every dtype's byte count must fit as well.
-  CKPT_RETURN_IF_ERROR(
-      CheckedMul(elements, 8, absl::StrCat("byte size of shape ", ShapeToString(global_shape)))
-          .status());
+  // 8 bytes is the widest element: every dtype's byte count must fit as well (the error's text is
+  // built only for a shape whose byte count overflows).
+  if (elements > std::numeric_limits<int64_t>::max() / 8) {
+    CKPT_RETURN_IF_ERROR(
+        CheckedMul(elements, 8, absl::StrCat("byte size of shape ", ShapeToString(global_shape)))
+            .status());
+  }
   const std::vector<int64_t> splits = SplitsPerDim();
   for (size_t i = 0; i < global_shape.size(); ++i) {
     if (global_shape[i] % splits[i] != 0) {
@@ -184,6 +177,13 @@ int64_t Layout::CopiesPerSlice() const { return ReplicaGroupSize() / OptShardFac
 
 absl::StatusOr<std::vector<int64_t>> Layout::CellOf(int64_t local_rank,
                                                      size_t tensor_rank) const {
+  std::vector<int64_t> cell(tensor_rank, 0);
+  CKPT_RETURN_IF_ERROR(CellInto(local_rank, absl::MakeSpan(cell)));
+  return cell;
+}
+
+absl::Status Layout::CellInto(int64_t local_rank, absl::Span<int64_t> cell) const {
+  const size_t tensor_rank = cell.size();
   const int64_t devices = DeviceCount();
   if (local_rank < 0 || local_rank >= devices) {
     return absl::OutOfRangeError(absl::StrCat("local rank ", local_rank,
@@ -196,11 +196,18 @@ absl::StatusOr<std::vector<int64_t>> Layout::CellOf(int64_t local_rank,
                                                    tensor_map.size(), " entries, tensor has ",
                                                    tensor_rank, " dims"));
   }
+  // The rank's dev_matrix coordinates, row-major (last axis fastest, as MindSpore numbers a
+  // stage's devices), and which axes split the tensor.
   const size_t n = dev_matrix.size();
-  const std::vector<int64_t> coord = Unravel(local_rank, dev_matrix);
-  std::vector<int64_t> cell(tensor_rank, 0);
-  std::vector<bool> used(n, false);
+  absl::InlinedVector<int64_t, 8> coord(n);
+  absl::InlinedVector<bool, 8> used(n, false);
+  int64_t rest = local_rank;
+  for (size_t a = n; a-- > 0;) {
+    coord[a] = rest % dev_matrix[a];
+    rest /= dev_matrix[a];
+  }
   for (size_t i = 0; i < tensor_rank; ++i) {
+    cell[i] = 0;
     for (int32_t m : tensor_map[i]) {
       const size_t a = n - 1 - m;
       cell[i] = cell[i] * dev_matrix[a] + coord[a];
@@ -217,7 +224,7 @@ absl::StatusOr<std::vector<int64_t>> Layout::CellOf(int64_t local_rank,
     }
     cell[0] = cell[0] * k + index % k;
   }
-  return cell;
+  return absl::OkStatus();
 }
 
 Box CellBox(const Shape& global_shape, const std::vector<int64_t>& grid,

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/box.h"
 
 namespace ckpt {
@@ -62,6 +63,10 @@ struct Layout {
 
   // Grid cell (per-dim block index) held by local rank r. OUT_OF_RANGE when r >= DeviceCount().
   absl::StatusOr<std::vector<int64_t>> CellOf(int64_t local_rank, size_t tensor_rank) const;
+  // CellOf into `cell` (one entry per tensor dim, so cell.size() is the tensor rank), without
+  // allocating for layouts of up to 8 dev_matrix axes (hot loops). The same errors as CellOf;
+  // `cell` is unspecified after one.
+  absl::Status CellInto(int64_t local_rank, absl::Span<int64_t> cell) const;
   // The box of the global tensor that local rank r stores.
   absl::StatusOr<Box> SliceBox(const Shape& global_shape, int64_t local_rank) const;
   // Shape every rank stores.

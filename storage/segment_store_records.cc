@@ -112,10 +112,16 @@ absl::Status SegmentStore::CommitCheckpoint(const std::string& id, std::string_v
     return absl::Status(synced.code(),
                         absl::StrCat("syncing the chunks of ", what, ": ", synced.message()));
   }
-  std::string value = BigEndian64(data_id);
-  value.append(manifest);
+  // The record is the data id then the manifest, put from its two parts (the manifest of a
+  // checkpoint of many tensors is megabytes: not copied into one string first).
+  const std::string data_id_bytes = BigEndian64(data_id);
+  const rocksdb::Slice key_part(key);
+  const rocksdb::Slice value_parts[2] = {rocksdb::Slice(data_id_bytes),
+                                         rocksdb::Slice(manifest.data(), manifest.size())};
   rocksdb::WriteBatch batch;
-  absl::Status status = FromRocks(batch.Put(meta_, key, value), "batching " + what);
+  absl::Status status = FromRocks(
+      batch.Put(meta_, rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2)),
+      "batching " + what);
   if (status.ok()) {
     status = FromRocks(batch.Put(meta_, CommittedKey(data_id), rocksdb::Slice()),
                        "batching the committed marker of " + what);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/absl_compat.h"
 #include "core/status_macros.h"
 #include "service/engine/upload_session.h"
 
@@ -17,8 +18,8 @@ void RankUpload::BeginBatch() { batching_ = true; }
 absl::Status RankUpload::EndBatch() {
   batching_ = false;
   if (current_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": tensor ", current_->name, " is incomplete at the end of a batch"));
+    return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", Sv(current_->name),
+                                                   " is incomplete at the end of a batch"));
   }
   absl::Status stored = absl::OkStatus();
   if (!batch_writes_.empty()) {
@@ -45,7 +46,7 @@ absl::Status RankUpload::EndBatch() {
   }
   std::lock_guard<std::mutex> lock(pending_->mu_);
   absl::Status marked = absl::OkStatus();
-  for (const WrittenSlice& slice : batch_slices_) {
+  for (WrittenSlice& slice : batch_slices_) {
     marked = MarkWrittenLocked(slice);
     if (!marked.ok()) break;
   }
@@ -58,31 +59,30 @@ absl::Status RankUpload::EndBatch() {
 absl::Status RankUpload::AddBatch(const std::vector<BatchTensor>& tensors) {
   if (current_) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": a tensor batch came while tensor ",
-                                                   current_->name, "'s bytes were still due"));
+                                                   Sv(current_->name), "'s bytes were still due"));
   }
   const size_t n = tensors.size();
   if (prepared_.size() < n) prepared_.resize(n);
-  // Every header on its own, in order (a tensor named twice in the batch is refused, as across
-  // batches), and every tensor whole.
+  // Every header on its own, in order, and every tensor whole.
   for (size_t i = 0; i < n; ++i) {
     const BatchTensor& t = tensors[i];
     Prepared& p = prepared_[i];
     CKPT_RETURN_IF_ERROR(PrepareTensor(*t.header, &p));
     if (static_cast<int64_t>(t.data.size()) != p.cur.total) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(), ": batched tensor ", p.cur.name, " carries ", t.data.size(),
+          absl::StrCat(Where(), ": batched tensor ", Sv(p.cur.name), " carries ", t.data.size(),
                        " of its ", p.cur.total, " bytes (a batch holds whole tensors)"));
     }
-    sent_.insert(p.cur.name);
     bytes_announced_ += p.cur.total;
   }
-  // Every slice claimed under one lock.
+  // Every slice claimed under one lock (a tensor named twice in the batch is refused there, as
+  // across batches).
   {
     std::lock_guard<std::mutex> lock(pending_->mu_);
     pending_->last_activity_ = absl::Now();
     for (size_t i = 0; i < n; ++i) {
       Prepared& p = prepared_[i];
-      CKPT_RETURN_IF_ERROR(AddTensorLocked(p.layout, p.local, &p.cur));
+      CKPT_RETURN_IF_ERROR(AddTensorLocked(p.local, &p.cur));
       ++position_;
     }
   }

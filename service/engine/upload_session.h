@@ -11,17 +11,16 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
-#include "absl/container/btree_map.h"
-#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "google/protobuf/arena.h"
 #include "ckpt.pb.h"
-#include "ckpt_records.pb.h"
 #include "core/band_chunker.h"
 #include "core/chunk_grid.h"
 #include "core/dtype.h"
@@ -90,49 +89,78 @@ class PendingCheckpoint {
  private:
   friend class RankUpload;
 
-  // One whole tensor of a batch (an UploadTensorBatch): its header and all of its bytes, borrowed.
-  struct BatchTensor {
-    const v1::UploadTensorHeader* header = nullptr;
-    std::string_view data;
-  };
-
-  enum class BlobState { kWriting, kDone };
-  struct Blob {
-    records::BlobRecord* record = nullptr;  // on arena_ (NewBlob)
+  enum class BlobState : uint8_t { kWriting, kDone };
+  // One stored blob: a sharded tensor's grid cell or a verbatim tensor's variant. Its manifest
+  // record (box, tile, blob index) is worked out from these when the manifest is built.
+  struct Slice {
+    int64_t cell = 0;  // sharded: the row-major grid cell; verbatim: the variant (its blob index)
+    int64_t total_bytes = 0;
+    int32_t owner_rank = -1;  // the rank that writes it
     BlobState state = BlobState::kWriting;
-    int64_t owner_rank = -1;
+    absl::InlinedVector<uint64_t, 1> checksums;  // per chunk, in chunk order (once kDone)
+    absl::InlinedVector<int32_t, 2> holders;     // ranks whose files hold these bytes, ascending
+    // Verbatim: the tile of its own chunk grid. A sharded cell's is its tensor's cell_chunks'.
+    std::vector<int64_t> tile;
   };
+  // Grids of up to this many cells find a claimed cell through a dense table (4 bytes a cell),
+  // larger ones through a hash map, so that a tensor costs memory in proportion to the slices
+  // received rather than to its grid.
+  static constexpr int64_t kDenseCells = 256;
   struct Tensor {
-    // On arena_; its blobs are lent to it only while the manifest is serialised.
-    records::TensorRecord* record = nullptr;
+    std::string name;  // tensors_'s key views it
     DType dtype = DType::kFloat32;
     const Layout* layout = nullptr;  // sharded: its layout in strategy_ (which outlives it)
-    Shape global;                   // the global shape (record.global_shape)
+    Shape global;                    // the global shape
     // Sharded: the first slice's local shape (whose global shape is `global`), the layout's grid
-    // of cells, and the chunk grid of a cell (once made: never changed while the tensor lives).
+    // of cells and their number, and the chunk grid of a cell (every cell of a layout has the
+    // same shape), in cell_grids_ (once set, never changed while the tensor lives).
     Shape known_local;
     std::vector<int64_t> cell_grid;
-    std::optional<ChunkGrid> cell_chunks;
-    absl::btree_map<int64_t, Blob> cells;  // sharded: grid cell -> blob
-    std::vector<Blob> variants;     // verbatim: distinct contents
-    absl::btree_set<int64_t> ranks;  // ranks that sent it
-    int64_t first_rank = 0;         // order key: (first_rank, position)
+    int64_t cell_count = 0;
+    const ChunkGrid* cell_chunks = nullptr;
+    // Sharded: the cells claimed so far, in the order claimed. Verbatim: the distinct contents,
+    // in the order stored.
+    std::vector<Slice> slices;
+    // Sharded: cell -> index in `slices` (-1: unclaimed), dense for grids of up to kDenseCells
+    // cells, else in sparse_slots.
+    std::vector<int32_t> dense_slots;
+    absl::flat_hash_map<int64_t, int32_t> sparse_slots;
+    int32_t rank_count = 0;  // ranks that sent it
+    int64_t first_rank = 0;  // order key: (first_rank, position)
     int64_t position = 0;
+    uint32_t tensor_index = 0;
     uint32_t next_blob_index = 0;
     // A rank is storing a new variant (RankUpload::StoreVerbatim); others wait for it on cv_.
     bool storing_variant = false;
+    // A parameter of the strategy under its own name (not an optimizer state inheriting one).
+    bool strategy_param = false;
+
+    // The claimed cell `cell` of a sharded tensor, or null. The pointer is valid until the next
+    // AddCell or EraseSlice.
+    Slice* FindCell(int64_t cell);
+    // Claims cell `cell` (not claimed yet) of a sharded tensor.
+    Slice& AddCell(int64_t cell);
+    // The variant whose blob index is `blob_index` of a verbatim tensor, or null.
+    Slice* FindVariant(int64_t blob_index);
+    // Drops slices[i]: a sharded tensor's cell (the last slice takes its place) or a verbatim
+    // tensor's variant (the order of the others is kept).
+    void EraseSlice(size_t i);
+    // The box of grid cell `cell` in global coordinates (sharded); the second form reuses the
+    // storage of `*box`.
+    Box CellBoxOf(int64_t cell) const;
+    void CellBoxOf(int64_t cell, Box* box) const;
+    // The shape of every cell (sharded).
+    Shape CellShape() const;
   };
 
-  // The manifest's wire form; requires mu_ held and every rank received. Leaves the records as
-  // they were.
+  // The chunk grid of a slice of `shape` with `elem_bits` bits per element, made once per pending
+  // checkpoint (tensors of one shape share it); null when ChunkGrid::Make refuses the shape.
+  // mu_ held. The grid stays at its address, unchanged, while the pending checkpoint lives.
+  const ChunkGrid* CellGrid(const Shape& shape, int elem_bits);
+  // The manifest's wire form; requires mu_ held and every rank received.
   std::string SerializeManifest();
-  // A blob whose record is on arena_; mu_ held.
-  Blob NewBlob() {
-    Blob blob;
-    blob.record = google::protobuf::Arena::CreateMessage<records::BlobRecord>(&arena_);
-    return blob;
-  }
-  void ReleaseRank(int64_t rank);  // mu_ held: undo a failed rank's contributions
+  // mu_ held: undo a failed rank's contributions. `sent`: the tensor indexes it sent.
+  void ReleaseRank(int64_t rank, const std::vector<bool>& sent);
 
   const std::string id_;
   const std::string strategy_name_;
@@ -140,15 +168,15 @@ class PendingCheckpoint {
   const uint64_t data_id_;
   CheckpointStore* const store_;
   const UploadOptions options_;
+  // By pipeline stage: the strategy's parameters that the stage holds.
+  std::vector<int64_t> stage_params_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  // The tensors' and blobs' records: allocated without a heap call each and freed all at once
-  // with the pending checkpoint (a record dropped by ReleaseRank stays until then). Declared
-  // before tensors_, which refers to it, so destroyed after it.
-  google::protobuf::Arena arena_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_;
+  // By name (a view of the tensor's own name).
+  absl::flat_hash_map<std::string_view, std::unique_ptr<Tensor>> tensors_;
   std::uint32_t next_tensor_index_ = 0;
+  absl::node_hash_map<std::pair<Shape, int>, ChunkGrid> cell_grids_;  // CellGrid's
   std::set<int64_t> received_;
   std::set<int64_t> active_;
   std::map<int64_t, std::string> source_files_;
@@ -193,48 +221,46 @@ class RankUpload {
   RankUpload(std::shared_ptr<PendingCheckpoint> pending, int64_t rank);
 
   enum class Mode { kWrite, kVerify, kBuffer };
+  using Checksums = absl::InlinedVector<uint64_t, 1>;
   struct Current {
-    std::string name;
+    // The header's name (valid while the header is) until the slice is claimed, then its
+    // tensor's own.
+    std::string_view name;
     DType dtype = DType::kFloat32;
     Mode mode = Mode::kWrite;
-    Box box;  // the slice in global coordinates
     int64_t total = 0;
     int64_t received = 0;
-    int64_t cell = 0;
+    int64_t cell = 0;  // sharded: the grid cell
     uint32_t tensor_index = 0;
     uint32_t blob_index = 0;
-    PendingCheckpoint::Tensor* tensor = nullptr;  // set by AddTensorLocked (see WrittenSlice)
-    const ChunkGrid* grid = nullptr;     // the tensor's cell_chunks, when made (AddTensorLocked)
+    // Set by AddTensorLocked; stays in tensors_ while this rank holds it (only this rank's
+    // ReleaseRank, on this thread, can drop it).
+    PendingCheckpoint::Tensor* tensor = nullptr;
+    const ChunkGrid* grid = nullptr;     // sharded: the tensor's cell_chunks, when made
     std::optional<BandChunker> chunker;  // cuts the slice's bytes into chunks, band by band
-    std::vector<int64_t> tile;           // the slice's chunk tile (empty for 0 bytes)
-    std::string value;  // the whole value, while buffered for a verbatim comparison (kBuffer)
-    std::vector<uint64_t> checksums;  // per chunk, in chunk order
+    std::vector<int64_t> tile;  // verbatim: the tile of its own chunk grid (empty for 0 bytes)
+    std::string value;    // the whole value, while buffered for a verbatim comparison (kBuffer)
+    Checksums checksums;  // per chunk, in chunk order
   };
   // A slice written in a batch, marked complete by EndBatch.
   struct WrittenSlice {
-    // Stays in tensors_ while this rank holds it (only this rank's ReleaseRank, on this thread,
-    // can drop it).
-    PendingCheckpoint::Tensor* tensor = nullptr;
-    std::string name;
-    int64_t cell = 0;         // sharded: the grid cell
-    uint32_t blob_index = 0;  // verbatim: the variant
-    std::vector<int64_t> tile;
-    std::vector<uint64_t> checksums;
+    PendingCheckpoint::Tensor* tensor = nullptr;  // as Current::tensor
+    int64_t cell = 0;                             // sharded: the grid cell; verbatim: the variant
+    std::vector<int64_t> tile;                    // verbatim
+    Checksums checksums;
     int64_t total = 0;
   };
+  // A replica of a slice another rank writes, compared with it at Finish.
   struct Verification {
-    std::string name;
+    PendingCheckpoint::Tensor* tensor = nullptr;  // as Current::tensor
     int64_t cell = 0;
-    std::vector<uint64_t> checksums;
-    Box box;
+    Checksums checksums;
   };
 
-  // A tensor header checked on its own: the slice to claim (cur), its local shape and its layout
-  // (null: verbatim).
+  // A tensor header checked on its own: the slice to claim (cur) and its local shape.
   struct Prepared {
     Current cur;
     Shape local;
-    const Layout* layout = nullptr;
   };
   absl::Status PrepareTensor(const v1::UploadTensorHeader& header, Prepared* p) const;
   // Makes the claimed slice `cur` current: its chunk grid and chunker. `whole`: all of its bytes
@@ -247,40 +273,53 @@ class RankUpload {
   // The global shape of a slice of shape `local` under `layout` (null: the tensor is verbatim, so
   // `local`); INVALID_ARGUMENT when this rank's stage does not hold the tensor or the shape does
   // not fit the layout.
-  absl::StatusOr<Shape> GlobalShape(const std::string& name, const Layout* layout,
+  absl::StatusOr<Shape> GlobalShape(std::string_view name, const Layout* layout,
                                     const Shape& local) const;
-  // Records the slice in the pending checkpoint (creating its tensor on first sight), checks it
-  // against the copies earlier ranks sent, and claims its cell or variant in `cur`. GlobalShape's
-  // error is returned after the dtype check. pending_->mu_ held.
-  absl::Status AddTensorLocked(const Layout* layout, const Shape& local, Current* cur);
+  // Records the slice in the pending checkpoint (creating its tensor, with its layout in the
+  // strategy, on first sight), checks it against the copies earlier ranks sent, and claims its
+  // cell or variant in `cur`. INVALID_ARGUMENT when this rank sent the tensor before.
+  // pending_->mu_ held.
+  absl::Status AddTensorLocked(const Shape& local, Current* cur);
   // A sharded slice: its grid cell, written by this rank or verified against the rank that
   // writes it. pending_->mu_ held.
-  void ClaimCellLocked(PendingCheckpoint::Tensor& t, const Layout& layout, const Shape& global,
-                       Current* cur);
+  absl::Status ClaimCellLocked(PendingCheckpoint::Tensor& t, Current* cur);
   // A verbatim tensor: buffered for comparison with other ranks' copies when small, else
   // written as a variant of its own. pending_->mu_ held.
-  void ClaimVariantLocked(PendingCheckpoint::Tensor& t, const Shape& global, Current* cur);
+  void ClaimVariantLocked(PendingCheckpoint::Tensor& t, Current* cur);
   // Finish's steps: every parameter of this rank's pipeline stage was sent; every replica equals
   // the stored copy (waiting for the rank that writes it; pending_->mu_ held by `lock`); and, for
-  // the last rank, the completeness check and the commit (pending_->mu_ held).
-  absl::Status CheckStageSent() const;
+  // the last rank, the completeness check and the commit. pending_->mu_ held.
+  absl::Status CheckStageSentLocked() const;
   absl::Status VerifyReplicasLocked(std::unique_lock<std::mutex>& lock);
   absl::Status CommitLocked();
   // Feeds slice bytes to the chunker, flushing every band it completes.
   absl::Status ChunkBands(std::string_view data);
   absl::Status FlushBand();  // checksums and (unless verifying) writes the chunker's full band
   absl::Status FinishTensor();
+  // FinishTensor's work for the slice `c` (current_ or a slice finished before it became
+  // current): queued for EndBatch, marked written, or kept for verification.
+  absl::Status CompleteSlice(Current& c);
   // Records a written slice's tile, checksums and size and marks it complete. pending_->mu_ held.
-  absl::Status MarkWrittenLocked(const WrittenSlice& slice);
+  absl::Status MarkWrittenLocked(WrittenSlice& slice);
   absl::Status StoreVerbatim();
   std::string Where() const;  // "checkpoint X rank R"
+  // True when this rank sent the tensor of index `tensor_index`.
+  bool Sent(uint32_t tensor_index) const {
+    return tensor_index < sent_.size() && sent_[tensor_index];
+  }
 
   std::shared_ptr<PendingCheckpoint> pending_;
   const int64_t rank_;
   const int32_t stage_;
   const int64_t local_rank_;
   std::optional<Current> current_;
-  absl::flat_hash_set<std::string> sent_;
+  // By tensor index (PendingCheckpoint::Tensor::tensor_index): the tensors this rank sent, set
+  // when their slice is claimed; and how many.
+  std::vector<bool> sent_;
+  int64_t tensors_sent_ = 0;
+  // Of them, parameters of the strategy under their own name (each in this rank's stage, or its
+  // slice would have been refused).
+  int64_t params_sent_ = 0;
   std::vector<Verification> verifications_;
   // Between BeginBatch and EndBatch: chunk writes not stored yet and the slices they complete.
   // Their bytes are copied one after the other into batch_bytes_ (whose capacity is kept from

@@ -124,6 +124,42 @@ TEST(LayoutTest, RankOutOfRange) {
   EXPECT_FALSE(l.SliceBox({4}, -1).ok());
 }
 
+TEST(LayoutTest, CellIntoWritesCellOfIntoCallerStorage) {
+  // dev [2, 2, 2], map [2, -1, 0] with an optimizer shard of 2 over the unused axis: 8 cells.
+  Layout l = Plain({2, 2, 2}, {2, -1, 0});
+  l.opt_shard_step = 1;
+  l.opt_shard_size = 2;
+  ASSERT_TRUE(l.Validate({8, 3, 4}).ok());
+  std::vector<int64_t> cell(3, -7);  // stale values: every entry is overwritten
+  for (int64_t r = 0; r < 8; ++r) {
+    ASSERT_TRUE(l.CellInto(r, absl::MakeSpan(cell)).ok()) << r;
+    EXPECT_EQ(cell, *l.CellOf(r, 3)) << r;
+  }
+  // More dev_matrix axes than are kept inline (8): the same answer as the brute-force slicer.
+  Layout wide = Plain({2, 1, 1, 1, 1, 1, 1, 1, 1, 2}, {9, 0});
+  ASSERT_TRUE(wide.Validate({4, 6}).ok());
+  std::vector<int64_t> two(2);
+  for (int64_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(wide.CellInto(r, absl::MakeSpan(two)).ok()) << r;
+    const Box box = testing::BruteForceSliceBox(wide, {4, 6}, r);
+    EXPECT_EQ(two, (std::vector<int64_t>{box.lo[0] / 2, box.lo[1] / 3})) << r;
+  }
+  // Errors as CellOf's: a rank outside the stage, a span of the wrong rank.
+  EXPECT_EQ(l.CellInto(8, absl::MakeSpan(cell)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(l.CellInto(-1, absl::MakeSpan(cell)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(l.CellInto(0, absl::MakeSpan(two)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LayoutTest, ShapesWhoseByteCountOverflowsAreRefused) {
+  const Layout l = Plain({2}, {-1});
+  const absl::Status s = l.Validate({int64_t{1} << 60});  // 8-byte elements: 2^63 bytes
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("byte size of shape [1152921504606846976] overflows int64"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(l.Validate({(int64_t{1} << 60) - 1}).ok());
+}
+
 TEST(LayoutTest, GlobalShapeFromLocal) {
   Layout l = Plain({2, 4}, {1, 0});
   EXPECT_EQ(*l.GlobalShapeFromLocal({8, 4}), (Shape{16, 16}));
