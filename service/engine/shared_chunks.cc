@@ -95,7 +95,9 @@ SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool
   Shared out;
   std::unique_lock<std::mutex> lock(mu_);
   if (count) ++stats_.requests;
+  const size_t entries_before = entries_.size();
   Entry& entry = entries_[key];
+  if (entries_.size() != entries_before) ++table_generation_;  // it may have moved the others
   if (std::shared_ptr<StreamChunk> live = LiveLocked(entry, taker)) {
     lock.unlock();
     out.status = VerifyShared(key, live);
@@ -135,8 +137,12 @@ struct SharedChunks::ManyScratch {
     Found found;
     std::shared_ptr<StreamChunk> chunk;  // kLive
     Read* read = nullptr;                // kToRead: in `reads`
+    Entry* entry = nullptr;              // kToRead: its slot, valid while generation is current
   };
   std::vector<Pending> pending;
+  // SharedChunks::table_generation_ when the slots of `pending` were found: while it has not
+  // changed, the table has moved no slot and they are still where they were.
+  uint64_t generation = 0;
   // The Reads this call registers, one allocation for all (each handed out to the table by an
   // aliasing pointer, which keeps the block alive while any waiter holds one).
   std::shared_ptr<std::vector<Read>> reads;
@@ -206,6 +212,8 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
   std::vector<ManyScratch::Pending>& pending = m.pending;
   std::shared_ptr<std::vector<Read>>& reads = m.reads;
   std::lock_guard<std::mutex> lock(mu_);
+  // Room for every request first, so that inserting them moves no slot found before.
+  entries_.reserve(entries_.size() + pending.size());
   // The table is large when many small chunks are kept: its slots are fetched a few requests
   // ahead so that their cache misses overlap.
   for (size_t i = 0; i < std::min(kPrefetchAhead, pending.size()); ++i) {
@@ -227,9 +235,11 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
       p.read = &(*reads)[m.to_read.size()];
       m.to_read.push_back(i);
       entry.in_flight = std::shared_ptr<Read>(reads, p.read);
+      p.entry = &entry;
     }
   }
-  MaybeSweepLocked();
+  MaybeSweepLocked();  // erases only: no slot moves
+  m.generation = ++table_generation_;
 }
 
 void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
@@ -251,13 +261,18 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t n = m.to_read.size();
-    for (size_t k = 0; k < std::min(kPrefetchAhead, n); ++k) {
+    // The slots found by LookUpMany, unless another stream's insertions may have moved them.
+    const bool slots_found = m.generation == table_generation_;
+    for (size_t k = 0; !slots_found && k < std::min(kPrefetchAhead, n); ++k) {
       entries_.prefetch(m.pending[m.to_read[k]].key);
     }
     for (size_t k = 0; k < n; ++k) {
-      if (k + kPrefetchAhead < n) entries_.prefetch(m.pending[m.to_read[k + kPrefetchAhead]].key);
+      if (!slots_found && k + kPrefetchAhead < n) {
+        entries_.prefetch(m.pending[m.to_read[k + kPrefetchAhead]].key);
+      }
       const ManyScratch::Pending& p = m.pending[m.to_read[k]];
-      PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker);
+      PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker,
+                    slots_found ? p.entry : nullptr);
     }
   }
   read_done_.notify_all();
@@ -266,11 +281,13 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
 void SharedChunks::PublishLocked(const Key& key, Read& read,
                                  const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                                  const std::shared_ptr<StreamChunk>& chunk,
-                                 const FetchCohort* cohort, const void* taker) {
+                                 const FetchCohort* cohort, const void* taker, Entry* slot) {
   read.done = true;
   read.status = data.status();
   read.chunk = chunk;
-  Entry& entry = entries_[key];  // references into the table may have moved meanwhile
+  // The slot registered for the read (which keeps it in the table while in flight); looked up
+  // again unless the caller knows it has not moved.
+  Entry& entry = slot != nullptr ? *slot : entries_[key];
   entry.in_flight.reset();
   if (chunk) {
     ++stats_.store_reads;
@@ -623,7 +640,7 @@ void SharedChunks::List::Unlink(StreamChunk* c) {
 std::shared_ptr<StreamChunk> SharedChunks::DropLocked(StreamChunk& chunk) {
   StreamChunk::Kept& k = chunk.kept_;
   CountDroppedLocked(chunk);
-  (k.spare ? spare_ : wanted_).Unlink(&chunk);
+  ListOf(k).Unlink(&chunk);
   k.taken_by.clear();
   k.taken_by.shrink_to_fit();
   k.cached = false;
@@ -637,7 +654,7 @@ void SharedChunks::UncacheLocked(StreamChunk& chunk) {
 
 void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   StreamChunk::Kept& k = chunk.kept_;
-  List& list = k.spare ? spare_ : wanted_;
+  List& list = ListOf(k);
   list.Unlink(&chunk);
   list.PushFront(&chunk);
   if (k.spare) return;
@@ -652,8 +669,8 @@ void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   // becomes spare, kept only in room no cohort needs, for members that joined since.
   ++stats_.released_taken;
   wanted_.Unlink(&chunk);
-  spare_.PushFront(&chunk);
   k.spare = true;
+  ListOf(k).PushFront(&chunk);
   k.taken_by.clear();
   k.taken_by.shrink_to_fit();
 }
@@ -667,22 +684,31 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
   StreamChunk& added = *chunk;
   StreamChunk::Kept& k = added.kept_;
   k.spare = takers <= 0;
+  k.bulk = size >= kBulkChunkBytes;
   k.takers_left = takers;
   k.taken_by.clear();
   if (reader != nullptr && !k.spare) k.taken_by.push_back(reader);
   k.self = std::move(chunk);
-  (k.spare ? spare_ : wanted_).PushFront(&added);
+  ListOf(k).PushFront(&added);
   k.cached = true;
   CountKeptLocked(added);
   while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
-    // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
-    // at the front of its list and fits the budget alone, so the victim is another one. Wanted
-    // chunks are evicted for their bytes only: what they pin is bounded by pacing (the members of
-    // a job read within the pace window of each other), and evicting them would make their
-    // cohort read them again.
+    // Spare bulk chunks go first, then small spare ones, then wanted ones, and a new chunk never
+    // displaces one of a kind that goes after its own (it is not kept instead): re-reading a
+    // bulk chunk costs little per byte (a view of a mapping), re-reading small ones costs a
+    // lookup and a hash each. The new chunk is at the front of its list and fits the budget
+    // alone, so the victim is another one. Wanted chunks are evicted for their bytes only: what
+    // they pin is bounded by pacing (the members of a job read within the pace window of each
+    // other), and evicting them would make their cohort read them again.
     const bool for_pins = stats_.cached_bytes <= cache_bytes_;
     List* from = &wanted_;
-    if (!spare_.empty() && spare_.back != &added) {
+    if (!bulk_.empty() && bulk_.back != &added) {
+      from = &bulk_;
+    } else if (k.spare && k.bulk) {
+      if (for_pins) ++stats_.evicted_for_pins;
+      UncacheLocked(added);
+      break;
+    } else if (!spare_.empty() && spare_.back != &added) {
       from = &spare_;
     } else if (k.spare) {
       if (for_pins) ++stats_.evicted_for_pins;
@@ -692,9 +718,19 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
       break;
     }
     if (for_pins) ++stats_.evicted_for_pins;
-    // The chunk's entry stays while a stream holds the chunk (live) or reads it again.
-    DropLocked(*from->back);  // the chunk goes here unless a stream holds it
+    // The chunk goes here unless a stream holds it; its entry stays while a stream holds it
+    // (live) or reads it again, and goes with it otherwise, so that the table holds about the
+    // chunks alive rather than waiting for a sweep.
+    std::shared_ptr<StreamChunk> victim = DropLocked(*from->back);
+    if (victim.use_count() == 1) EraseEntryLocked(*victim);
   }
+}
+
+void SharedChunks::EraseEntryLocked(const StreamChunk& chunk) {
+  auto it = entries_.find(KeyOf(chunk));
+  if (it == entries_.end() || it->second.in_flight) return;
+  if (it->second.live.lock().get() != &chunk) return;
+  entries_.erase(it);
 }
 
 void SharedChunks::MaybeSweepLocked() {
@@ -714,11 +750,12 @@ void SharedChunks::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   while (!wanted_.empty()) DropLocked(*wanted_.front);
   while (!spare_.empty()) DropLocked(*spare_.front);
+  while (!bulk_.empty()) DropLocked(*bulk_.front);
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (List* list : {&wanted_, &spare_}) {
+  for (List* list : {&wanted_, &spare_, &bulk_}) {
     for (StreamChunk* c = list->front; c != nullptr;) {
       StreamChunk* const next = c->kept_.next;
       if (c->address.data_id == data_id) {

@@ -17,7 +17,13 @@
 // chunks (those and a lone stream's) are kept only in room no wanted chunk needs and are evicted
 // first, so the budget goes to chunks the laggards still need. (A least-recently-used order alone
 // would keep the chunks the last replica has just used, touched most recently, and evict the ones
-// it needs next.) Within each kind the least recent go first.
+// it needs next.) Of spare chunks, *bulk* ones (kBulkChunkBytes and more) go before small ones,
+// and a spare chunk is not kept rather than displace one of a kind that goes after its own: a
+// bulk chunk costs little to read again for its size (a view of a mapping), a small one costs a
+// lookup and a hash for a few hundred bytes, so the room goes to small chunks a fetch of many
+// small tensors reads again (the tensor-parallel ranks fetched one after another share the
+// chunks at their boundaries) rather than to the large chunks streamed between them. Within each
+// kind the least recent go first.
 //
 // Pacing. Kept chunks only help streams that run within the budget of each other, so the
 // streams of one job (one checkpoint fetched for one destination: a *pace group*, JoinCohort's
@@ -122,8 +128,9 @@ struct StreamChunk {
   // `pin` are copied from `data` when it is kept, so that counting it out reads nothing else.
   friend class SharedChunks;
   struct Kept {
-    bool cached = false;                // in wanted_ or spare_ (then self, prev, next are set)
-    bool spare = false;                 // in spare_
+    bool cached = false;  // in wanted_, spare_ or bulk_ (then self, prev, next are set)
+    bool spare = false;   // in spare_ or bulk_
+    bool bulk = false;    // at least SharedChunks::kBulkChunkBytes (in bulk_ when spare)
     int takers_left = 0;                // expected takers that have not had it yet
     std::vector<const void*> taken_by;  // the takers that have had it (while wanted)
     std::shared_ptr<StreamChunk> self;  // the cache's reference
@@ -343,14 +350,18 @@ class SharedChunks {
   void LookUpMany(ManyScratch& m, const void* taker);
   void ReadMany(std::span<Request> requests, ManyScratch& m, const FetchCohort* cohort,
                 const void* taker);
+  // Spare chunks at least this large are *bulk*: evicted before smaller spare ones (see
+  // CacheLocked).
+  static constexpr int64_t kBulkChunkBytes = int64_t{64} << 10;
   // Table slots are prefetched this many requests ahead where many are looked up together.
   static constexpr size_t kPrefetchAhead = 8;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
-  // for the cohort (mu_ held; the caller notifies read_done_).
+  // for the cohort (mu_ held; the caller notifies read_done_). `slot`: key's entry when the
+  // caller knows where it is (null: looked up).
   void PublishLocked(const Key& key, Read& read,
                      const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                      const std::shared_ptr<StreamChunk>& chunk, const FetchCohort* cohort,
-                     const void* taker);
+                     const void* taker, Entry* slot = nullptr);
   // Reads `key` from the store for every requester waiting on `read`, keeps it for the cohort,
   // and returns it unverified.
   absl::StatusOr<std::shared_ptr<StreamChunk>> ReadForAll(const Key& key,
@@ -384,6 +395,9 @@ class SharedChunks {
   // table has doubled since the last sweep (mu_ held): the table stays proportional to the chunks
   // alive.
   void MaybeSweepLocked();
+  // Erases the entry of `chunk`, which nobody but the caller holds any more, unless a read of
+  // its key is in flight (mu_ held).
+  void EraseEntryLocked(const StreamChunk& chunk);
 
   friend class CohortMember;
   // Pacing (pace_mu_ held): the window; the slowest position among `group`'s pacing members
@@ -423,9 +437,14 @@ class SharedChunks {
   mutable std::mutex mu_;
   std::condition_variable read_done_;
   absl::flat_hash_map<Key, Entry> entries_;
+  // Counts the insertions that may have moved slots of entries_ (GetMany keeps its slots while
+  // it has not changed).
+  uint64_t table_generation_ = 0;
   size_t sweep_at_ = 1024;
   List wanted_;  // chunks expected takers still need, most recent first
   List spare_;   // chunks no one else is expected to take, most recent first
+  List bulk_;    // of those, the ones of at least kBulkChunkBytes
+  List& ListOf(const StreamChunk::Kept& k) { return !k.spare ? wanted_ : k.bulk ? bulk_ : spare_; }
   absl::flat_hash_map<std::string, std::weak_ptr<FetchCohort>> cohorts_;
   size_t cohort_sweep_at_ = 64;
   // The mappings kept chunks pin (ChunkData::Pin::id): how many kept chunks pin each.
