@@ -718,19 +718,9 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
       break;
     }
     if (for_pins) ++stats_.evicted_for_pins;
-    // The chunk goes here unless a stream holds it; its entry stays while a stream holds it
-    // (live) or reads it again, and goes with it otherwise, so that the table holds about the
-    // chunks alive rather than waiting for a sweep.
-    std::shared_ptr<StreamChunk> victim = DropLocked(*from->back);
-    if (victim.use_count() == 1) EraseEntryLocked(*victim);
+    // The chunk's entry stays while a stream holds the chunk (live) or reads it again.
+    DropLocked(*from->back);  // the chunk goes here unless a stream holds it
   }
-}
-
-void SharedChunks::EraseEntryLocked(const StreamChunk& chunk) {
-  auto it = entries_.find(KeyOf(chunk));
-  if (it == entries_.end() || it->second.in_flight) return;
-  if (it->second.live.lock().get() != &chunk) return;
-  entries_.erase(it);
 }
 
 void SharedChunks::MaybeSweepLocked() {

@@ -395,9 +395,6 @@ class SharedChunks {
   // table has doubled since the last sweep (mu_ held): the table stays proportional to the chunks
   // alive.
   void MaybeSweepLocked();
-  // Erases the entry of `chunk`, which nobody but the caller holds any more, unless a read of
-  // its key is in flight (mu_ held).
-  void EraseEntryLocked(const StreamChunk& chunk);
 
   friend class CohortMember;
   // Pacing (pace_mu_ held): the window; the slowest position among `group`'s pacing members
