@@ -371,71 +371,18 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(
 void SegmentStore::ReadChunksUnverified(
     std::span<const ChunkAddress> addresses,
     std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) {
-  // Small chunks of committed data are read in runs of those that lie together in their segment
-  // file (a fetch of many small tensors asks for the chunks of a few source ranks, each rank's
-  // stored one after the other), with one read each, every chunk a view of its run (the reader
-  // still verifies each against its own checksum). What such a chunk keeps resident is then its
-  // run, not a mapped window many times its size (a cache of small chunks that pinned windows
-  // would hold few of them). Chunks larger than kRunChunkBytes are views of mapped windows as
-  // ReadLocated gives them.
-  constexpr uint64_t kRunChunkBytes = uint64_t{64} << 10;
-  constexpr uint64_t kRunBytes = uint64_t{128} << 10;  // a run's most bytes
-  constexpr uint64_t kRunGapBytes = 4096;            // bytes of others read through, at most
   out->clear();
-  out->resize(addresses.size());
+  out->reserve(addresses.size());
   // The locations of every chunk whose blob is cached, under one lock; the others (blobs not
   // scanned yet, chunks of live data) as ReadChunkUnverified finds them.
   std::vector<LocationCache::Lookup> found;
   location_cache_->FindMany(addresses, &found);
-  std::vector<uint32_t> small;  // indexes of the chunks that may be part of a run
   for (size_t i = 0; i < addresses.size(); ++i) {
-    const std::optional<ChunkLocation>& l = found[i].location;
-    if (found[i].blob_cached && l && l->length > 0 && l->length <= kRunChunkBytes) {
-      small.push_back(static_cast<uint32_t>(i));
-    } else if (found[i].blob_cached && l) {
-      (*out)[i] = ReadLocated(addresses[i], *l);
+    if (found[i].blob_cached && found[i].location) {
+      out->push_back(ReadLocated(addresses[i], *found[i].location));
     } else {
-      (*out)[i] = ReadChunkUnverified(addresses[i]);
+      out->push_back(ReadChunkUnverified(addresses[i]));
     }
-  }
-  if (small.empty()) return;
-  auto offset = [&](uint32_t i) { return found[i].location->offset; };
-  auto end = [&](uint32_t i) { return found[i].location->offset + found[i].location->length; };
-  std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
-    return std::tie(addresses[a].data_id, found[a].location->offset) <
-           std::tie(addresses[b].data_id, found[b].location->offset);
-  });
-  for (size_t first = 0; first < small.size();) {
-    // The run: [first, last) of `small`, at [run_begin, run_end) of the file.
-    const uint64_t data_id = addresses[small[first]].data_id;
-    const uint64_t run_begin = offset(small[first]);
-    uint64_t run_end = end(small[first]);
-    size_t last = first + 1;
-    while (last < small.size() && addresses[small[last]].data_id == data_id &&
-           offset(small[last]) <= run_end + kRunGapBytes &&
-           std::max(run_end, end(small[last])) - run_begin <= kRunBytes) {
-      run_end = std::max(run_end, end(small[last]));
-      ++last;
-    }
-    absl::StatusOr<std::shared_ptr<const segment_internal::RunBuffer>> run;
-    run = reader_->ReadRun(data_id, run_begin, run_end - run_begin);
-    int64_t run_chunks = 0, run_chunk_bytes = 0;
-    for (size_t k = first; k < last; ++k) {
-      const uint32_t i = small[k];
-      const ChunkLocation& l = *found[i].location;
-      if (run.ok() && *run != nullptr) {
-        (*out)[i] = segment_internal::RunView(*run, l.offset, l.length);
-        ++run_chunks;
-        run_chunk_bytes += static_cast<int64_t>(l.length);
-      } else {
-        // The run could not be read (a live file, a damaged or deleted one): each chunk as
-        // ReadLocated reads it, which names it in any error.
-        (*out)[i] = ReadLocated(addresses[i], l);
-      }
-    }
-    chunks_read_.fetch_add(run_chunks, std::memory_order_relaxed);
-    chunk_bytes_read_.fetch_add(run_chunk_bytes, std::memory_order_relaxed);
-    first = last;
   }
 }
 

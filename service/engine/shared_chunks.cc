@@ -640,7 +640,7 @@ void SharedChunks::List::Unlink(StreamChunk* c) {
 std::shared_ptr<StreamChunk> SharedChunks::DropLocked(StreamChunk& chunk) {
   StreamChunk::Kept& k = chunk.kept_;
   CountDroppedLocked(chunk);
-  ListOf(k).Unlink(&chunk);
+  (k.spare ? spare_ : wanted_).Unlink(&chunk);
   k.taken_by.clear();
   k.taken_by.shrink_to_fit();
   k.cached = false;
@@ -654,7 +654,7 @@ void SharedChunks::UncacheLocked(StreamChunk& chunk) {
 
 void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   StreamChunk::Kept& k = chunk.kept_;
-  List& list = ListOf(k);
+  List& list = k.spare ? spare_ : wanted_;
   list.Unlink(&chunk);
   list.PushFront(&chunk);
   if (k.spare) return;
@@ -669,8 +669,8 @@ void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   // becomes spare, kept only in room no cohort needs, for members that joined since.
   ++stats_.released_taken;
   wanted_.Unlink(&chunk);
+  spare_.PushFront(&chunk);
   k.spare = true;
-  ListOf(k).PushFront(&chunk);
   k.taken_by.clear();
   k.taken_by.shrink_to_fit();
 }
@@ -684,31 +684,22 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
   StreamChunk& added = *chunk;
   StreamChunk::Kept& k = added.kept_;
   k.spare = takers <= 0;
-  k.bulk = size >= kBulkChunkBytes;
   k.takers_left = takers;
   k.taken_by.clear();
   if (reader != nullptr && !k.spare) k.taken_by.push_back(reader);
   k.self = std::move(chunk);
-  ListOf(k).PushFront(&added);
+  (k.spare ? spare_ : wanted_).PushFront(&added);
   k.cached = true;
   CountKeptLocked(added);
   while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
-    // Spare bulk chunks go first, then small spare ones, then wanted ones, and a new chunk never
-    // displaces one of a kind that goes after its own (it is not kept instead): re-reading a
-    // bulk chunk costs little per byte (a view of a mapping), re-reading small ones costs a
-    // lookup and a hash each. The new chunk is at the front of its list and fits the budget
-    // alone, so the victim is another one. Wanted chunks are evicted for their bytes only: what
-    // they pin is bounded by pacing (the members of a job read within the pace window of each
-    // other), and evicting them would make their cohort read them again.
+    // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
+    // at the front of its list and fits the budget alone, so the victim is another one. Wanted
+    // chunks are evicted for their bytes only: what they pin is bounded by pacing (the members of
+    // a job read within the pace window of each other), and evicting them would make their
+    // cohort read them again.
     const bool for_pins = stats_.cached_bytes <= cache_bytes_;
     List* from = &wanted_;
-    if (!bulk_.empty() && bulk_.back != &added) {
-      from = &bulk_;
-    } else if (k.spare && k.bulk) {
-      if (for_pins) ++stats_.evicted_for_pins;
-      UncacheLocked(added);
-      break;
-    } else if (!spare_.empty() && spare_.back != &added) {
+    if (!spare_.empty() && spare_.back != &added) {
       from = &spare_;
     } else if (k.spare) {
       if (for_pins) ++stats_.evicted_for_pins;
@@ -740,12 +731,11 @@ void SharedChunks::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   while (!wanted_.empty()) DropLocked(*wanted_.front);
   while (!spare_.empty()) DropLocked(*spare_.front);
-  while (!bulk_.empty()) DropLocked(*bulk_.front);
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (List* list : {&wanted_, &spare_, &bulk_}) {
+  for (List* list : {&wanted_, &spare_}) {
     for (StreamChunk* c = list->front; c != nullptr;) {
       StreamChunk* const next = c->kept_.next;
       if (c->address.data_id == data_id) {

@@ -17,13 +17,7 @@
 // chunks (those and a lone stream's) are kept only in room no wanted chunk needs and are evicted
 // first, so the budget goes to chunks the laggards still need. (A least-recently-used order alone
 // would keep the chunks the last replica has just used, touched most recently, and evict the ones
-// it needs next.) Of spare chunks, *bulk* ones (kBulkChunkBytes and more) go before small ones,
-// and a spare chunk is not kept rather than displace one of a kind that goes after its own: a
-// bulk chunk costs little to read again for its size (a view of a mapping), a small one costs a
-// lookup and a hash for a few hundred bytes, so the room goes to small chunks a fetch of many
-// small tensors reads again (the tensor-parallel ranks fetched one after another share the
-// chunks at their boundaries) rather than to the large chunks streamed between them. Within each
-// kind the least recent go first.
+// it needs next.) Within each kind the least recent go first.
 //
 // Pacing. Kept chunks only help streams that run within the budget of each other, so the
 // streams of one job (one checkpoint fetched for one destination: a *pace group*, JoinCohort's
@@ -128,9 +122,8 @@ struct StreamChunk {
   // `pin` are copied from `data` when it is kept, so that counting it out reads nothing else.
   friend class SharedChunks;
   struct Kept {
-    bool cached = false;  // in wanted_, spare_ or bulk_ (then self, prev, next are set)
-    bool spare = false;   // in spare_ or bulk_
-    bool bulk = false;    // at least SharedChunks::kBulkChunkBytes (in bulk_ when spare)
+    bool cached = false;                // in wanted_ or spare_ (then self, prev, next are set)
+    bool spare = false;                 // in spare_
     int takers_left = 0;                // expected takers that have not had it yet
     std::vector<const void*> taken_by;  // the takers that have had it (while wanted)
     std::shared_ptr<StreamChunk> self;  // the cache's reference
@@ -350,9 +343,6 @@ class SharedChunks {
   void LookUpMany(ManyScratch& m, const void* taker);
   void ReadMany(std::span<Request> requests, ManyScratch& m, const FetchCohort* cohort,
                 const void* taker);
-  // Spare chunks at least this large are *bulk*: evicted before smaller spare ones (see
-  // CacheLocked).
-  static constexpr int64_t kBulkChunkBytes = int64_t{64} << 10;
   // Table slots are prefetched this many requests ahead where many are looked up together.
   static constexpr size_t kPrefetchAhead = 8;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
@@ -440,8 +430,6 @@ class SharedChunks {
   size_t sweep_at_ = 1024;
   List wanted_;  // chunks expected takers still need, most recent first
   List spare_;   // chunks no one else is expected to take, most recent first
-  List bulk_;    // of those, the ones of at least kBulkChunkBytes
-  List& ListOf(const StreamChunk::Kept& k) { return !k.spare ? wanted_ : k.bulk ? bulk_ : spare_; }
   absl::flat_hash_map<std::string, std::weak_ptr<FetchCohort>> cohorts_;
   size_t cohort_sweep_at_ = 64;
   // The mappings kept chunks pin (ChunkData::Pin::id): how many kept chunks pin each.

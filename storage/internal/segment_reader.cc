@@ -58,27 +58,7 @@ class MappedChunk final : public ChunkData {
   std::string_view bytes_;
 };
 
-// A view of a run's buffer (RunView).
-class RunChunk final : public ChunkData {
- public:
-  RunChunk(std::shared_ptr<const RunBuffer> run, std::string_view bytes)
-      : run_(std::move(run)), bytes_(bytes) {}
-  std::string_view bytes() const override { return bytes_; }
-  Pin pin() const override { return {run_.get(), run_->length}; }
-
- private:
-  std::shared_ptr<const RunBuffer> run_;
-  std::string_view bytes_;
-};
-
 }  // namespace
-
-std::unique_ptr<ChunkData> RunView(std::shared_ptr<const RunBuffer> run, uint64_t offset,
-                                   uint64_t length) {
-  const char* data = run->bytes.get() + (static_cast<int64_t>(offset) - run->offset);
-  return std::make_unique<RunChunk>(std::move(run),
-                                    std::string_view(data, static_cast<size_t>(length)));
-}
 
 struct SegmentReader::Window {
   void* addr = nullptr;
@@ -181,27 +161,6 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id,
   const auto window_length = static_cast<int64_t>(window->length);
   return std::make_unique<MappedChunk>(std::move(window), window_length,
                                        std::string_view(data, static_cast<size_t>(length)));
-}
-
-absl::StatusOr<std::shared_ptr<const RunBuffer>> SegmentReader::ReadRun(uint64_t data_id,
-                                                                         uint64_t offset,
-                                                                         uint64_t length) {
-  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<SegmentFile> file, GetFile(data_id));
-  constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-  if (offset > kMax || length > kMax - offset) {
-    return absl::DataLossError(absl::StrCat("location ", offset, "+", length,
-                                            " is past any file (damaged location record)"));
-  }
-  const auto begin = static_cast<int64_t>(offset);
-  const auto end = static_cast<int64_t>(offset + length);
-  if (file->MayHoldUnwritten()) return nullptr;
-  auto run = std::make_shared<RunBuffer>();
-  run->bytes.reset(new char[static_cast<size_t>(length)]);
-  run->offset = begin;
-  run->length = end - begin;
-  // A file too short for the run is DATA_LOSS naming it (ReadChunkBytes).
-  CKPT_RETURN_IF_ERROR(ReadChunkBytes(*file, run->bytes.get(), end - begin, begin, begin, end));
-  return run;
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::ReadCopy(const SegmentFile& file,

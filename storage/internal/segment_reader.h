@@ -32,19 +32,6 @@
 
 namespace ckpt::segment_internal {
 
-// Bytes of a segment file read into memory of their own with one read (SegmentReader::ReadRun),
-// shared by the chunks that are views of them (RunView). Immutable.
-struct RunBuffer {
-  std::unique_ptr<char[]> bytes;
-  int64_t offset = 0;  // of bytes[0] in the file
-  int64_t length = 0;
-};
-
-// The chunk at [offset, offset + length) of the file, which must lie within `run`, as a view of
-// it. Its pin is the run's buffer: all of it stays while any chunk of it is held.
-std::unique_ptr<ChunkData> RunView(std::shared_ptr<const RunBuffer> run, uint64_t offset,
-                                   uint64_t length);
-
 // Thread-safe. Chunks it returns stay valid after the reader, its directory and the file are gone
 // (a view keeps its window mapped).
 class SegmentReader {
@@ -63,14 +50,6 @@ class SegmentReader {
   // that names the chunk itself, and only on error).
   absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
                                                   uint64_t length, std::string_view what);
-  // The `length` bytes at `offset` of `data_id`'s file, read with one read (pread) into a buffer
-  // of their own: for a run of small chunks that lie together in the file, each then a view of
-  // the buffer (RunView) rather than of a mapping, so that one system call serves them all and
-  // what they keep resident is their run, not windows. Null when the file may hold bytes the
-  // writer has not written yet (a live upload's: its chunks are read one by one). DATA_LOSS
-  // naming the file when it is missing or too short. Not counted in bytes_copied().
-  absl::StatusOr<std::shared_ptr<const RunBuffer>> ReadRun(uint64_t data_id, uint64_t offset,
-                                                           uint64_t length);
   // Drops the windows of `data_id` (its file is being removed); views read before stay valid.
   void Forget(uint64_t data_id);
 

@@ -1,8 +1,7 @@
 // Reads of many small chunks through the shared layer (SharedChunks::GetMany over the segment
-// store's ReadChunksUnverified): runs of chunks stored together come back as the bytes stored,
-// each verified on its own (a damaged chunk in the middle of a run is DATA_LOSS for that chunk
-// only, a truncated file for the chunks it lost), and the shared cache keeps small spare chunks
-// before bulk ones.
+// store's ReadChunksUnverified, locations from the data id's packs): chunks stored together come
+// back as the bytes stored, each verified on its own (a damaged chunk in the middle of them is
+// DATA_LOSS for that chunk only, a truncated file for the chunks it lost).
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -108,7 +107,7 @@ class SmallChunkReadsTest : public ::testing::Test {
   mutable std::string segment_;
 };
 
-TEST_F(SmallChunkReadsTest, RunsOfStoredChunksComeBackAsStoredAndAreVerifiedOneByOne) {
+TEST_F(SmallChunkReadsTest, ChunksStoredTogetherComeBackAsStoredAndAreVerifiedOneByOne) {
   constexpr uint32_t kChunks = 400;
   ASSERT_NO_FATAL_FAILURE(Write(kChunks));
   {
@@ -117,8 +116,6 @@ TEST_F(SmallChunkReadsTest, RunsOfStoredChunksComeBackAsStoredAndAreVerifiedOneB
     ASSERT_TRUE(chunks.Get(addresses_[0], Checksum(bytes_[0])).ok());
     std::vector<uint32_t> order;
     std::vector<SharedChunks::Request> requests = Requests(&order);
-    int64_t stored = 0;
-    for (const std::string& b : bytes_) stored += static_cast<int64_t>(b.size());
     const int64_t reads_before = store_->stats().chunks_read;
     chunks.GetMany(std::span<SharedChunks::Request>(requests));
     EXPECT_EQ(store_->stats().chunks_read - reads_before, kChunks);
@@ -128,10 +125,6 @@ TEST_F(SmallChunkReadsTest, RunsOfStoredChunksComeBackAsStoredAndAreVerifiedOneB
       StreamChunk& c = **requests[k].result;
       EXPECT_TRUE(c.data->bytes() == bytes_[i]) << i;
       EXPECT_TRUE(c.Verify().ok()) << i;
-      // A view of its run (one read for many chunks), not of a mapped window of the file (which
-      // would span the whole file, all the chunks): what it keeps resident is its run.
-      EXPECT_GE(c.data->pin().bytes, static_cast<int64_t>(bytes_[i].size())) << i;
-      EXPECT_LT(c.data->pin().bytes, stored) << i;
     }
   }
   const int64_t damaged_at = OffsetInFile(kChunks / 2);
@@ -139,7 +132,7 @@ TEST_F(SmallChunkReadsTest, RunsOfStoredChunksComeBackAsStoredAndAreVerifiedOneB
   const int64_t cut_at = OffsetInFile(kChunks - 50);
   ASSERT_GT(cut_at, damaged_at);
   store_.reset();
-  {  // One bit of a chunk in the middle of the run, behind the store's back.
+  {  // One bit of a chunk in the middle, behind the store's back.
     std::fstream file(segment_, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(damaged_at + 50);
     file.put(static_cast<char>(bytes_[kChunks / 2][50] ^ 0x10));
@@ -197,50 +190,6 @@ TEST_F(SmallChunkReadsTest, RunsOfStoredChunksComeBackAsStoredAndAreVerifiedOneB
       }
     }
   }
-}
-
-// Spare chunks of kBulkChunkBytes and more go before small ones, and never displace them: small
-// chunks a lone stream read stay kept through a stream of large ones.
-TEST(SharedChunksPolicyTest, BulkSpareChunksDoNotDisplaceSmallOnes) {
-  std::unique_ptr<CheckpointStore> store = NewMemoryStore();
-  absl::StatusOr<uint64_t> id = store->BeginData();
-  ASSERT_TRUE(id.ok()) << id.status();
-  constexpr int kSmall = 120;
-  constexpr size_t kSmallBytes = 1024;
-  constexpr int kBulk = 6;
-  constexpr size_t kBulkBytes = 100 << 10;
-  std::vector<std::string> bytes;
-  std::vector<ChunkWrite> writes;
-  for (int i = 0; i < kSmall + kBulk; ++i) {
-    bytes.push_back(Bytes(i < kSmall ? kSmallBytes : kBulkBytes, 50 + i));
-  }
-  for (int i = 0; i < kSmall + kBulk; ++i) {
-    writes.push_back({{*id, static_cast<uint32_t>(i), 0, 0}, bytes[i]});
-  }
-  ASSERT_TRUE(store->PutChunks(writes).ok());
-  // Room for the small chunks and one bulk chunk, not two.
-  SharedChunks chunks(store.get(), kSmall * kSmallBytes + kBulkBytes + kBulkBytes / 2);
-  auto get = [&](int i) {
-    absl::StatusOr<std::shared_ptr<StreamChunk>> got =
-        chunks.Get({*id, static_cast<uint32_t>(i), 0, 0}, Checksum(bytes[i]));
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
-    EXPECT_TRUE((*got)->data->bytes() == bytes[i]) << i;
-  };
-  for (int i = 0; i < kSmall; ++i) ASSERT_NO_FATAL_FAILURE(get(i));
-  for (int i = kSmall; i < kSmall + kBulk; ++i) ASSERT_NO_FATAL_FAILURE(get(i));
-  EXPECT_LE(chunks.stats().cached_bytes, chunks.cache_budget());
-  const int64_t reads = chunks.stats().store_reads;
-  for (int i = 0; i < kSmall; ++i) ASSERT_NO_FATAL_FAILURE(get(i));
-  EXPECT_EQ(chunks.stats().store_reads, reads) << "small chunks were read again";
-  EXPECT_EQ(chunks.stats().cache_hits, kSmall);
-  // The last bulk chunk is kept (room for one), the ones before it are not.
-  ASSERT_NO_FATAL_FAILURE(get(kSmall + kBulk - 1));
-  EXPECT_EQ(chunks.stats().store_reads, reads);
-  ASSERT_NO_FATAL_FAILURE(get(kSmall));
-  EXPECT_EQ(chunks.stats().store_reads, reads + 1);
-  // Small chunks past the budget displace the least recent small ones, as before.
-  chunks.Clear();
-  EXPECT_EQ(chunks.stats().cached_bytes, 0);
 }
 
 }  // namespace
