@@ -95,7 +95,9 @@ SharedChunks::Shared SharedChunks::Share(const Key& key, const void* taker, bool
   Shared out;
   std::unique_lock<std::mutex> lock(mu_);
   if (count) ++stats_.requests;
+  const size_t entries_before = entries_.size();
   Entry& entry = entries_[key];
+  if (entries_.size() != entries_before) ++table_generation_;  // it may have moved the others
   if (std::shared_ptr<StreamChunk> live = LiveLocked(entry, taker)) {
     lock.unlock();
     out.status = VerifyShared(key, live);
@@ -135,8 +137,12 @@ struct SharedChunks::ManyScratch {
     Found found;
     std::shared_ptr<StreamChunk> chunk;  // kLive
     Read* read = nullptr;                // kToRead: in `reads`
+    Entry* entry = nullptr;              // kToRead: its slot, valid while generation is current
   };
   std::vector<Pending> pending;
+  // SharedChunks::table_generation_ when the slots of `pending` were found: while it has not
+  // changed, the table has moved no slot and they are still where they were.
+  uint64_t generation = 0;
   // The Reads this call registers, one allocation for all (each handed out to the table by an
   // aliasing pointer, which keeps the block alive while any waiter holds one).
   std::shared_ptr<std::vector<Read>> reads;
@@ -206,6 +212,8 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
   std::vector<ManyScratch::Pending>& pending = m.pending;
   std::shared_ptr<std::vector<Read>>& reads = m.reads;
   std::lock_guard<std::mutex> lock(mu_);
+  // Room for every request first, so that inserting them moves no slot found before.
+  entries_.reserve(entries_.size() + pending.size());
   // The table is large when many small chunks are kept: its slots are fetched a few requests
   // ahead so that their cache misses overlap.
   for (size_t i = 0; i < std::min(kPrefetchAhead, pending.size()); ++i) {
@@ -227,9 +235,11 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
       p.read = &(*reads)[m.to_read.size()];
       m.to_read.push_back(i);
       entry.in_flight = std::shared_ptr<Read>(reads, p.read);
+      p.entry = &entry;
     }
   }
-  MaybeSweepLocked();
+  MaybeSweepLocked();  // erases only: no slot moves
+  m.generation = ++table_generation_;
 }
 
 void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
@@ -251,13 +261,18 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t n = m.to_read.size();
-    for (size_t k = 0; k < std::min(kPrefetchAhead, n); ++k) {
+    // The slots found by LookUpMany, unless another stream's insertions may have moved them.
+    const bool slots_found = m.generation == table_generation_;
+    for (size_t k = 0; !slots_found && k < std::min(kPrefetchAhead, n); ++k) {
       entries_.prefetch(m.pending[m.to_read[k]].key);
     }
     for (size_t k = 0; k < n; ++k) {
-      if (k + kPrefetchAhead < n) entries_.prefetch(m.pending[m.to_read[k + kPrefetchAhead]].key);
+      if (!slots_found && k + kPrefetchAhead < n) {
+        entries_.prefetch(m.pending[m.to_read[k + kPrefetchAhead]].key);
+      }
       const ManyScratch::Pending& p = m.pending[m.to_read[k]];
-      PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker);
+      PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker,
+                    slots_found ? p.entry : nullptr);
     }
   }
   read_done_.notify_all();
@@ -266,11 +281,13 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
 void SharedChunks::PublishLocked(const Key& key, Read& read,
                                  const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                                  const std::shared_ptr<StreamChunk>& chunk,
-                                 const FetchCohort* cohort, const void* taker) {
+                                 const FetchCohort* cohort, const void* taker, Entry* slot) {
   read.done = true;
   read.status = data.status();
   read.chunk = chunk;
-  Entry& entry = entries_[key];  // references into the table may have moved meanwhile
+  // The slot registered for the read (which keeps it in the table while in flight); looked up
+  // again unless the caller knows it has not moved.
+  Entry& entry = slot != nullptr ? *slot : entries_[key];
   entry.in_flight.reset();
   if (chunk) {
     ++stats_.store_reads;

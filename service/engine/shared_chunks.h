@@ -346,11 +346,12 @@ class SharedChunks {
   // Table slots are prefetched this many requests ahead where many are looked up together.
   static constexpr size_t kPrefetchAhead = 8;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
-  // for the cohort (mu_ held; the caller notifies read_done_).
+  // for the cohort (mu_ held; the caller notifies read_done_). `slot`: key's entry when the
+  // caller knows where it is (null: looked up).
   void PublishLocked(const Key& key, Read& read,
                      const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                      const std::shared_ptr<StreamChunk>& chunk, const FetchCohort* cohort,
-                     const void* taker);
+                     const void* taker, Entry* slot = nullptr);
   // Reads `key` from the store for every requester waiting on `read`, keeps it for the cohort,
   // and returns it unverified.
   absl::StatusOr<std::shared_ptr<StreamChunk>> ReadForAll(const Key& key,
@@ -423,6 +424,9 @@ class SharedChunks {
   mutable std::mutex mu_;
   std::condition_variable read_done_;
   absl::flat_hash_map<Key, Entry> entries_;
+  // Counts the insertions that may have moved slots of entries_ (GetMany keeps its slots while
+  // it has not changed).
+  uint64_t table_generation_ = 0;
   size_t sweep_at_ = 1024;
   List wanted_;  // chunks expected takers still need, most recent first
   List spare_;   // chunks no one else is expected to take, most recent first

@@ -14,19 +14,75 @@ void LocationCache::FindMany(std::span<const ChunkAddress> addresses, std::vecto
   out->clear();
   out->reserve(addresses.size());
   std::lock_guard<std::mutex> lock(mu_);
-  for (const ChunkAddress& a : addresses) out->push_back(FindLocked(a));
+  // The packs of the data id of the previous address and the position after its entry: a
+  // fetch asks for addresses in about the packs' order, so each is found by stepping on from
+  // there (FindPackedFrom) rather than by a search of the whole table.
+  const Packs* packs = nullptr;
+  uint64_t packs_id = 0;
+  size_t hint = 0;
+  for (const ChunkAddress& a : addresses) {
+    if (!index_.empty()) {
+      if (auto it = index_.find(BlobKey{a.data_id, a.tensor, a.blob}); it != index_.end()) {
+        out->push_back(FromBlobLocked(it->second, a));
+        continue;
+      }
+    }
+    if (packs == nullptr || packs_id != a.data_id) {
+      auto it = packs_index_.find(a.data_id);
+      if (it == packs_index_.end()) {
+        out->push_back({});
+        packs = nullptr;
+        continue;
+      }
+      packs_lru_.splice(packs_lru_.begin(), packs_lru_, it->second);
+      packs = &it->second->second;
+      packs_id = a.data_id;
+      hint = 0;
+    }
+    std::optional<ChunkLocation> location = FindPackedFrom(*packs, a, &hint);
+    out->push_back({location.has_value(), location, true});
+  }
 }
+
+namespace {
+bool Before(const PackEntry& e, const ChunkAddress& a) {
+  return std::tie(e.tensor, e.blob, e.chunk) < std::tie(a.tensor, a.blob, a.chunk);
+}
+}  // namespace
 
 std::optional<ChunkLocation> LocationCache::FindPacked(const Packs& packs,
                                                        const ChunkAddress& address) {
-  auto at = std::lower_bound(
-      packs.begin(), packs.end(), address, [](const PackEntry& e, const ChunkAddress& a) {
-        return std::tie(e.tensor, e.blob, e.chunk) < std::tie(a.tensor, a.blob, a.chunk);
-      });
+  size_t hint = 0;
+  return FindPackedFrom(packs, address, &hint);
+}
+
+std::optional<ChunkLocation> LocationCache::FindPackedFrom(const Packs& packs,
+                                                           const ChunkAddress& address,
+                                                           size_t* hint) {
+  // The first entry not before `address`: searched in [lo, hi).
+  size_t lo = 0;
+  size_t hi = packs.size();
+  const size_t from = std::min(*hint, packs.size());
+  if (from > 0 && !Before(packs[from - 1], address)) {
+    hi = from;  // behind the hint: a search of what precedes it
+  } else {
+    // At or after the hint: steps of 1, 2, 4, ... bound it, then a search between the last two.
+    lo = from;
+    size_t step = 1;
+    while (lo + step <= packs.size() && Before(packs[lo + step - 1], address)) {
+      lo += step;
+      step *= 2;
+    }
+    hi = std::min(packs.size(), lo + step);
+  }
+  auto at = std::lower_bound(packs.begin() + static_cast<std::ptrdiff_t>(lo),
+                             packs.begin() + static_cast<std::ptrdiff_t>(hi), address, Before);
+  *hint = static_cast<size_t>(at - packs.begin());
   if (at == packs.end() || at->tensor != address.tensor || at->blob != address.blob ||
       at->chunk != address.chunk) {
     return std::nullopt;
   }
+  ++*hint;
   return at->location;
 }
 
@@ -39,8 +95,13 @@ LocationCache::Lookup LocationCache::FindLocked(const ChunkAddress& address) {
     std::optional<ChunkLocation> location = FindPacked(packs->second->second, address);
     return {location.has_value(), location, true};
   }
-  lru_.splice(lru_.begin(), lru_, it->second);
-  const Locations& locations = it->second->second;
+  return FromBlobLocked(it->second, address);
+}
+
+LocationCache::Lookup LocationCache::FromBlobLocked(std::list<Entry>::iterator blob,
+                                                    const ChunkAddress& address) {
+  lru_.splice(lru_.begin(), lru_, blob);
+  const Locations& locations = blob->second;
   if (address.chunk >= locations.size()) return {true, std::nullopt};
   const ChunkLocation& location = locations[address.chunk];
   if (location.offset == kNoChunk.offset && location.length == kNoChunk.length) {

@@ -57,6 +57,11 @@ class LocationCache {
   void InsertPacks(uint64_t data_id, Packs packs);
   // The location of `address` in sorted `packs`, if there.
   static std::optional<ChunkLocation> FindPacked(const Packs& packs, const ChunkAddress& address);
+  // FindPacked, searching from `*hint` (an index into `packs`) outwards, and setting `*hint` to
+  // just after the entry found (or to where it would be): for addresses asked for in about the
+  // packs' order, each found in a few steps.
+  static std::optional<ChunkLocation> FindPackedFrom(const Packs& packs,
+                                                     const ChunkAddress& address, size_t* hint);
   // Drops every blob and the packs of `data_id`.
   void EraseData(uint64_t data_id);
   // Locations held now (as counted against the bound).
@@ -80,6 +85,8 @@ class LocationCache {
   void ErasePacksLocked(std::list<PacksEntry>::iterator it);
   // Find with mu_ held.
   Lookup FindLocked(const ChunkAddress& address);
+  // FindLocked's answer for an address of the kept `blob`.
+  Lookup FromBlobLocked(std::list<Entry>::iterator blob, const ChunkAddress& address);
 
   const size_t max_locations_;
   mutable std::mutex mu_;

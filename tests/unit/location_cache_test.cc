@@ -1,6 +1,7 @@
 // storage/internal/location_cache.h: the segment store's in-memory chunk locations of blobs.
 #include "storage/internal/location_cache.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,64 @@ TEST(LocationCacheTest, FindManyIsFindOfEach) {
   EXPECT_FALSE(many[1].location.has_value());
   EXPECT_FALSE(many[2].blob_cached);
   EXPECT_EQ(many[3].location->offset, 7000u);
+}
+
+// FindMany finds packed locations by stepping on from the previous address's entry: in order,
+// out of order, repeated, missing, and across data ids, it answers as FindPacked does.
+TEST(LocationCacheTest, FindManyOfPackedAddressesInAnyOrderIsFindPackedOfEach) {
+  LocationCache cache(100000);
+  LocationCache::Packs packs;
+  for (uint32_t t = 0; t < 300; ++t) {
+    for (uint32_t b = 0; b < 3; ++b) {
+      if ((t + b) % 7 == 3) continue;  // gaps
+      packs.push_back({t, b, 0, {uint64_t{t} * 1000 + b * 10, 5 + b}});
+    }
+  }
+  cache.InsertPacks(4, packs);
+  cache.InsertPacks(5, {{0, 0, 0, {77, 1}}});
+  std::vector<ChunkAddress> addresses;
+  for (uint32_t t = 0; t < 300; ++t) addresses.push_back({4, t, t % 3, 0});  // in order
+  for (uint32_t t = 300; t-- > 0;) addresses.push_back({4, t, 1, 0});       // backwards
+  for (uint32_t t = 0; t < 300; t += 37) {
+    addresses.push_back({4, t, 2, 0});
+    addresses.push_back({4, t, 2, 0});  // twice
+    addresses.push_back({5, 0, 0, 0});  // another data id between
+    addresses.push_back({4, t, 2, 1});  // a chunk index not stored
+    addresses.push_back({4, (t * 97) % 300, 0, 0});
+  }
+  addresses.push_back({4, 999, 0, 0});  // past the last entry
+  addresses.push_back({6, 0, 0, 0});    // a data id without packs
+  std::vector<LocationCache::Lookup> many;
+  cache.FindMany(addresses, &many);
+  ASSERT_EQ(many.size(), addresses.size());
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const ChunkAddress& a = addresses[i];
+    const std::optional<ChunkLocation> want =
+        a.data_id == 4 ? LocationCache::FindPacked(packs, a)
+                       : (a.data_id == 5 && a.tensor == 0 ? std::optional<ChunkLocation>({77, 1})
+                                                          : std::nullopt);
+    EXPECT_EQ(many[i].packs_known, a.data_id != 6) << a.ToString();
+    EXPECT_EQ(many[i].blob_cached, want.has_value()) << a.ToString();
+    ASSERT_EQ(many[i].location.has_value(), want.has_value()) << a.ToString();
+    if (want) {
+      EXPECT_EQ(many[i].location->offset, want->offset) << a.ToString();
+      EXPECT_EQ(many[i].location->length, want->length) << a.ToString();
+    }
+  }
+  // And FindPackedFrom itself, from every hint, for every address.
+  for (size_t hint = 0; hint <= packs.size(); hint += 13) {
+    for (const ChunkAddress& a : addresses) {
+      if (a.data_id != 4) continue;
+      size_t h = hint;
+      const std::optional<ChunkLocation> got = LocationCache::FindPackedFrom(packs, a, &h);
+      const std::optional<ChunkLocation> want = LocationCache::FindPacked(packs, a);
+      ASSERT_EQ(got.has_value(), want.has_value()) << a.ToString() << " from " << hint;
+      if (want) {
+        EXPECT_EQ(got->offset, want->offset) << a.ToString() << " from " << hint;
+      }
+      EXPECT_LE(h, packs.size());
+    }
+  }
 }
 
 TEST(LocationCacheTest, FindsKeptChunksAndTellsAKeptBlobFromAnUnknownOne) {
