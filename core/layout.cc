@@ -41,9 +41,9 @@ absl::Status Layout::ValidateStructure() const {
   for (size_t i = 0; i < tensor_map.size(); ++i) {
     for (int32_t m : tensor_map[i]) {
       if (m < 0 || m >= n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor_map ", TensorMapString(), " uses device axis ", m, " for dim ", i,
-            ", but dev_matrix ", ShapeToString(dev_matrix), " has only ", n, " axes"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor_map ", TensorMapString(), " uses device axis ", m, " for dim ", i,
+                         ", but dev_matrix ", ShapeToString(dev_matrix), " has only ", n, " axes"));
       }
       if (used_by[m] >= 0) {
         return absl::InvalidArgumentError(absl::StrCat("tensor_map ", TensorMapString(),
@@ -54,8 +54,8 @@ absl::Status Layout::ValidateStructure() const {
     }
   }
   if (field != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "field-split layouts (field=", field, ") are not supported; only uniform splits are"));
+    return absl::UnimplementedError(absl::StrCat("field-split layouts (field=", field,
+                                                 ") are not supported; only uniform splits are"));
   }
   if (!param_split_shape.empty()) {
     return absl::UnimplementedError(absl::StrCat("uneven split (param_split_shape ",
@@ -120,14 +120,13 @@ absl::Status Layout::Validate(const Shape& global_shape) const {
   if (k > 1) {
     const int64_t group = ReplicaGroupSize();
     if (global_shape.empty()) {
-      return absl::InvalidArgumentError(
-          "optimizer shard on a scalar: there is no dim 0 to split");
+      return absl::InvalidArgumentError("optimizer shard on a scalar: there is no dim 0 to split");
     }
     if (group % k != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "opt_weight_shard_size ", k, " does not divide the replica group of ", group,
-          " ranks (dev_matrix ", ShapeToString(dev_matrix), ", tensor_map ", TensorMapString(),
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("opt_weight_shard_size ", k, " does not divide the replica group of ", group,
+                       " ranks (dev_matrix ", ShapeToString(dev_matrix), ", tensor_map ",
+                       TensorMapString(), ")"));
     }
     const int64_t rows = global_shape[0] / splits[0];
     if (rows % k != 0) {
@@ -175,8 +174,7 @@ std::vector<int64_t> Layout::Grid(size_t tensor_rank) const {
 
 int64_t Layout::CopiesPerSlice() const { return ReplicaGroupSize() / OptShardFactor(); }
 
-absl::StatusOr<std::vector<int64_t>> Layout::CellOf(int64_t local_rank,
-                                                     size_t tensor_rank) const {
+absl::StatusOr<std::vector<int64_t>> Layout::CellOf(int64_t local_rank, size_t tensor_rank) const {
   std::vector<int64_t> cell(tensor_rank, 0);
   CKPT_RETURN_IF_ERROR(CellInto(local_rank, absl::MakeSpan(cell)));
   return cell;
@@ -186,9 +184,8 @@ absl::Status Layout::CellInto(int64_t local_rank, absl::Span<int64_t> cell) cons
   const size_t tensor_rank = cell.size();
   const int64_t devices = DeviceCount();
   if (local_rank < 0 || local_rank >= devices) {
-    return absl::OutOfRangeError(absl::StrCat("local rank ", local_rank,
-                                              " is outside the stage's ", devices,
-                                              " devices (dev_matrix ",
+    return absl::OutOfRangeError(absl::StrCat("local rank ", local_rank, " is outside the stage's ",
+                                              devices, " devices (dev_matrix ",
                                               ShapeToString(dev_matrix), ")"));
   }
   if (tensor_map.size() != tensor_rank) {
@@ -247,19 +244,17 @@ absl::StatusOr<Box> Layout::SliceBox(const Shape& global_shape, int64_t local_ra
 
 absl::StatusOr<Shape> Layout::LocalShape(const Shape& global_shape) const {
   if (tensor_map.size() != global_shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor_map ", TensorMapString(), " has ",
-                                                   tensor_map.size(), " entries, tensor ",
-                                                   ShapeToString(global_shape), " has ",
-                                                   global_shape.size(), " dims"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_map ", TensorMapString(), " has ", tensor_map.size(), " entries, tensor ",
+        ShapeToString(global_shape), " has ", global_shape.size(), " dims"));
   }
   const std::vector<int64_t> grid = Grid(global_shape.size());
   Shape local(global_shape.size());
   for (size_t i = 0; i < global_shape.size(); ++i) {
     if (global_shape[i] % grid[i] != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("dim ", i, " of shape ",
-                                                     ShapeToString(global_shape),
-                                                     " is not divisible into ", grid[i],
-                                                     " slices"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dim ", i, " of shape ", ShapeToString(global_shape),
+                       " is not divisible into ", grid[i], " slices"));
     }
     local[i] = global_shape[i] / grid[i];
   }
@@ -268,10 +263,10 @@ absl::StatusOr<Shape> Layout::LocalShape(const Shape& global_shape) const {
 
 absl::StatusOr<Shape> Layout::GlobalShapeFromLocal(const Shape& local_shape) const {
   if (tensor_map.size() != local_shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor_map ", TensorMapString(), " has ", tensor_map.size(),
-        " entries but the stored slice ", ShapeToString(local_shape), " has ",
-        local_shape.size(), " dims"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor_map ", TensorMapString(), " has ", tensor_map.size(),
+                     " entries but the stored slice ", ShapeToString(local_shape), " has ",
+                     local_shape.size(), " dims"));
   }
   const std::vector<int64_t> grid = Grid(local_shape.size());
   Shape global(local_shape.size());
@@ -281,8 +276,8 @@ absl::StatusOr<Shape> Layout::GlobalShapeFromLocal(const Shape& local_shape) con
                                                      ShapeToString(local_shape), " is ",
                                                      local_shape[i], "; dims must be >= 1"));
     }
-    CKPT_ASSIGN_OR_RETURN(global[i], CheckedMul(local_shape[i], grid[i],
-                                                absl::StrCat("global dim ", i)));
+    CKPT_ASSIGN_OR_RETURN(global[i],
+                          CheckedMul(local_shape[i], grid[i], absl::StrCat("global dim ", i)));
   }
   return global;
 }
@@ -294,8 +289,8 @@ std::string Layout::TensorMapString() const {
 }
 
 std::string Layout::ToString() const {
-  std::string out = absl::StrCat("dev_matrix=", ShapeToString(dev_matrix),
-                                 " tensor_map=", TensorMapString());
+  std::string out =
+      absl::StrCat("dev_matrix=", ShapeToString(dev_matrix), " tensor_map=", TensorMapString());
   if (opt_shard_step != 0 || opt_shard_size != 0) {
     absl::StrAppend(&out, " opt_shard=(step ", opt_shard_step, ", size ", opt_shard_size, ")");
   }

@@ -242,8 +242,8 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
   m.generation = ++table_generation_;
 }
 
-void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m,
-                            const FetchCohort* cohort, const void* taker) {
+void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m, const FetchCohort* cohort,
+                            const void* taker) {
   for (size_t i : m.to_read) m.addresses.push_back(requests[i].address);
   store_->ReadChunksUnverified(m.addresses, &m.data);
   m.read_chunks.reserve(m.to_read.size());
@@ -675,8 +675,7 @@ void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
   k.taken_by.shrink_to_fit();
 }
 
-void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers,
-                               const void* reader) {
+void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers, const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
   // Kept: every chunk that fits the budget, except a spare one whose mapping alone exceeds it.
   // Pins evict spare chunks only, so a wanted chunk stays whatever its mapping pins.

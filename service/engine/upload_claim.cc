@@ -230,27 +230,7 @@ absl::Status RankUpload::AddTensorLocked(const Shape& local, Current* cur) {
         " but earlier ranks imply global shape ", ShapeToString(found->global)));
   }
   if (first) {
-    auto made = std::make_unique<PendingCheckpoint::Tensor>();
-    found = made.get();
-    found->name = std::string(cur->name);
-    found->dtype = cur->dtype;
-    found->tensor_index = pending_->next_tensor_index_++;
-    found->first_rank = rank_;
-    found->position = position_;
-    found->global = *std::move(worked_out);
-    found->strategy_param = param != nullptr;
-    if (layout) {
-      found->layout = layout;
-      found->known_local = local;
-      found->cell_grid = layout->Grid(found->global.size());
-      found->cell_count = 1;
-      for (int64_t g : found->cell_grid) found->cell_count *= g;
-      if (found->cell_count <= PendingCheckpoint::kDenseCells) {
-        found->dense_slots.assign(found->cell_count, -1);
-      }
-      found->slices.reserve(std::min<int64_t>(found->cell_count, 16));
-    }
-    tensors.emplace(std::string_view(found->name), std::move(made));
+    found = NewTensorLocked(*cur, layout, param != nullptr, local, *std::move(worked_out));
   }
   PendingCheckpoint::Tensor& t = *found;
   if (rank_ < t.first_rank) {
@@ -271,6 +251,33 @@ absl::Status RankUpload::AddTensorLocked(const Shape& local, Current* cur) {
   if (t.strategy_param) ++params_sent_;
   ++t.rank_count;
   return absl::OkStatus();
+}
+
+PendingCheckpoint::Tensor* RankUpload::NewTensorLocked(const Current& cur, const Layout* layout,
+                                                       bool strategy_param, const Shape& local,
+                                                       Shape global) {
+  auto made = std::make_unique<PendingCheckpoint::Tensor>();
+  PendingCheckpoint::Tensor* t = made.get();
+  t->name = std::string(cur.name);
+  t->dtype = cur.dtype;
+  t->tensor_index = pending_->next_tensor_index_++;
+  t->first_rank = rank_;
+  t->position = position_;
+  t->global = std::move(global);
+  t->strategy_param = strategy_param;
+  if (layout) {
+    t->layout = layout;
+    t->known_local = local;
+    t->cell_grid = layout->Grid(t->global.size());
+    t->cell_count = 1;
+    for (int64_t g : t->cell_grid) t->cell_count *= g;
+    if (t->cell_count <= PendingCheckpoint::kDenseCells) {
+      t->dense_slots.assign(t->cell_count, -1);
+    }
+    t->slices.reserve(std::min<int64_t>(t->cell_count, 16));
+  }
+  pending_->tensors_.emplace(std::string_view(t->name), std::move(made));
+  return t;
 }
 
 absl::Status RankUpload::ClaimCellLocked(PendingCheckpoint::Tensor& t, Current* cur) {

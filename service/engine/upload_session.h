@@ -280,6 +280,11 @@ class RankUpload {
   // cell or variant in `cur`. INVALID_ARGUMENT when this rank sent the tensor before.
   // pending_->mu_ held.
   absl::Status AddTensorLocked(const Shape& local, Current* cur);
+  // A tensor seen for the first time (this rank first sends it): its record, with `global` and,
+  // when `layout` is set, the grid of its cells, added to pending_->tensors_ under cur's name.
+  // pending_->mu_ held.
+  PendingCheckpoint::Tensor* NewTensorLocked(const Current& cur, const Layout* layout,
+                                             bool strategy_param, const Shape& local, Shape global);
   // A sharded slice: its grid cell, written by this rank or verified against the rank that
   // writes it. pending_->mu_ held.
   absl::Status ClaimCellLocked(PendingCheckpoint::Tensor& t, Current* cur);

@@ -56,8 +56,7 @@ class CopyBlock {
   static constexpr size_t kPooledBytes = size_t{3} << 19;
   static constexpr size_t kIdleBlocks = 8;
 
-  CopyBlock(size_t capacity, bool pooled)
-      : pooled_(pooled), data_(new char[capacity]) {}
+  CopyBlock(size_t capacity, bool pooled) : pooled_(pooled), data_(new char[capacity]) {}
 
   static void Unref(void* p) {
     auto* block = static_cast<CopyBlock*>(p);

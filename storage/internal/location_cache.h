@@ -92,7 +92,7 @@ class LocationCache {
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first; guarded by mu_
   absl::flat_hash_map<BlobKey, std::list<Entry>::iterator> index_;  // guarded by mu_
-  size_t locations_ = 0;  // guarded by mu_
+  size_t locations_ = 0;                                            // guarded by mu_
   std::list<PacksEntry> packs_lru_;  // most recently used first; guarded by mu_
   absl::flat_hash_map<uint64_t, std::list<PacksEntry>::iterator> packs_index_;  // guarded by mu_
   size_t packed_ = 0;  // entries of packs_lru_ as counted against the bound; guarded by mu_

@@ -12,7 +12,8 @@ namespace {
 Layout Plain(std::vector<int64_t> dm, std::vector<int32_t> map) {
   Layout l;
   l.dev_matrix = std::move(dm);
-  for (int32_t m : map) l.tensor_map.push_back(m < 0 ? std::vector<int32_t>{} : std::vector<int32_t>{m});
+  for (int32_t m : map)
+    l.tensor_map.push_back(m < 0 ? std::vector<int32_t>{} : std::vector<int32_t>{m});
   return l;
 }
 
@@ -95,7 +96,10 @@ TEST(LayoutTest, ValidationErrorsNameTheProblem) {
       {twice, {4, 4}, absl::StatusCode::kInvalidArgument, "twice"},
       {indivisible, {8}, absl::StatusCode::kInvalidArgument, "not divisible by its split count 3"},
       {opt_group, {16, 8}, absl::StatusCode::kInvalidArgument, "does not divide the replica group"},
-      {opt_rows, {4, 8}, absl::StatusCode::kInvalidArgument, "not divisible by opt_weight_shard_size"},
+      {opt_rows,
+       {4, 8},
+       absl::StatusCode::kInvalidArgument,
+       "not divisible by opt_weight_shard_size"},
       {field, {4}, absl::StatusCode::kUnimplemented, "field"},
       {uneven, {8}, absl::StatusCode::kUnimplemented, "param_split_shape"},
       {empty_dm, {4}, absl::StatusCode::kInvalidArgument, "dev_matrix is empty"},
@@ -103,8 +107,10 @@ TEST(LayoutTest, ValidationErrorsNameTheProblem) {
       {Plain({2}, {0}), {4, 4}, absl::StatusCode::kInvalidArgument, "has 1 entries"},
       {Plain({2}, {0}), {0}, absl::StatusCode::kInvalidArgument, "dims must be >= 1"},
       {Plain({2}, {0}), {-4}, absl::StatusCode::kInvalidArgument, "dims must be >= 1"},
-      {Plain({1, 1}, {-1, -1}), {int64_t{1} << 32, int64_t{1} << 32},
-       absl::StatusCode::kInvalidArgument, "overflows"},
+      {Plain({1, 1}, {-1, -1}),
+       {int64_t{1} << 32, int64_t{1} << 32},
+       absl::StatusCode::kInvalidArgument,
+       "overflows"},
       {Plain({1}, {-1}), {int64_t{1} << 61}, absl::StatusCode::kInvalidArgument, "overflows"},
       {no_stage, {4}, absl::StatusCode::kInvalidArgument, "no pipeline stage"},
   };

@@ -78,7 +78,7 @@ TEST(LocationCacheTest, FindManyOfPackedAddressesInAnyOrderIsFindPackedOfEach) {
   cache.InsertPacks(5, {{0, 0, 0, {77, 1}}});
   std::vector<ChunkAddress> addresses;
   for (uint32_t t = 0; t < 300; ++t) addresses.push_back({4, t, t % 3, 0});  // in order
-  for (uint32_t t = 300; t-- > 0;) addresses.push_back({4, t, 1, 0});       // backwards
+  for (uint32_t t = 300; t-- > 0;) addresses.push_back({4, t, 1, 0});        // backwards
   for (uint32_t t = 0; t < 300; t += 37) {
     addresses.push_back({4, t, 2, 0});
     addresses.push_back({4, t, 2, 0});  // twice
@@ -126,7 +126,7 @@ TEST(LocationCacheTest, FindsKeptChunksAndTellsAKeptBlobFromAnUnknownOne) {
   EXPECT_FALSE(cache.Find({1, 2, 3, 0}).blob_cached);
   LocationCache::Locations locations = Blob(4, 1000);
   locations[2] = LocationCache::kNoChunk;  // a gap
-  cache.Insert({1, 2, 3, 99}, locations);   // the address's chunk index is ignored
+  cache.Insert({1, 2, 3, 99}, locations);  // the address's chunk index is ignored
   LocationCache::Lookup got = cache.Find({1, 2, 3, 1});
   EXPECT_TRUE(got.blob_cached);
   ASSERT_TRUE(got.location.has_value());
@@ -155,7 +155,7 @@ TEST(LocationCacheTest, StaysWithinItsBoundDroppingTheLeastRecentlyUsedBlobs) {
   cache.Insert({1, 0, 0, 0}, Blob(4, 0));
   cache.Insert({1, 0, 1, 0}, Blob(4, 0));
   EXPECT_TRUE(cache.Find({1, 0, 0, 0}).blob_cached);  // now the most recently used
-  cache.Insert({1, 0, 2, 0}, Blob(4, 0));              // 12 > 10: blob 1 goes
+  cache.Insert({1, 0, 2, 0}, Blob(4, 0));             // 12 > 10: blob 1 goes
   EXPECT_EQ(cache.size(), 8u);
   EXPECT_TRUE(cache.Find({1, 0, 0, 0}).blob_cached);
   EXPECT_FALSE(cache.Find({1, 0, 1, 0}).blob_cached);
@@ -213,7 +213,7 @@ TEST(LocationCacheTest, PacksAnswerForTheirDataId) {
   // An empty table (a data id without packs) counts one.
   cache.InsertPacks(6, {});
   EXPECT_TRUE(cache.Find({6, 0, 0, 0}).packs_known);
-  cache.Find({5, 0, 2, 0});  // 5 used last: 6 goes first
+  cache.Find({5, 0, 2, 0});                                    // 5 used last: 6 goes first
   cache.InsertPacks(7, LocationCache::Packs(7, PackEntry{}));  // 3 + 1 + 7 > 10
   EXPECT_FALSE(cache.Find({6, 0, 0, 0}).packs_known);
   EXPECT_TRUE(cache.Find({5, 0, 2, 0}).packs_known);

@@ -78,8 +78,9 @@ class SmallChunkReadsTest : public ::testing::Test {
     for (uint32_t i = 0; i < order->size(); ++i) (*order)[i] = i;
     std::shuffle(order->begin(), order->end(), std::mt19937_64(7));
     std::vector<SharedChunks::Request> requests;
-    for (uint32_t i : *order) requests.push_back({addresses_[i], Checksum(bytes_[i]),
-                                                        absl::StatusOr<std::shared_ptr<StreamChunk>>()});
+    for (uint32_t i : *order)
+      requests.push_back(
+          {addresses_[i], Checksum(bytes_[i]), absl::StatusOr<std::shared_ptr<StreamChunk>>()});
     return requests;
   }
 
@@ -88,7 +89,8 @@ class SmallChunkReadsTest : public ::testing::Test {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(root_)) {
       if (!entry.is_regular_file()) continue;
       std::ifstream in(entry.path(), std::ios::binary);
-      const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string file((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
       const size_t at = file.find(bytes_[i]);
       if (at != std::string::npos) {
         segment_ = entry.path().string();
