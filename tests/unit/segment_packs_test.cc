@@ -2,9 +2,7 @@
 // record per PutChunks call for the chunks marked sole_chunk, read back live, committed, after a
 // reopen, after a rewrite; stores whose chunks all have a record each (format 1) still read.
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -24,6 +22,7 @@
 #include "storage/checkpoint_store.h"
 #include "storage/internal/index_records.h"
 #include "tests/testing/raw_store_db.h"
+#include "tests/testing/scratch_store.h"
 
 namespace ckpt {
 namespace {
@@ -87,27 +86,8 @@ void RewriteRecords(const std::string& dir, Pick pick, const std::string& value,
   });
 }
 
-class SegmentPacksTest : public ::testing::Test {
+class SegmentPacksTest : public testing::ScratchStoreTest {
  protected:
-  void SetUp() override {
-    options_.min_free_disk_bytes = 0;
-    char tmpl[] = "/tmp/ckpt_packs_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    root_ = tmpl;
-    dir_ = root_ + "/db";
-    Open();
-  }
-  void TearDown() override {
-    store_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
-  }
-  void Open() {
-    absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenSegmentStore(dir_, options_);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
-  }
-
   // Writes `chunks` (marked sole_chunk as `sole`) with one PutChunks.
   void Put(const std::vector<Written>& chunks, bool sole) {
     std::vector<ChunkWrite> writes;
@@ -133,11 +113,6 @@ class SegmentPacksTest : public ::testing::Test {
     }
     return chunks;
   }
-
-  StoreOptions options_;
-  std::string root_;
-  std::string dir_;
-  std::unique_ptr<CheckpointStore> store_;
 };
 
 // Each call's sole chunks share one record; the other chunks have one each. Every chunk reads

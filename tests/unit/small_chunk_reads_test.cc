@@ -3,9 +3,7 @@
 // back as the bytes stored, each verified on its own (a damaged chunk in the middle of them is
 // DATA_LOSS for that chunk only, a truncated file for the chunks it lost).
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -22,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "service/engine/shared_chunks.h"
 #include "storage/checkpoint_store.h"
+#include "tests/testing/scratch_store.h"
 
 namespace ckpt {
 namespace {
@@ -35,27 +34,8 @@ std::string Bytes(size_t n, uint64_t seed) {
   return s;
 }
 
-class SmallChunkReadsTest : public ::testing::Test {
+class SmallChunkReadsTest : public testing::ScratchStoreTest {
  protected:
-  void SetUp() override {
-    options_.min_free_disk_bytes = 0;
-    char tmpl[] = "/tmp/ckpt_small_reads_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    root_ = tmpl;
-    Open();
-  }
-  void TearDown() override {
-    store_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
-  }
-  void Open() {
-    absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
-        OpenSegmentStore(root_ + "/db", options_);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
-  }
-
   // `count` sole chunks (tensor i, blob 0, chunk 0) of 100 to 899 bytes, written by one stream
   // with one PutChunks (so stored one after the other), committed.
   void Write(uint32_t count) {
@@ -100,9 +80,6 @@ class SmallChunkReadsTest : public ::testing::Test {
     return -1;
   }
 
-  StoreOptions options_;
-  std::string root_;
-  std::unique_ptr<CheckpointStore> store_;
   uint64_t id_ = 0;
   std::vector<std::string> bytes_;
   std::vector<ChunkAddress> addresses_;
