@@ -52,8 +52,10 @@ class SmallChunkReadsTest : public testing::ScratchStoreTest {
     ASSERT_TRUE(store_->CommitCheckpoint("ck", "m", id_).ok());
   }
 
-  // The requests for every chunk, in a shuffled order (`order[k]` is request k's chunk).
-  std::vector<SharedChunks::Request> Requests(std::vector<uint32_t>* order) const {
+  // Every chunk asked of `chunks` with one GetMany, in a shuffled order (`order[k]` is request
+  // k's chunk): the requests with their results.
+  std::vector<SharedChunks::Request> GetAll(SharedChunks& chunks,
+                                            std::vector<uint32_t>* order) const {
     order->resize(addresses_.size());
     for (uint32_t i = 0; i < order->size(); ++i) (*order)[i] = i;
     std::shuffle(order->begin(), order->end(), std::mt19937_64(7));
@@ -61,6 +63,7 @@ class SmallChunkReadsTest : public testing::ScratchStoreTest {
     for (uint32_t i : *order)
       requests.push_back(
           {addresses_[i], Checksum(bytes_[i]), absl::StatusOr<std::shared_ptr<StreamChunk>>()});
+    chunks.GetMany(std::span<SharedChunks::Request>(requests));
     return requests;
   }
 
@@ -93,10 +96,9 @@ TEST_F(SmallChunkReadsTest, ChunksStoredTogetherComeBackAsStoredAndAreVerifiedOn
     SharedChunks chunks(store_.get(), 0);
     // The first read of the data id loads its packed locations; the next finds every chunk's.
     ASSERT_TRUE(chunks.Get(addresses_[0], Checksum(bytes_[0])).ok());
-    std::vector<uint32_t> order;
-    std::vector<SharedChunks::Request> requests = Requests(&order);
     const int64_t reads_before = store_->stats().chunks_read;
-    chunks.GetMany(std::span<SharedChunks::Request>(requests));
+    std::vector<uint32_t> order;
+    std::vector<SharedChunks::Request> requests = GetAll(chunks, &order);
     EXPECT_EQ(store_->stats().chunks_read - reads_before, kChunks);
     for (size_t k = 0; k < requests.size(); ++k) {
       const uint32_t i = order[k];
@@ -122,8 +124,7 @@ TEST_F(SmallChunkReadsTest, ChunksStoredTogetherComeBackAsStoredAndAreVerifiedOn
     SharedChunks chunks(store_.get(), int64_t{1} << 20);
     ASSERT_TRUE(chunks.Get(addresses_[0], Checksum(bytes_[0])).ok());
     std::vector<uint32_t> order;
-    std::vector<SharedChunks::Request> requests = Requests(&order);
-    chunks.GetMany(std::span<SharedChunks::Request>(requests));
+    std::vector<SharedChunks::Request> requests = GetAll(chunks, &order);
     for (size_t k = 0; k < requests.size(); ++k) {
       const uint32_t i = order[k];
       ASSERT_TRUE(requests[k].result.ok()) << i << ": " << requests[k].result.status();
@@ -151,8 +152,7 @@ TEST_F(SmallChunkReadsTest, ChunksStoredTogetherComeBackAsStoredAndAreVerifiedOn
     SharedChunks chunks(store_.get(), 0);
     ASSERT_TRUE(chunks.Get(addresses_[0], Checksum(bytes_[0])).ok());
     std::vector<uint32_t> order;
-    std::vector<SharedChunks::Request> requests = Requests(&order);
-    chunks.GetMany(std::span<SharedChunks::Request>(requests));
+    std::vector<SharedChunks::Request> requests = GetAll(chunks, &order);
     for (size_t k = 0; k < requests.size(); ++k) {
       const uint32_t i = order[k];
       if (i >= kChunks - 50) {  // lost its tail, or all of it
