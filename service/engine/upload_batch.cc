@@ -16,6 +16,16 @@ namespace ckpt {
 void RankUpload::BeginBatch() { batching_ = true; }
 
 absl::Status RankUpload::EndBatch() {
+  CKPT_RETURN_IF_ERROR(CheckNotFailed());
+  return Refuse(DoEndBatch());
+}
+
+absl::Status RankUpload::AddBatch(const std::vector<BatchTensor>& tensors) {
+  CKPT_RETURN_IF_ERROR(CheckNotFailed());
+  return Refuse(DoAddBatch(tensors));
+}
+
+absl::Status RankUpload::DoEndBatch() {
   batching_ = false;
   if (current_) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": tensor ", Sv(current_->name),
@@ -56,7 +66,7 @@ absl::Status RankUpload::EndBatch() {
   return marked;
 }
 
-absl::Status RankUpload::AddBatch(const std::vector<BatchTensor>& tensors) {
+absl::Status RankUpload::DoAddBatch(const std::vector<BatchTensor>& tensors) {
   if (current_) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": a tensor batch came while tensor ",
                                                    Sv(current_->name), "'s bytes were still due"));
@@ -86,15 +96,15 @@ absl::Status RankUpload::AddBatch(const std::vector<BatchTensor>& tensors) {
       ++position_;
     }
   }
-  // The bytes; the slices this rank writes are stored together at EndBatch. On an error the
-  // caller drops the upload, and with it what the batch collected.
+  // The bytes; the slices this rank writes are stored together at EndBatch. An error fails the
+  // upload and drops what the batch collected (Refuse).
   BeginBatch();
   for (size_t i = 0; i < n; ++i) {
     const std::string_view data = tensors[i].data;
     CKPT_RETURN_IF_ERROR(BeginTensor(std::move(prepared_[i].cur), &data));
-    if (current_) CKPT_RETURN_IF_ERROR(Append(data));
+    if (current_) CKPT_RETURN_IF_ERROR(DoAppend(data));
   }
-  return EndBatch();
+  return DoEndBatch();
 }
 
 }  // namespace ckpt

@@ -272,6 +272,7 @@ absl::Status RankUpload::CommitLocked() {
 }
 
 absl::StatusOr<v1::UploadResponse> RankUpload::Finish() {
+  CKPT_RETURN_IF_ERROR(CheckNotFailed());
   if (current_) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": stream ended after ",
                                                    current_->received, " of ", current_->total,

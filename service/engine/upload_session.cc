@@ -186,6 +186,32 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
 }
 
 absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
+  CKPT_RETURN_IF_ERROR(CheckNotFailed());
+  return Refuse(DoStartTensor(h));
+}
+
+absl::Status RankUpload::Append(std::string_view data) {
+  CKPT_RETURN_IF_ERROR(CheckNotFailed());
+  return Refuse(DoAppend(data));
+}
+
+absl::Status RankUpload::CheckNotFailed() const {
+  if (failed_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(Where(), ": the upload failed at an earlier message (", failed_.message(), ")"));
+}
+
+absl::Status RankUpload::Refuse(absl::Status s) {
+  if (s.ok() || !failed_.ok()) return s;
+  failed_ = s;
+  batching_ = false;
+  batch_writes_.clear();
+  batch_ends_.clear();
+  batch_slices_.clear();
+  return s;
+}
+
+absl::Status RankUpload::DoStartTensor(const v1::UploadTensorHeader& h) {
   if (current_) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(), ": tensor ", Sv(current_->name), " got ", current_->received, " of ",
@@ -205,7 +231,7 @@ absl::Status RankUpload::StartTensor(const v1::UploadTensorHeader& h) {
   return absl::OkStatus();
 }
 
-absl::Status RankUpload::Append(std::string_view data) {
+absl::Status RankUpload::DoAppend(std::string_view data) {
   if (!current_) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), ": data before a tensor header"));
   }

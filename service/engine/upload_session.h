@@ -185,7 +185,10 @@ class PendingCheckpoint {
 };
 
 // One source rank's stream. Not thread-safe: calls come in stream order. Destroying an unfinished
-// upload undoes its contributions (a client killed mid-upload leaves nothing visible).
+// upload undoes its contributions (a client killed mid-upload leaves nothing visible). Once a
+// message is refused (StartTensor, Append, AddBatch or EndBatch returned an error) the upload is
+// failed: those calls and Finish return FAILED_PRECONDITION naming that first refusal, and only
+// its destruction remains (it then holds nothing of the refused message's bytes).
 class RankUpload {
  public:
   // FAILED_PRECONDITION when the rank is already being received or was received.
@@ -205,8 +208,8 @@ class RankUpload {
   absl::Status EndBatch();
   // A whole UploadTensorBatch: each tensor started and given all of its bytes between BeginBatch
   // and EndBatch. INVALID_ARGUMENT when a tensor's header is refused or its bytes are not exactly
-  // the announced ones, or when a tensor's bytes were still due before the batch; on any error
-  // the caller drops the upload, which undoes what the batch collected.
+  // the announced ones, or when a tensor's bytes were still due before the batch; any error fails
+  // the upload (above) and drops what the batch collected.
   absl::Status AddBatch(const std::vector<BatchTensor>& tensors);
   // Validates completeness, waits for replicas being written by other ranks, and commits the
   // checkpoint when this was its last rank.
@@ -242,6 +245,17 @@ class RankUpload {
     std::string value;    // the whole value, while buffered for a verbatim comparison (kBuffer)
     Checksums checksums;  // per chunk, in chunk order
   };
+  // The message calls' work (the public calls check and record the upload's failure around it).
+  absl::Status DoStartTensor(const v1::UploadTensorHeader& header);
+  absl::Status DoAppend(std::string_view data);
+  absl::Status DoEndBatch();
+  absl::Status DoAddBatch(const std::vector<BatchTensor>& tensors);
+  // OK, or FAILED_PRECONDITION naming the refusal that failed the upload.
+  absl::Status CheckNotFailed() const;
+  // Returns `s`. An error fails the upload (the first is kept in failed_) and drops what a batch
+  // had collected, whose writes may point into the refused message's bytes.
+  absl::Status Refuse(absl::Status s);
+
   // A slice written in a batch, marked complete by EndBatch.
   struct WrittenSlice {
     PendingCheckpoint::Tensor* tensor = nullptr;  // as Current::tensor
@@ -338,6 +352,7 @@ class RankUpload {
   std::vector<Prepared> prepared_;  // AddBatch's, reused
   std::vector<WrittenSlice> batch_slices_;
   std::vector<ChunkWrite> band_writes_;  // FlushBand's, reused
+  absl::Status failed_;                  // the first refused message's error
   int64_t bytes_received_ = 0;
   int64_t bytes_announced_ = 0;  // total_bytes of the tensor headers accepted so far
   int64_t bytes_stored_ = 0;

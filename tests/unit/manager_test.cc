@@ -89,6 +89,59 @@ TEST_F(ManagerTest, BatchEndingInsideATensorIsRefused) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("incomplete at the end of a batch"));
 }
 
+// A refused message fails its upload: every later message and Finish are FAILED_PRECONDITION
+// naming the first refusal (the refused batch's collected writes, views of its bytes, are dropped
+// with it), nothing of it is stored, and the rank can be sent again once the upload is dropped.
+TEST_F(ManagerTest, RefusedMessageFailsItsUpload) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  PutStrategy("src", src);
+  PutStrategy("dst", dst);
+  const SampleTensor embedding = DemoTensors()[0];
+  v1::UploadTensorHeader th;
+  th.set_name(embedding.name);
+  th.set_dtype("Float32");
+  th.add_dims(48);  // rank 7 holds rows 48-96 of the [96, 24] embedding
+  th.add_dims(24);
+  th.set_total_bytes(48 * 24 * 4);
+  const std::string bytes = SampleSlice(
+      embedding.name, embedding.dtype, embedding.global_shape,
+      *ResolveLayout(src, embedding.name, true)->SliceBox(embedding.global_shape, 3), kSeed);
+  ASSERT_EQ(bytes.size(), 48u * 24 * 4);
+  {
+    // A batch whose write fails (a full disk), then the same bytes again on the same upload.
+    auto u = manager_->BeginUpload(Header("ck", "src", 7));
+    ASSERT_TRUE(u.ok()) << u.status();
+    corrupting_->FailPuts(true);
+    const absl::Status failed = (*u)->AddBatch({{&th, bytes}});
+    EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+    corrupting_->FailPuts(false);
+    for (const absl::Status& s : {(*u)->AddBatch({{&th, bytes}}), (*u)->StartTensor(th),
+                                  (*u)->Append(bytes), (*u)->EndBatch(), (*u)->Finish().status()}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_THAT(std::string(s.message()),
+                  HasSubstr("checkpoint ck rank 7: the upload failed at an earlier message "
+                            "(injected: disk full)"));
+    }
+  }
+  {
+    // More bytes than announced, then the rest of the stream.
+    auto u = manager_->BeginUpload(Header("ck", "src", 7));
+    ASSERT_TRUE(u.ok()) << u.status();
+    ASSERT_TRUE((*u)->StartTensor(th).ok());
+    EXPECT_EQ((*u)->Append(bytes + "x").code(), absl::StatusCode::kInvalidArgument);
+    const absl::Status s = (*u)->Append(bytes);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("sends more than the announced 4608 bytes"));
+    EXPECT_EQ((*u)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_FALSE(store_->GetManifest("ck").ok());
+  UploadAll("ck", "src", src, DemoTensors());
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    SCOPED_TRACE(r);
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+}
+
 // New uploads record their chunk checksums as XXH3-64. A manifest recording anything else (no
 // algorithm, as a manifest without the field reads, or one this version does not define) is
 // refused with FAILED_PRECONDITION naming the checkpoint and the value, for fetches, describe and
