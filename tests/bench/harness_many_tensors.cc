@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/strategy_files.h"
+#include "tests/bench/cpu_meter.h"
 #include "tests/bench/fetch_verify.h"
 #include "tests/bench/harness.h"
 
@@ -240,15 +241,32 @@ void Harness::MeasureManyTensors() {
     if (!fetch_all(spec_, kCheckpointId, kLargeSixName, large_six, nullptr)) return;
   }
   for (int pass = 0; pass < kRepeats; ++pass) {
+    // ckptd's and this process's CPU seconds for the pass: steadier than its wall time.
+    const CpuMeter many_cpu(server_->pid());
+    const absl::StatusOr<v1::ServerStats> stats_before = Stats();
     auto g = fetch_all(many, kManyId, kManySixName, many_six, &result.ttfb_runs_ms);
     if (!g) return;
+    CpuTally many_tally;
+    many_cpu.AddTo(&many_tally, 0);
+    // Chunks the pass read from the store and found in ckptd's shared chunk cache.
+    const absl::StatusOr<v1::ServerStats> stats_after = Stats();
+    int64_t store_reads = -1, cache_hits = -1;
+    if (stats_before.ok() && stats_after.ok()) {
+      store_reads = stats_after->store_chunks_read() - stats_before->store_chunks_read();
+      cache_hits = stats_after->fetch_chunks_cached() - stats_before->fetch_chunks_cached();
+    }
     result.passes_gibps.push_back(*g);
+    const CpuMeter large_cpu(server_->pid());
     auto l = fetch_all(spec_, kCheckpointId, kLargeSixName, large_six, nullptr);
     if (!l) return;
+    CpuTally large_tally;
+    large_cpu.AddTo(&large_tally, 0);
     result.large_passes_gibps.push_back(*l);
-    Progress(absl::StrFormat("many tensors: fetch 8->6 pass %d: %.3f GiB/s; large tensors %.3f "
-                             "GiB/s",
-                             pass + 1, *g, *l));
+    Progress(absl::StrFormat("many tensors: fetch 8->6 pass %d: %.3f GiB/s (CPU s: ckptd %.3f, "
+                             "client %.3f; chunks: %d store reads, %d cache hits); large "
+                             "tensors %.3f GiB/s (CPU s: ckptd %.3f, client %.3f)",
+                             pass + 1, *g, many_tally.server, many_tally.client, store_reads,
+                             cache_hits, *l, large_tally.server, large_tally.client));
   }
   result.gibps = Median(result.passes_gibps);
   result.large_gibps = Median(result.large_passes_gibps);

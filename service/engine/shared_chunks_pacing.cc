@@ -1,0 +1,259 @@
+// SharedChunks' cohorts and pacing (the file comment of shared_chunks.h): joining a cohort and
+// pace group, a member's progress and waits, and the timer that leaves stalled members behind.
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "service/engine/shared_chunks.h"
+
+namespace ckpt {
+
+namespace {
+
+// Erases the expired entries of `map` once it has grown to `*sweep_at`, and sets the next size
+// to sweep at.
+template <typename Map>
+void SweepExpired(Map& map, size_t* sweep_at) {
+  if (map.size() < *sweep_at) return;
+  for (auto it = map.begin(); it != map.end();) {
+    if (it->second.expired()) {
+      map.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  *sweep_at = std::max<size_t>(64, 2 * map.size());
+}
+
+}  // namespace
+
+std::unique_ptr<CohortMember> SharedChunks::JoinCohort(const std::string& key,
+                                                       const std::string& pace_key,
+                                                       int expected_members) {
+  std::shared_ptr<FetchCohort> cohort;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cohort = cohorts_[key].lock();
+    if (!cohort) {
+      cohort = std::make_shared<FetchCohort>();
+      cohorts_[key] = cohort;
+    }
+    SweepExpired(cohorts_, &cohort_sweep_at_);
+  }
+  std::unique_lock<std::mutex> lock(pace_mu_);
+  const int64_t now = absl::GetCurrentTimeNanos();
+  std::shared_ptr<PaceGroup> group = pace_groups_[pace_key].lock();
+  if (!group) {
+    group = std::make_shared<PaceGroup>();
+    group->key = pace_key;
+    group->expected = std::max(1, expected_members);
+    group->created_ns = now;
+    if (auto it = no_gathering_until_.find(pace_key); it != no_gathering_until_.end()) {
+      if (it->second > now) {
+        group->gathered = true;
+      } else {
+        no_gathering_until_.erase(it);
+      }
+    }
+    pace_groups_[pace_key] = group;
+  }
+  SweepExpired(pace_groups_, &pace_group_sweep_at_);
+  ++group->joined;
+  // The member keeps its cohort and group alive while it is open.
+  std::unique_ptr<CohortMember> member(new CohortMember(this, std::move(cohort), group));
+  member->it_ = group->members.insert(group->members.end(), member.get());
+  member->cohort_->members_.fetch_add(1, std::memory_order_relaxed);
+  member->left_behind_.store(true, std::memory_order_relaxed);  // SetPacingLocked flips it
+  SetPacingLocked(*member, true);
+  // The last stream of a gathering job frees the others.
+  std::vector<std::function<void()>> wake;
+  CollectReadyLocked(*group, now, &wake);
+  lock.unlock();
+  for (auto& w : wake) w();
+  return member;
+}
+
+CohortMember::CohortMember(SharedChunks* owner, std::shared_ptr<FetchCohort> cohort,
+                           std::shared_ptr<PaceGroup> group)
+    : owner_(owner),
+      cohort_(std::move(cohort)),
+      group_(std::move(group)),
+      last_progress_ns_(absl::GetCurrentTimeNanos()) {}
+
+CohortMember::~CohortMember() {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(owner_->pace_mu_);
+    owner_->StopWaitingLocked(*this);
+    if (!left_behind()) owner_->SetPacingLocked(*this, false);
+    group_->members.erase(it_);
+    cohort_->members_.fetch_sub(1, std::memory_order_relaxed);
+    // Those waiting for this member go on.
+    owner_->CollectReadyLocked(*group_, absl::GetCurrentTimeNanos(), &wake);
+  }
+  for (auto& w : wake) w();
+}
+
+const FetchCohort* CohortMember::cohort() const { return left_behind() ? nullptr : cohort_.get(); }
+
+void CohortMember::Touch() {
+  last_progress_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+}
+
+void CohortMember::Advanced(int64_t bytes) {
+  const int64_t now = absl::GetCurrentTimeNanos();
+  last_progress_ns_.store(now, std::memory_order_relaxed);
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard<std::mutex> lock(owner_->pace_mu_);
+    position_ += bytes;
+    if (left_behind()) {
+      // Caught up with the slowest pacing member: paces with the group again.
+      if (position_ >= owner_->SlowestLocked(*group_, this)) owner_->SetPacingLocked(*this, true);
+    } else {
+      owner_->CollectReadyLocked(*group_, now, &wake);
+    }
+  }
+  for (auto& w : wake) w();
+}
+
+bool CohortMember::MayProceed(std::function<void()> wake) {
+  const int64_t now = absl::GetCurrentTimeNanos();
+  std::vector<std::function<void()>> others;
+  bool go;
+  {
+    std::lock_guard<std::mutex> lock(owner_->pace_mu_);
+    owner_->StopWaitingLocked(*this);
+    go = owner_->MayProceedLocked(*this, now);
+    if (!go) {
+      wake_ = std::move(wake);
+      waiting_it_ = owner_->waiting_.insert(owner_->waiting_.end(), this);
+      ++owner_->pace_waits_;
+      owner_->pace_cv_.notify_all();
+    }
+    // Members left behind just now may free others of the group too.
+    owner_->CollectReadyLocked(*group_, now, &others);
+  }
+  for (auto& w : others) w();
+  return go;
+}
+
+int64_t SharedChunks::pace_window() const {
+  std::lock_guard<std::mutex> lock(pace_mu_);
+  return PaceWindowLocked();
+}
+
+int64_t SharedChunks::PaceWindowLocked() const {
+  return cache_bytes_ / (2 * std::max(1, pacing_cohorts_));
+}
+
+int64_t SharedChunks::SlowestLocked(const PaceGroup& group, const CohortMember* except) const {
+  int64_t slowest = std::numeric_limits<int64_t>::max();
+  for (const CohortMember* m : group.members) {
+    if (m != except && !m->left_behind()) slowest = std::min(slowest, m->position_);
+  }
+  return slowest;
+}
+
+bool SharedChunks::GatheringLocked(PaceGroup& group, int64_t now_ns) {
+  if (group.gathered || group.joined < 2) return false;
+  if (group.joined >= group.expected) {
+    group.gathered = true;
+    return false;
+  }
+  const int64_t bound_ns = absl::ToInt64Nanoseconds(std::min(straggler_bound_, absl::Seconds(1)));
+  if (now_ns - group.created_ns <= bound_ns) return true;
+  group.gathered = true;
+  if (no_gathering_until_.size() >= 1024) no_gathering_until_.clear();  // a bound, not a policy
+  no_gathering_until_[group.key] = now_ns + int64_t{60} * 1'000'000'000;
+  return false;
+}
+
+bool SharedChunks::MayProceedLocked(CohortMember& m, int64_t now_ns) {
+  if (m.left_behind()) return true;  // reads for itself until it catches up
+  if (GatheringLocked(*m.group_, now_ns) &&
+      m.position_ > cache_bytes_ / (2 * int64_t{m.group_->expected})) {
+    return false;
+  }
+  const int64_t window = PaceWindowLocked();
+  const int64_t bound_ns = absl::ToInt64Nanoseconds(straggler_bound_);
+  while (true) {
+    const int64_t slowest = SlowestLocked(*m.group_, &m);
+    if (slowest == std::numeric_limits<int64_t>::max() || m.position_ - slowest <= window) {
+      return true;
+    }
+    // Leave behind the members holding `m` back that made no progress for the bound (a member
+    // waiting for its own slower peers is not stalled).
+    bool dropped = false;
+    for (CohortMember* other : m.group_->members) {
+      if (other == &m || other->left_behind() || m.position_ - other->position_ <= window ||
+          other->wake_) {
+        continue;
+      }
+      if (now_ns - other->last_progress_ns_.load(std::memory_order_relaxed) > bound_ns) {
+        SetPacingLocked(*other, false);
+        ++left_behind_;
+        dropped = true;
+      }
+    }
+    if (!dropped) return false;
+  }
+}
+
+void SharedChunks::SetPacingLocked(CohortMember& m, bool pacing) {
+  FetchCohort& c = *m.cohort_;
+  const int before = c.pacing_.load(std::memory_order_relaxed);
+  const int after = before + (pacing ? 1 : -1);
+  c.pacing_.store(after, std::memory_order_relaxed);
+  m.left_behind_.store(!pacing, std::memory_order_relaxed);
+  if (before == 0 && after == 1) ++pacing_cohorts_;
+  if (before == 1 && after == 0) --pacing_cohorts_;
+}
+
+void SharedChunks::CollectReadyLocked(const PaceGroup& group, int64_t now_ns,
+                                      std::vector<std::function<void()>>* wake) {
+  // A group has as many members as its job has ranks fetching now; only waiters are checked.
+  for (CohortMember* m : group.members) {
+    if (!m->wake_ || !MayProceedLocked(*m, now_ns)) continue;
+    waiting_.erase(m->waiting_it_);
+    wake->push_back(std::move(m->wake_));
+    m->wake_ = nullptr;
+  }
+}
+
+void SharedChunks::StopWaitingLocked(CohortMember& m) {
+  if (!m.wake_) return;
+  m.wake_ = nullptr;
+  waiting_.erase(m.waiting_it_);
+}
+
+void SharedChunks::PaceLoop() {
+  const auto period = std::chrono::nanoseconds(
+      std::clamp<int64_t>(absl::ToInt64Nanoseconds(straggler_bound_) / 8, 1'000'000, 100'000'000));
+  std::unique_lock<std::mutex> lock(pace_mu_);
+  while (!pace_stop_) {
+    if (waiting_.empty()) {
+      pace_cv_.wait(lock, [&] { return pace_stop_ || !waiting_.empty(); });
+      continue;
+    }
+    pace_cv_.wait_for(lock, period);
+    if (pace_stop_) break;
+    const int64_t now = absl::GetCurrentTimeNanos();
+    std::vector<std::function<void()>> wake;
+    // The groups of the waiters (a waiter may be woken, and leave waiting_, in the loop).
+    std::vector<std::shared_ptr<PaceGroup>> groups;
+    for (CohortMember* m : waiting_) {
+      if (groups.empty() || groups.back() != m->group_) groups.push_back(m->group_);
+    }
+    for (const auto& g : groups) CollectReadyLocked(*g, now, &wake);
+    if (wake.empty()) continue;
+    lock.unlock();
+    for (auto& w : wake) w();
+    groups.clear();
+    lock.lock();
+  }
+}
+
+}  // namespace ckpt
