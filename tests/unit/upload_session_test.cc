@@ -301,17 +301,20 @@ TEST_F(UploadSessionTest, RefusedHeadersAndSlicesGetClearErrors) {
                    "str tensor " + emb.name + " cannot have a layout in the strategy");
   }
   {
-    // A name that is not printable UTF-8 is refused before anything else is looked at.
-    auto u = Begin("ck", "src", 0);
-    ASSERT_TRUE(u.ok());
+    // A name that is not printable UTF-8 is refused before anything else is looked at (each on
+    // an upload of its own: a refused message fails its upload).
     v1::UploadTensorHeader bad = h;
-    bad.set_name("w\x01");
     bad.set_dtype("NoSuchType");
-    expect_refused((*u)->StartTensor(bad), "the control character U+0001");
-    bad.set_name("w\xff");
-    expect_refused((*u)->StartTensor(bad), "not valid UTF-8");
-    bad.set_name("caf\xc3\xa9");  // printable UTF-8 beyond ASCII: the dtype is what is refused
-    expect_refused((*u)->StartTensor(bad), "unknown tensor_type \"NoSuchType\"");
+    for (const auto& [name, text] :
+         {std::pair<std::string, std::string>{"w\x01", "the control character U+0001"},
+          {"w\xff", "not valid UTF-8"},
+          // printable UTF-8 beyond ASCII: the dtype is what is refused
+          {"caf\xc3\xa9", "unknown tensor_type \"NoSuchType\""}}) {
+      auto u = Begin("ck", "src", 0);
+      ASSERT_TRUE(u.ok());
+      bad.set_name(name);
+      expect_refused((*u)->StartTensor(bad), text);
+    }
   }
 }
 
