@@ -213,6 +213,10 @@ class Harness {
   struct ManyResult;
   // PutStrategyFile of a 50,000-parameter JSON strategy file, kRepeats passes, into `result`.
   void MeasureStrategyRegistration(ManyResult* result);
+  // The upload passes of the checkpoint in `dir`, and the fetch passes alternating with the main
+  // checkpoint's, into `result`; false after Error().
+  bool ManyTensorsUploadPasses(const std::string& dir, ManyResult* result);
+  bool ManyTensorsFetchPasses(ManyResult* result);
   nlohmann::json ManyTensorsJson() const;
   void ManyTensorsRows(std::vector<Row>* rows) const;
 

@@ -133,69 +133,55 @@ void Harness::MeasureStrategyRegistration(ManyResult* result) {
                    put.status());
     }
     if (put->parameter_count() != kBigStrategyParams) {
-      return Error("many tensors: register the 50,000-parameter strategy",
-                   absl::InternalError(
-                       absl::StrCat("registered ", put->parameter_count(), " parameters")));
+      return Error(
+          "many tensors: register the 50,000-parameter strategy",
+          absl::InternalError(absl::StrCat("registered ", put->parameter_count(), " parameters")));
     }
   }
   result->strategy_register_runs_s = runs;
   result->strategy_register_s = Median(runs);
   std::error_code ec;
   fs::remove(path, ec);
-  Progress(absl::StrFormat("many tensors: registering a %d-parameter JSON strategy (%.1f MiB): "
-                           "%.3f s (median); client-side parse alone %.3f s",
-                           kBigStrategyParams, result->strategy_file_bytes / kMiB,
-                           *result->strategy_register_s, result->strategy_parse_s));
+  Progress(
+      absl::StrFormat("many tensors: registering a %d-parameter JSON strategy (%.1f MiB): "
+                      "%.3f s (median); client-side parse alone %.3f s",
+                      kBigStrategyParams, result->strategy_file_bytes / kMiB,
+                      *result->strategy_register_s, result->strategy_parse_s));
 }
 
-void Harness::MeasureManyTensors() {
-  ManyResult result;
-  result.spec = MakeManySpec(std::max<int64_t>(spec_.total_bytes / 4, int64_t{16} << 20),
-                             kManyTensors);
-  result.tensors = static_cast<int64_t>(result.spec.tensors.size());
-  const BenchSpec& many = result.spec;
-  Progress(absl::StrCat("many tensors: generating ", many.Describe(), " over 8 source ranks"));
-  const std::string dir = work_ + "/many-src";
-  absl::StatusOr<int64_t> file_bytes = WriteSourceCheckpoint(many, SourceStrategy(many), dir, 2);
-  if (!file_bytes.ok()) return Error("many tensors: generate", file_bytes.status());
-  result.file_bytes = *file_bytes;
-
-  // Registering a 50,000-parameter JSON strategy file (the client parses it and sends it as JSON,
-  // ckptd parses, checks and stores it). A failure is recorded and the phase goes on without it.
-  MeasureStrategyRegistration(&result);
-
-  for (const auto& [name, strategy] :
-       {std::pair<const char*, Strategy>{kManySourceName, SourceStrategy(many)},
-        {kManySixName, SixRankStrategy(many)},
-        {kLargeSixName, SixRankStrategy(spec_)}}) {
-    if (auto put = client_->PutStrategy(name, strategy, true); !put.ok()) {
-      return Error(absl::StrCat("many tensors: PutStrategy ", name), put.status());
-    }
-  }
-
+bool Harness::ManyTensorsUploadPasses(const std::string& dir, ManyResult* result) {
   // Upload: kRepeats passes, deleted between them; the last stays for the fetches.
   std::vector<double> upload_seconds;
   for (int pass = 0; pass < kRepeats; ++pass) {
     if (pass > 0) {
       if (auto s = client_->DeleteCheckpoint(kManyId); !s.ok()) {
-        return Error("many tensors: delete before the next upload pass", s);
+        Error("many tensors: delete before the next upload pass", s);
+        return false;
       }
     }
     const auto start = Clock::now();
     auto up = client_->UploadDirectory(kManyId, kManySourceName, dir);
     upload_seconds.push_back(Seconds(start));
-    if (!up.ok()) return Error("many tensors: upload", up.status());
-    if (!up->committed) {
-      return Error("many tensors: upload", absl::InternalError("checkpoint not committed"));
+    if (!up.ok()) {
+      Error("many tensors: upload", up.status());
+      return false;
     }
-    result.upload_passes_gibps.push_back(up->file_bytes / kGiB / upload_seconds.back());
+    if (!up->committed) {
+      Error("many tensors: upload", absl::InternalError("checkpoint not committed"));
+      return false;
+    }
+    result->upload_passes_gibps.push_back(up->file_bytes / kGiB / upload_seconds.back());
     Progress(absl::StrFormat("many tensors: upload pass %d: %.3f GiB in %.2f s = %.3f GiB/s",
                              pass + 1, up->file_bytes / kGiB, upload_seconds.back(),
-                             result.upload_passes_gibps.back()));
+                             result->upload_passes_gibps.back()));
   }
-  result.upload_gibps = Median(result.upload_passes_gibps);
-  if (upload_gibps_) result.upload_ratio = result.upload_gibps / *upload_gibps_;
+  result->upload_gibps = Median(result->upload_passes_gibps);
+  if (upload_gibps_) result->upload_ratio = result->upload_gibps / *upload_gibps_;
+  return true;
+}
 
+bool Harness::ManyTensorsFetchPasses(ManyResult* result) {
+  const BenchSpec& many = result->spec;
   // Fetch: every rank of the 6-rank destination, the many-tensor checkpoint and then the large
   // one in each pass (a warm-up pass first, whose times to first byte are those of a plan not
   // built yet).
@@ -229,23 +215,23 @@ void Harness::MeasureManyTensors() {
             std::chrono::duration<double, std::milli>(*visitor.first_byte() - rank_start).count());
       }
       bytes += visitor.inner().bytes();
-      if (&spec == &many) result.verified_bytes += visitor.inner().checked();
+      if (&spec == &many) result->verified_bytes += visitor.inner().checked();
     }
-    if (&spec == &many) result.fetch_bytes = bytes;
+    if (&spec == &many) result->fetch_bytes = bytes;
     return bytes / kGiB / Seconds(start);
   };
   {
-    auto warm = fetch_all(many, kManyId, kManySixName, many_six, &result.cold_ttfb_ms);
-    if (!warm) return;
-    result.warmup_gibps = *warm;
-    if (!fetch_all(spec_, kCheckpointId, kLargeSixName, large_six, nullptr)) return;
+    auto warm = fetch_all(many, kManyId, kManySixName, many_six, &result->cold_ttfb_ms);
+    if (!warm) return false;
+    result->warmup_gibps = *warm;
+    if (!fetch_all(spec_, kCheckpointId, kLargeSixName, large_six, nullptr)) return false;
   }
   for (int pass = 0; pass < kRepeats; ++pass) {
     // ckptd's and this process's CPU seconds for the pass: steadier than its wall time.
     const CpuMeter many_cpu(server_->pid());
     const absl::StatusOr<v1::ServerStats> stats_before = Stats();
-    auto g = fetch_all(many, kManyId, kManySixName, many_six, &result.ttfb_runs_ms);
-    if (!g) return;
+    auto g = fetch_all(many, kManyId, kManySixName, many_six, &result->ttfb_runs_ms);
+    if (!g) return false;
     CpuTally many_tally;
     many_cpu.AddTo(&many_tally, 0);
     // Chunks the pass read from the store and found in ckptd's shared chunk cache.
@@ -255,26 +241,56 @@ void Harness::MeasureManyTensors() {
       store_reads = stats_after->store_chunks_read() - stats_before->store_chunks_read();
       cache_hits = stats_after->fetch_chunks_cached() - stats_before->fetch_chunks_cached();
     }
-    result.passes_gibps.push_back(*g);
+    result->passes_gibps.push_back(*g);
     const CpuMeter large_cpu(server_->pid());
     auto l = fetch_all(spec_, kCheckpointId, kLargeSixName, large_six, nullptr);
-    if (!l) return;
+    if (!l) return false;
     CpuTally large_tally;
     large_cpu.AddTo(&large_tally, 0);
-    result.large_passes_gibps.push_back(*l);
-    Progress(absl::StrFormat("many tensors: fetch 8->6 pass %d: %.3f GiB/s (CPU s: ckptd %.3f, "
-                             "client %.3f; chunks: %d store reads, %d cache hits); large "
-                             "tensors %.3f GiB/s (CPU s: ckptd %.3f, client %.3f)",
-                             pass + 1, *g, many_tally.server, many_tally.client, store_reads,
-                             cache_hits, *l, large_tally.server, large_tally.client));
+    result->large_passes_gibps.push_back(*l);
+    Progress(
+        absl::StrFormat("many tensors: fetch 8->6 pass %d: %.3f GiB/s (CPU s: ckptd %.3f, "
+                        "client %.3f; chunks: %d store reads, %d cache hits); large "
+                        "tensors %.3f GiB/s (CPU s: ckptd %.3f, client %.3f)",
+                        pass + 1, *g, many_tally.server, many_tally.client, store_reads, cache_hits,
+                        *l, large_tally.server, large_tally.client));
   }
-  result.gibps = Median(result.passes_gibps);
-  result.large_gibps = Median(result.large_passes_gibps);
-  result.ratio = result.gibps / result.large_gibps;
-  result.ttfb_ms = *std::max_element(result.ttfb_runs_ms.begin(), result.ttfb_runs_ms.end());
-  result.ttfb_median_ms = Median(result.ttfb_runs_ms);
-  result.cold_ttfb_max_ms =
-      *std::max_element(result.cold_ttfb_ms.begin(), result.cold_ttfb_ms.end());
+  result->gibps = Median(result->passes_gibps);
+  result->large_gibps = Median(result->large_passes_gibps);
+  result->ratio = result->gibps / result->large_gibps;
+  result->ttfb_ms = *std::max_element(result->ttfb_runs_ms.begin(), result->ttfb_runs_ms.end());
+  result->ttfb_median_ms = Median(result->ttfb_runs_ms);
+  result->cold_ttfb_max_ms =
+      *std::max_element(result->cold_ttfb_ms.begin(), result->cold_ttfb_ms.end());
+  return true;
+}
+
+void Harness::MeasureManyTensors() {
+  ManyResult result;
+  result.spec =
+      MakeManySpec(std::max<int64_t>(spec_.total_bytes / 4, int64_t{16} << 20), kManyTensors);
+  result.tensors = static_cast<int64_t>(result.spec.tensors.size());
+  const BenchSpec& many = result.spec;
+  Progress(absl::StrCat("many tensors: generating ", many.Describe(), " over 8 source ranks"));
+  const std::string dir = work_ + "/many-src";
+  absl::StatusOr<int64_t> file_bytes = WriteSourceCheckpoint(many, SourceStrategy(many), dir, 2);
+  if (!file_bytes.ok()) return Error("many tensors: generate", file_bytes.status());
+  result.file_bytes = *file_bytes;
+
+  // Registering a 50,000-parameter JSON strategy file (the client parses it and sends it as JSON,
+  // ckptd parses, checks and stores it). A failure is recorded and the phase goes on without it.
+  MeasureStrategyRegistration(&result);
+
+  for (const auto& [name, strategy] :
+       {std::pair<const char*, Strategy>{kManySourceName, SourceStrategy(many)},
+        {kManySixName, SixRankStrategy(many)},
+        {kLargeSixName, SixRankStrategy(spec_)}}) {
+    if (auto put = client_->PutStrategy(name, strategy, true); !put.ok()) {
+      return Error(absl::StrCat("many tensors: PutStrategy ", name), put.status());
+    }
+  }
+
+  if (!ManyTensorsUploadPasses(dir, &result) || !ManyTensorsFetchPasses(&result)) return;
 
   // Planning: every destination rank's source ranks, 1024 -> 4096 ranks, as many parameters as
   // the checkpoint has tensors.
@@ -297,8 +313,8 @@ void Harness::MeasureManyTensors() {
 
 nlohmann::json Harness::ManyTensorsJson() const {
   if (!many_) {
-    return {{"tensors", nullptr},     {"ttfb_ms", nullptr},      {"ratio", nullptr},
-            {"deps_ms", nullptr},     {"upload_ratio", nullptr}, {"strategy_register_s", nullptr}};
+    return {{"tensors", nullptr}, {"ttfb_ms", nullptr},      {"ratio", nullptr},
+            {"deps_ms", nullptr}, {"upload_ratio", nullptr}, {"strategy_register_s", nullptr}};
   }
   const ManyResult& m = *many_;
   return {{"tensors", m.tensors},
@@ -341,11 +357,11 @@ void Harness::ManyTensorsRows(std::vector<Row>* rows) const {
                                        m->ttfb_median_ms, m->cold_ttfb_max_ms)
                      : "null",
                    "<= 50 ms", verdict(m && m->ttfb_ms <= 50.0)});
-  rows->push_back({"  fetch GiB/s / large-tensor fetch's",
-                   m ? absl::StrFormat("%.3f / %.3f GiB/s  ratio %.2f", m->gibps, m->large_gibps,
-                                       m->ratio)
-                     : "null",
-                   "ratio >= 0.7", verdict(m && m->ratio >= 0.7)});
+  rows->push_back(
+      {"  fetch GiB/s / large-tensor fetch's",
+       m ? absl::StrFormat("%.3f / %.3f GiB/s  ratio %.2f", m->gibps, m->large_gibps, m->ratio)
+         : "null",
+       "ratio >= 0.7", verdict(m && m->ratio >= 0.7)});
   rows->push_back({absl::StrFormat("  deps --all (4096 dst ranks, %d params)", kManyTensors),
                    m ? absl::StrFormat("%.1f ms", m->deps_ms) : "null", "<= 200 ms",
                    verdict(m && m->deps_ms <= 200.0)});
