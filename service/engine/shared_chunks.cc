@@ -428,12 +428,9 @@ void SharedChunks::TakenLocked(StreamChunk& chunk, const void* taker) {
 
 void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers, const void* reader) {
   const auto size = static_cast<int64_t>(chunk->data->bytes().size());
-  const ChunkData::Pin pin = chunk->data->pin();
-  // Kept: every chunk that fits the budget, except a spare one whose mapping alone exceeds it, and
-  // a spare small view of a mapping (kSmallViewBytes). Pins evict spare chunks only, so a wanted
-  // chunk stays whatever its mapping pins.
-  if (size > cache_bytes_ || (takers <= 0 && pin.bytes > cache_bytes_)) return;
-  if (takers <= 0 && pin.id != nullptr && size <= kSmallViewBytes) return;
+  // Kept: every chunk that fits the budget, except a spare one whose mapping alone exceeds it.
+  // Pins evict spare chunks only, so a wanted chunk stays whatever its mapping pins.
+  if (size > cache_bytes_ || (takers <= 0 && chunk->data->pin().bytes > cache_bytes_)) return;
   StreamChunk& added = *chunk;
   StreamChunk::Kept& k = added.kept_;
   k.spare = takers <= 0;

@@ -65,10 +65,7 @@
 // evicted for their bytes only: pacing bounds the span of the file a job's members read ahead of
 // each other, hence the windows its wanted chunks pin, and evicting them would break read-once.
 // Chunks are never copied for the cache: a copy of every chunk read costs more CPU than the
-// copies it saves. A spare small view of a mapping (at most kSmallViewBytes: the slices of many
-// small tensors) is not kept at all: reading it again is a lookup in a mapped window, which costs
-// less CPU than keeping it (the cache's lists and table, the window it pins, its eviction), while
-// the chunks a cohort still wants are kept whatever their size.
+// copies it saves.
 //
 // Thread-safe: every method may be called from any thread. Get may block while another thread
 // reads the same chunk from the store (a store read, never anything that waits on a stream), so
@@ -287,10 +284,6 @@ class SharedChunks {
 
   SharedChunkStats stats() const;
   int64_t cache_budget() const { return cache_bytes_; }
-
-  // Spare chunks of at most this many bytes that are views of a store mapping are not kept (see
-  // the file comment).
-  static constexpr int64_t kSmallViewBytes = 8 << 10;
 
  private:
   struct Key {

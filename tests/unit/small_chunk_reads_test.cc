@@ -171,40 +171,5 @@ TEST_F(SmallChunkReadsTest, ChunksStoredTogetherComeBackAsStoredAndAreVerifiedOn
   }
 }
 
-// A small chunk the store hands out as a view of a mapped window is not kept for nobody: reading
-// it again costs less than keeping it, which would pin its window. The chunks a cohort member
-// still wants are kept until it has them, however small.
-TEST_F(SmallChunkReadsTest, SpareSmallViewsAreNotKeptWantedOnesAre) {
-  constexpr uint32_t kChunks = 4;
-  ASSERT_NO_FATAL_FAILURE(Write(kChunks));
-  SharedChunks chunks(store_.get(), int64_t{64} << 20);
-  auto get = [&](uint32_t i, const CohortMember* member) {
-    absl::StatusOr<std::shared_ptr<StreamChunk>> got =
-        chunks.Get(addresses_[i], Checksum(bytes_[i]), member ? member->cohort() : nullptr, member);
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
-    EXPECT_NE((*got)->data->pin().id, nullptr) << i << ": not a view of a mapping";
-    EXPECT_TRUE((*got)->data->bytes() == bytes_[i]) << i;
-    EXPECT_TRUE((*got)->Verify().ok()) << i;
-  };
-  // A lone reader: every request is a store read, and nothing is kept or pinned.
-  for (int round = 0; round < 2; ++round) {
-    for (uint32_t i = 0; i < kChunks; ++i) ASSERT_NO_FATAL_FAILURE(get(i, nullptr));
-  }
-  SharedChunkStats stats = chunks.stats();
-  EXPECT_EQ(stats.store_reads, 2 * kChunks);
-  EXPECT_EQ(stats.cache_hits, 0);
-  EXPECT_EQ(stats.cached_bytes, 0);
-  EXPECT_EQ(stats.pinned_bytes, 0);
-  // Two members of a cohort: what the first reads is kept for the second, which reads nothing.
-  std::unique_ptr<CohortMember> a = chunks.JoinCohort("plan", "job", 2);
-  std::unique_ptr<CohortMember> b = chunks.JoinCohort("plan", "job", 2);
-  for (uint32_t i = 0; i < kChunks; ++i) ASSERT_NO_FATAL_FAILURE(get(i, a.get()));
-  EXPECT_GT(chunks.stats().cached_bytes, 0);
-  for (uint32_t i = 0; i < kChunks; ++i) ASSERT_NO_FATAL_FAILURE(get(i, b.get()));
-  stats = chunks.stats();
-  EXPECT_EQ(stats.store_reads, 3 * kChunks);
-  EXPECT_EQ(stats.cache_hits, kChunks);
-}
-
 }  // namespace
 }  // namespace ckpt
