@@ -254,12 +254,12 @@ absl::StatusOr<Response> CkptClient::Unary(Method method, const Request& request
 
 // ---------------------------------------------------------------- strategies
 
-absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategyJson(const std::string& name,
-                                                             std::string json, bool overwrite) {
+absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategy(const std::string& name,
+                                                         const Strategy& strategy, bool overwrite) {
   v1::PutStrategyRequest request;
   request.set_name(name);
-  request.set_content(std::move(json));
-  request.set_format(v1::STRATEGY_FORMAT_JSON);
+  request.set_content(SerializeStrategy(strategy, StrategyFormat::kBinary));
+  request.set_format(v1::STRATEGY_FORMAT_BINARY);
   request.set_overwrite(overwrite);
   CKPT_ASSIGN_OR_RETURN(v1::PutStrategyResponse response,
                         (Unary<v1::PutStrategyRequest, v1::PutStrategyResponse>(
@@ -267,16 +267,11 @@ absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategyJson(const std::string& 
   return response.info();
 }
 
-absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategy(const std::string& name,
-                                                         const Strategy& strategy, bool overwrite) {
-  return PutStrategyJson(name, SerializeStrategy(strategy, StrategyFormat::kJson), overwrite);
-}
-
 absl::StatusOr<v1::StrategyInfo> CkptClient::PutStrategyFile(const std::string& name,
                                                              const std::string& path,
                                                              bool overwrite) {
-  CKPT_ASSIGN_OR_RETURN(std::string json, StrategyJsonForPath(path));
-  return PutStrategyJson(name, std::move(json), overwrite);
+  CKPT_ASSIGN_OR_RETURN(Strategy strategy, LoadStrategyPath(path));
+  return PutStrategy(name, strategy, overwrite);
 }
 
 absl::StatusOr<RemoteStrategy> CkptClient::GetStrategy(const std::string& name) {

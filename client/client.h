@@ -168,11 +168,13 @@ class CkptClient {
 
   // ------------------------------------------------------------------------------- strategies
 
-  // Registers `strategy` (sent as MindSpore JSON, which keeps tensor shapes) under `name`.
+  // Registers `strategy` under `name`, sent in ckptd's binary form (MindSpore's ParallelStrategyMap
+  // with each parameter's global shape in ParallelLayouts.ckptd_tensor_shape), which ckptd parses
+  // several times faster than the JSON form.
   absl::StatusOr<v1::StrategyInfo> PutStrategy(const std::string& name, const Strategy& strategy,
                                                bool overwrite);
-  // Registers a binary or .json strategy file, or a directory of per-stage files merged
-  // (LoadStrategyPath); a .json file is checked here and sent as it is (StrategyJsonForPath).
+  // Registers a binary or .json strategy file, or a directory of per-stage files merged: loaded
+  // and checked here (LoadStrategyPath, errors name the file), then sent as PutStrategy does.
   absl::StatusOr<v1::StrategyInfo> PutStrategyFile(const std::string& name, const std::string& path,
                                                    bool overwrite);
   absl::StatusOr<RemoteStrategy> GetStrategy(const std::string& name);
@@ -289,10 +291,6 @@ class CkptClient {
                                             int parallelism = 4, ProgressFn progress = nullptr);
 
  private:
-  // Registers MindSpore JSON text `json` under `name` (JSON rather than binary: it keeps
-  // tensor_shape, which the server uses to validate uploads).
-  absl::StatusOr<v1::StrategyInfo> PutStrategyJson(const std::string& name, std::string json,
-                                                   bool overwrite);
   class CancelGroup;
 
   CkptClient(std::string address, ClientOptions options, std::shared_ptr<grpc::Channel> channel);

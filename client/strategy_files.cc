@@ -54,20 +54,6 @@ absl::StatusOr<Strategy> LoadStrategyPath(const std::string& path) {
   return strategy;
 }
 
-absl::StatusOr<std::string> StrategyJsonForPath(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec) || StrategyFormatForPath(path) != StrategyFormat::kJson) {
-    CKPT_ASSIGN_OR_RETURN(Strategy strategy, LoadStrategyPath(path));
-    return SerializeStrategy(strategy, StrategyFormat::kJson);
-  }
-  CKPT_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, kMaxStrategyFileBytes));
-  if (absl::StatusOr<Strategy> parsed = ParseStrategy(bytes, StrategyFormat::kJson); !parsed.ok()) {
-    return absl::Status(parsed.status().code(),
-                        absl::StrCat(path, ": ", parsed.status().message()));
-  }
-  return bytes;
-}
-
 absl::Status WriteStrategyFile(const Strategy& strategy, const std::string& path) {
   CKPT_ASSIGN_OR_RETURN(auto sink, AtomicFileSink::Create(path));
   CKPT_RETURN_IF_ERROR(sink->Write(SerializeStrategy(strategy, StrategyFormatForPath(path))));

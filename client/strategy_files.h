@@ -18,11 +18,6 @@ inline constexpr int64_t kMaxStrategyFileBytes = int64_t{256} << 20;
 // name) are per-stage strategy files to merge.
 absl::StatusOr<Strategy> LoadStrategyPath(const std::string& path);
 
-// PATH (as LoadStrategyPath) as MindSpore JSON text to send: a `.json` file's own bytes once they
-// parse (re-writing a large model's strategy costs as much as parsing it, and the server parses
-// what it receives anyway), anything else loaded and written as JSON. Errors name PATH.
-absl::StatusOr<std::string> StrategyJsonForPath(const std::string& path);
-
 // Reads every file of `paths` (directories expand to their regular files, sorted) for merging.
 absl::StatusOr<std::vector<StrategyFile>> ReadStrategyFiles(const std::vector<std::string>& paths);
 

@@ -92,7 +92,6 @@ class Wire {
 // shares its object (CheckpointManager keeps it), so its forms are encoded once rather than at
 // every commit. Thread-safe.
 struct EncodedStrategy {
-  std::string json;
   std::string binary;
 };
 std::shared_ptr<const EncodedStrategy> EncodedFormsOf(
@@ -118,7 +117,6 @@ std::shared_ptr<const EncodedStrategy> EncodedFormsOf(
   records::StrategyRecord record;
   EncodeStoredStrategy(*strategy, &record);
   auto forms = std::make_shared<EncodedStrategy>();
-  forms->json = std::move(*record.mutable_strategy_json());
   forms->binary = std::move(*record.mutable_strategy_binary());
   entries->insert(entries->begin(), {strategy, forms});
   if (entries->size() > kEntries) entries->pop_back();
@@ -142,14 +140,12 @@ std::string PendingCheckpoint::SerializeManifest() {
   size_t slice_count = 0;
   for (const Tensor* t : order) slice_count += t->slices.size();
   std::string out;
-  out.reserve((forms ? forms->json.size() + forms->binary.size() : 0) + 64 * order.size() +
-              96 * slice_count);
+  out.reserve((forms ? forms->binary.size() : 0) + 64 * order.size() + 96 * slice_count);
   std::string tensor_bytes;
   std::string blob_bytes;
   Wire m(&out);
   m.Bytes(1, id_);
   m.Bytes(2, strategy_name_);
-  if (forms) m.Bytes(3, forms->json);
   m.Int(4, world_size());
   m.Int(5, static_cast<int64_t>(data_id_));
   std::vector<const Slice*> slices;

@@ -182,9 +182,9 @@ TEST_F(ManagerTest, CheckpointsRecordingAnotherChecksumAlgorithmAreRefused) {
   }
 }
 
-// Strategies are stored in MindSpore's JSON and binary forms, and loaded from the binary one. A
-// record with the JSON form alone (as stores hold them from before the binary form) loads as ever;
-// a damaged binary form is DATA_LOSS naming it.
+// Strategies are stored in MindSpore's binary form alone. A record with the JSON form alone (as
+// stores first written in format 1 may hold them) loads as ever; a damaged binary form is
+// DATA_LOSS naming it.
 TEST_F(ManagerTest, StoredStrategiesLoadFromEitherForm) {
   const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
   PutStrategy("src", src);
@@ -194,19 +194,22 @@ TEST_F(ManagerTest, StoredStrategiesLoadFromEitherForm) {
   ASSERT_TRUE(record_bytes.ok()) << record_bytes.status();
   records::StrategyRecord record;
   ASSERT_TRUE(record.ParseFromString(*record_bytes));
-  EXPECT_FALSE(record.strategy_json().empty());
-  EXPECT_FALSE(record.strategy_binary().empty());
+  EXPECT_TRUE(record.strategy_json().empty());
+  EXPECT_EQ(record.strategy_binary(), SerializeStrategy(dst, StrategyFormat::kBinary));
   auto manifest_bytes = store_->GetManifest("ck");
   ASSERT_TRUE(manifest_bytes.ok()) << manifest_bytes.status();
   records::CheckpointManifest manifest;
   ASSERT_TRUE(manifest.ParseFromString(*manifest_bytes));
-  EXPECT_FALSE(manifest.strategy_json().empty());
-  EXPECT_FALSE(manifest.strategy_binary().empty());
+  EXPECT_TRUE(manifest.strategy_json().empty());
+  EXPECT_EQ(manifest.strategy_binary(), SerializeStrategy(src, StrategyFormat::kBinary));
 
+  record.set_strategy_json(SerializeStrategy(dst, StrategyFormat::kJson));
   record.clear_strategy_binary();
   ASSERT_TRUE(store_->PutStrategy("dst", record.SerializeAsString(), /*overwrite=*/true).ok());
-  ASSERT_NO_FATAL_FAILURE(StoreCopy(
-      "ck", "json_only", [](records::CheckpointManifest* m) { m->clear_strategy_binary(); }));
+  ASSERT_NO_FATAL_FAILURE(StoreCopy("ck", "json_only", [&src](records::CheckpointManifest* m) {
+    m->set_strategy_json(SerializeStrategy(src, StrategyFormat::kJson));
+    m->clear_strategy_binary();
+  }));
   ASSERT_NO_FATAL_FAILURE(StoreCopy("ck", "damaged", [](records::CheckpointManifest* m) {
     m->set_strategy_binary(std::string("\xff\xff\xff", 3));
   }));

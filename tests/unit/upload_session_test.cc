@@ -210,14 +210,14 @@ TEST_F(UploadSessionTest, ManifestRecordsEverySliceAsTheLayoutsImply) {
   EXPECT_EQ(tensor_indexes.size(), tensors.size());
 }
 
-TEST_F(UploadSessionTest, ManifestsCarryTheStrategysStoredForms) {
+TEST_F(UploadSessionTest, ManifestsCarryTheStrategysStoredForm) {
   const Strategy src = DemoSourceStrategy();
   PutStrategy("src", src);
   const std::vector<SampleTensor> tensors = DemoTensors();
   for (const std::string id : {"a", "b"}) {
     ASSERT_TRUE(UploadAll(id, "src", src, tensors).ok()) << id;
     const records::CheckpointManifest m = Manifest(id);
-    EXPECT_EQ(m.strategy_json(), SerializeStrategy(src, StrategyFormat::kJson)) << id;
+    EXPECT_TRUE(m.strategy_json().empty()) << id;
     EXPECT_EQ(m.strategy_binary(), SerializeStrategy(src, StrategyFormat::kBinary)) << id;
   }
   // The same name registered again with another layout: the next checkpoint carries the new one.
@@ -227,7 +227,7 @@ TEST_F(UploadSessionTest, ManifestsCarryTheStrategysStoredForms) {
   PutStrategy("src", changed, /*overwrite=*/true);
   ASSERT_TRUE(UploadAll("c", "src", changed, tensors).ok());
   const records::CheckpointManifest m = Manifest("c");
-  EXPECT_EQ(m.strategy_json(), SerializeStrategy(changed, StrategyFormat::kJson));
+  EXPECT_TRUE(m.strategy_json().empty());
   EXPECT_EQ(m.strategy_binary(), SerializeStrategy(changed, StrategyFormat::kBinary));
 }
 
