@@ -52,25 +52,31 @@ install: build
 package: build
 	cd $(BUILD_DIR) && cpack -G DEB
 
-# libFuzzer campaign (tests/fuzz): a clang build with AddressSanitizer and UBSan in FUZZ_DIR of
-# the fuzz targets and what they link only; seed corpora from `ckptctl sample` (the main build's
-# ckptctl) and the MindSpore fixtures when present; each target runs FUZZ_SECONDS. Fails if any
-# target crashes; crash inputs are left in FUZZ_DIR/artifacts.
+# The sanitizer and fuzz builds use clang and its linker lld (Debian's clang and lld): clang
+# compiles the instrumented code in about two thirds of GCC's time and lld links several times
+# faster than the default linker, and these builds are most of CI's time.
+CLANG_CMAKE := -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld \
+	-DCMAKE_MODULE_LINKER_FLAGS=-fuse-ld=lld
+
+# libFuzzer campaign (tests/fuzz): in FUZZ_DIR, a clang build of the fuzz targets and what they
+# link only, instrumented as `make test-asan`'s (AddressSanitizer and UBSan, -O1 -g1) plus
+# libFuzzer's coverage (-fsanitize=fuzzer-no-link); seed corpora from `ckptctl sample` (the main
+# build's ckptctl) and the MindSpore fixtures when present; each target runs FUZZ_SECONDS. Fails
+# if any target crashes; crash inputs are left in FUZZ_DIR/artifacts. JOBS targets run at once,
+# each on its own core for FUZZ_SECONDS.
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_SANITIZE := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-# clang does not know GCC's -Wno-restrict (ckpt_target_options).
-FUZZ_CXXFLAGS := $(FUZZ_SANITIZE) -Wno-unknown-warning-option
 fuzz: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target ckptctl
-	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
-	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-	  "-DCMAKE_CXX_FLAGS=$(FUZZ_CXXFLAGS)" "-DCMAKE_C_FLAGS=$(FUZZ_SANITIZE)"
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_FUZZ=ON \
+	  -DCKPT_SANITIZE=address,undefined $(CLANG_CMAKE) \
+	  -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link
 	cmake --build $(FUZZ_DIR) -j$(JOBS) --target ckpt_fuzzers
-	bash tests/fuzz/run.sh $(FUZZ_DIR) $(BUILD_DIR)/client/ckptctl $(FUZZ_SECONDS)
+	bash tests/fuzz/run.sh $(FUZZ_DIR) $(BUILD_DIR)/client/ckptctl $(FUZZ_SECONDS) $(JOBS)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR)
 
 # ------------------------------------------------------------------ sanitizers
 # The suite built with AddressSanitizer + UndefinedBehaviorSanitizer (ASAN_DIR) or
@@ -102,13 +108,14 @@ SANITIZE_ENV = tests/sanitizers/env.sh
 .PHONY: test-asan test-tsan
 
 test-asan: deps
-	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=address,undefined
+	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=address,undefined \
+	  $(CLANG_CMAKE)
 	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TARGETS)
 	cd $(ASAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -LE '$(SAN_EXCLUDE)' \
 	  -E '$(ASAN_SKIP)'
 
 test-tsan: deps
-	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread
+	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread $(CLANG_CMAKE)
 	$(SANITIZE_ENV) cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
 	cd $(TSAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -L threads
 

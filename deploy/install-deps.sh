@@ -17,7 +17,7 @@ PACKAGES=(
   python3-yaml
   python3-matplotlib
   pybind11-dev python3-dev
-  clang libclang-rt-14-dev
+  clang lld libclang-rt-14-dev
 )
 # kubectl, for the offline checks of deploy/k8s: Debian's kubernetes-client, unless a kubectl is
 # installed already (another package shipping /usr/bin/kubectl would conflict with it).

@@ -2,6 +2,8 @@
 
 #include <cstdlib>  // defines __GLIBC__ where the C library is glibc
 
+#include "core/sanitizers.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -9,7 +11,7 @@
 namespace ckpt {
 
 bool ReleaseFreeHeapMemory() {
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__GLIBC__) && !defined(CKPT_SANITIZED)
   return malloc_trim(0) == 1;
 #else
   return false;

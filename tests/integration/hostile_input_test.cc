@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "ckpt.grpc.pb.h"
 #include "client/client.h"
+#include "core/sanitizers.h"
 #include "core/strategy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -287,11 +288,10 @@ TEST_F(HostileInputTest, StrategiesLargerThanFourMiBRegister) {
   ASSERT_GT(json.size(), size_t{4} << 20);
   ASSERT_LT(json.size(), size_t{60} << 20);
   // Serializing, sending and parsing 24,000 parameters takes seconds in a Release build and
-  // several times longer under AddressSanitizer or ThreadSanitizer (GCC defines
-  // __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__ for `make test-asan` / `make test-tsan`): the
-  // deadline of each call scales there, the assertions stay the same.
+  // several times longer under AddressSanitizer or ThreadSanitizer (CKPT_SANITIZED): the deadline
+  // of each call scales there, the assertions stay the same.
   ClientOptions options;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef CKPT_SANITIZED
   options.unary_timeout *= 5;
 #endif
   auto client = CkptClient::Connect(server_->address(), options);

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/sanitizers.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {
@@ -46,7 +47,7 @@ int64_t FaultsOfAWarmRound(size_t bytes, int count) {
 }
 
 TEST(MallocTuningTest, FreedStreamingBuffersAreReusedWithoutFreshPages) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef CKPT_SANITIZED
   // The sanitizer's allocator replaces glibc's malloc (mallopt has no effect and fails), so the
   // policy this test measures is not in use (make test-asan, make test-tsan).
   GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's allocator in this build";

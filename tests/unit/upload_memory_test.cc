@@ -9,6 +9,7 @@
 #include <fstream>
 #include <vector>
 
+#include "core/sanitizers.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {
@@ -23,7 +24,7 @@ int64_t ResidentBytes() {
 }
 
 TEST(UploadMemoryTest, FreedSmallBlocksBelowALiveOneGoBackToTheKernel) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef CKPT_SANITIZED
   GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's allocator in this build";
 #endif
   // 64 MiB of small blocks, as a pending checkpoint's records are, then one more block that
