@@ -269,8 +269,8 @@ TEST_F(HostileInputTest, EmptyCheckpointsAreRefused) {
   ExpectServing();
 }
 
-// A strategy of a model with many parameters exceeds gRPC's default 4 MiB message size; it
-// registers and reads back whole.
+// A strategy of a model with many parameters exceeds gRPC's default 4 MiB message size in both
+// forms: it registers (sent in binary form) and reads back (as JSON) whole.
 TEST_F(HostileInputTest, StrategiesLargerThanFourMiBRegister) {
   Start();
   std::map<std::string, StrategyParam> params;
@@ -284,8 +284,9 @@ TEST_F(HostileInputTest, StrategiesLargerThanFourMiBRegister) {
   }
   auto strategy = Strategy::Create(std::move(params), 1);
   ASSERT_TRUE(strategy.ok()) << strategy.status();
+  const std::string binary = SerializeStrategy(*strategy, StrategyFormat::kBinary);
   const std::string json = SerializeStrategy(*strategy, StrategyFormat::kJson);
-  ASSERT_GT(json.size(), size_t{4} << 20);
+  ASSERT_GT(binary.size(), size_t{4} << 20);
   ASSERT_LT(json.size(), size_t{60} << 20);
   // Serializing, sending and parsing 24,000 parameters takes seconds in a Release build and
   // several times longer under AddressSanitizer or ThreadSanitizer (CKPT_SANITIZED): the deadline
