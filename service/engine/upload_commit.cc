@@ -87,18 +87,14 @@ class Wire {
   std::string* out_;
 };
 
-// The stored forms (EncodeStoredStrategy's) of the strategies the latest commits used, kept
-// while their strategy objects live: every checkpoint uploaded with one registered strategy
-// shares its object (CheckpointManager keeps it), so its forms are encoded once rather than at
+// The stored form (EncodeStoredStrategy's strategy_binary) of the strategies the latest commits
+// used, kept while their strategy objects live: every checkpoint uploaded with one registered
+// strategy shares its object (CheckpointManager keeps it), so it is encoded once rather than at
 // every commit. Thread-safe.
-struct EncodedStrategy {
-  std::string binary;
-};
-std::shared_ptr<const EncodedStrategy> EncodedFormsOf(
-    const std::shared_ptr<const Strategy>& strategy) {
+std::shared_ptr<const std::string> StoredFormOf(const std::shared_ptr<const Strategy>& strategy) {
   struct Entry {
     std::weak_ptr<const Strategy> strategy;
-    std::shared_ptr<const EncodedStrategy> forms;
+    std::shared_ptr<const std::string> binary;
   };
   constexpr size_t kEntries = 2;
   static std::mutex mu;
@@ -111,16 +107,15 @@ std::shared_ptr<const EncodedStrategy> EncodedFormsOf(
     if ((*entries)[i].strategy.lock() == strategy) {
       std::rotate(entries->begin(), entries->begin() + static_cast<std::ptrdiff_t>(i),
                   entries->begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      return entries->front().forms;
+      return entries->front().binary;
     }
   }
   records::StrategyRecord record;
   EncodeStoredStrategy(*strategy, &record);
-  auto forms = std::make_shared<EncodedStrategy>();
-  forms->binary = std::move(*record.mutable_strategy_binary());
-  entries->insert(entries->begin(), {strategy, forms});
+  auto binary = std::make_shared<const std::string>(std::move(*record.mutable_strategy_binary()));
+  entries->insert(entries->begin(), {strategy, binary});
   if (entries->size() > kEntries) entries->pop_back();
-  return forms;
+  return binary;
 }
 
 }  // namespace
@@ -132,15 +127,16 @@ std::string PendingCheckpoint::SerializeManifest() {
   std::sort(order.begin(), order.end(), [](const Tensor* a, const Tensor* b) {
     return std::tie(a->first_rank, a->position) < std::tie(b->first_rank, b->position);
   });
-  std::shared_ptr<const EncodedStrategy> forms;
-  if (strategy_) forms = EncodedFormsOf(strategy_);
+  std::shared_ptr<const std::string> stored_strategy;
+  if (strategy_) stored_strategy = StoredFormOf(strategy_);
 
   // records::CheckpointManifest, its TensorRecords and their BlobRecords, each nested record
   // written into a buffer of its own (reused) and then copied behind its length.
   size_t slice_count = 0;
   for (const Tensor* t : order) slice_count += t->slices.size();
   std::string out;
-  out.reserve((forms ? forms->binary.size() : 0) + 64 * order.size() + 96 * slice_count);
+  out.reserve((stored_strategy ? stored_strategy->size() : 0) + 64 * order.size() +
+              96 * slice_count);
   std::string tensor_bytes;
   std::string blob_bytes;
   Wire m(&out);
@@ -196,7 +192,7 @@ std::string PendingCheckpoint::SerializeManifest() {
     m.Bytes(8, it == source_files_.end() ? std::string_view() : it->second, /*always=*/true);
   }
   m.Int(9, records::CHUNK_CHECKSUM_XXH3_64);
-  if (forms) m.Bytes(10, forms->binary);
+  if (stored_strategy) m.Bytes(10, *stored_strategy);
   return out;
 }
 
