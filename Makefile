@@ -52,9 +52,12 @@ install: build
 package: build
 	cd $(BUILD_DIR) && cpack -G DEB
 
-# The sanitizer and fuzz builds use clang and its linker lld (Debian's clang and lld): clang
-# compiles the instrumented code in about two thirds of GCC's time and lld links several times
-# faster than the default linker, and these builds are most of CI's time.
+# The ASan and fuzz builds use clang and its linker lld (Debian's clang and lld): clang compiles
+# the instrumented code in about two thirds of GCC's time and lld links several times faster than
+# the default linker, and these builds are most of CI's time. The TSan build stays on GCC: clang
+# instantiates std::string's members instrumented in our binaries, where they also run for
+# RocksDB's uninstrumented write-group code, and TSan then reports RocksDB's hand-off of a
+# batch between writer threads with no RocksDB frame for the suppression to match.
 CLANG_CMAKE := -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld \
 	-DCMAKE_MODULE_LINKER_FLAGS=-fuse-ld=lld
@@ -115,7 +118,7 @@ test-asan: deps
 	  -E '$(ASAN_SKIP)'
 
 test-tsan: deps
-	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread $(CLANG_CMAKE)
+	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread
 	$(SANITIZE_ENV) cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
 	cd $(TSAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -L threads
 
