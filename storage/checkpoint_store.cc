@@ -19,6 +19,11 @@ absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
                       address.ToString(), kChecksumName, expected_checksum, actual));
 }
 
+absl::Status DataIdNotLive(uint64_t data_id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "data id ", data_id, " is not live (never begun, already committed or discarded)"));
+}
+
 void CheckpointStore::ReadChunksUnverified(
     std::span<const ChunkAddress> addresses,
     std::vector<absl::StatusOr<std::unique_ptr<ChunkData>>>* out) {

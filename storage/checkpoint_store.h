@@ -81,6 +81,10 @@ class ChunkData {
 absl::Status VerifyChunk(const ChunkAddress& address, std::string_view bytes,
                          uint64_t expected_checksum);
 
+// FAILED_PRECONDITION naming `data_id`: what every store's data-id calls (PutChunks, Commit,
+// Discard) return for an id that is not live.
+absl::Status DataIdNotLive(uint64_t data_id);
+
 // Counters for tests and the benchmark (monotonic since open).
 struct StoreStats {
   int64_t chunk_bytes_read = 0;

@@ -19,11 +19,6 @@ class SharedChunkData final : public ChunkData {
   std::shared_ptr<const std::string> bytes_;
 };
 
-absl::Status NotLive(uint64_t data_id) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "data id ", data_id, " is not live (never begun, already committed or discarded)"));
-}
-
 }  // namespace
 
 MemoryStore::MemoryStore(StoreOptions options) : options_(std::move(options)) {}
@@ -82,7 +77,7 @@ absl::Status MemoryStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   std::lock_guard<std::mutex> lock(mu_);
   // Validate everything before changing anything: a refused call writes nothing.
   for (const ChunkWrite& c : chunks) {
-    if (!live_.contains(c.address.data_id)) return NotLive(c.address.data_id);
+    if (!live_.contains(c.address.data_id)) return DataIdNotLive(c.address.data_id);
   }
   if (options_.free_disk_bytes) {
     absl::StatusOr<int64_t> free = options_.free_disk_bytes();
@@ -123,7 +118,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> MemoryStore::ReadChunkUnverified(
 
 absl::Status MemoryStore::DiscardData(uint64_t data_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (live_.erase(data_id) == 0) return NotLive(data_id);
+  if (live_.erase(data_id) == 0) return DataIdNotLive(data_id);
   EraseChunksLocked(data_id);
   return absl::OkStatus();
 }
@@ -144,7 +139,7 @@ absl::Status MemoryStore::CommitCheckpoint(const std::string& id, std::string_vi
   if (checkpoints_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint ", id, " exists"));
   }
-  if (!live_.contains(data_id)) return NotLive(data_id);
+  if (!live_.contains(data_id)) return DataIdNotLive(data_id);
   checkpoints_.emplace(id, Checkpoint{std::string(manifest), data_id});
   live_.erase(data_id);
   committed_.insert(data_id);

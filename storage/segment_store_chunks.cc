@@ -43,11 +43,6 @@ using segment_store_internal::kPackEntryBytes;
 using segment_store_internal::LocationCache;
 using segment_store_internal::PackEntry;
 
-absl::Status NotLive(uint64_t data_id) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "data id ", data_id, " is not live (never begun, already committed or discarded)"));
-}
-
 }  // namespace
 
 absl::StatusOr<uint64_t> SegmentStore::BeginData() {
@@ -85,7 +80,7 @@ absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
     std::lock_guard<std::mutex> lock(data_mu_);
     for (uint64_t id : ids) {
       auto it = data_.find(id);
-      if (it == data_.end() || it->second.state != DataState::kLive) return NotLive(id);
+      if (it == data_.end() || it->second.state != DataState::kLive) return DataIdNotLive(id);
     }
     for (uint64_t id : ids) ++data_[id].writers;
   }
@@ -389,7 +384,7 @@ void SegmentStore::ReadChunksUnverified(
 absl::Status SegmentStore::ClaimLiveData(uint64_t data_id) {
   std::unique_lock<std::mutex> lock(data_mu_);
   auto it = data_.find(data_id);
-  if (it == data_.end() || it->second.state != DataState::kLive) return NotLive(data_id);
+  if (it == data_.end() || it->second.state != DataState::kLive) return DataIdNotLive(data_id);
   it->second.state = DataState::kClosing;
   // unordered_map references stay valid across other insertions and erasures.
   DataEntry& entry = it->second;

@@ -71,6 +71,14 @@ struct Row {
   std::string result;  // PASS / MISS / "" (no target) / "n/a"
 };
 
+// The rows' shared wording (harness_report.cc). `v` with `precision` decimals and `unit`, "null"
+// when not measured.
+std::string Fmt(const std::optional<double>& v, const char* unit, int precision = 2);
+// A target's result: "PASS" or "MISS", "n/a" when not measured.
+std::string Verdict(const std::optional<bool>& pass);
+// "N, lo-hi GiB/s" for a phase's measured passes (not empty).
+std::string PassesText(const std::vector<double>& gibps);
+
 // Runs once (Run); owns the work directory (removed at the end unless `keep`), the ckptd and
 // transport server processes and the client. Not thread-safe.
 class Harness {

@@ -151,16 +151,6 @@ std::optional<double> Exponent(const std::vector<std::pair<double, double>>& poi
   return (n * sxy - sx * sy) / d;
 }
 
-std::string Fmt(const std::optional<double>& v, const char* unit, int precision = 2) {
-  if (!v) return "null";
-  return absl::StrCat(absl::StrFormat("%.*f", precision, *v), unit);
-}
-
-std::string Verdict(const std::optional<bool>& pass) {
-  if (!pass) return "n/a";
-  return *pass ? "PASS" : "MISS";
-}
-
 // "100", "1,000", "20,000".
 std::string Count(int64_t n) {
   std::string digits = absl::StrCat(n), out;

@@ -31,8 +31,6 @@ constexpr char kLargeSixName[] = "d6";
 constexpr char kBigStrategyName[] = "json50k";
 constexpr int64_t kBigStrategyParams = 50000;
 
-std::string Verdict(bool pass) { return pass ? "PASS" : "MISS"; }
-
 // A CheckingVisitor that also notes when the first tensor byte arrived.
 class TimedVisitor final : public TensorVisitor {
  public:

@@ -30,17 +30,6 @@ constexpr double kMinRatio = 0.8;
 constexpr double kRssFactor = 1.1;
 constexpr double kRssAllowanceMiB = 64;
 
-// The figure with its unit, "null" when not measured (as the other phases' rows).
-std::string Fmt(const std::optional<double>& v, const char* unit, int precision = 2) {
-  if (!v) return "null";
-  return absl::StrCat(absl::StrFormat("%.*f", precision, *v), unit);
-}
-
-std::string Verdict(const std::optional<bool>& pass) {
-  if (!pass) return "n/a";
-  return *pass ? "PASS" : "MISS";
-}
-
 json Opt(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 // The highest ratio the Python client's CPU cost allows when ckptd and the client share the
@@ -56,11 +45,10 @@ std::optional<double> CpuBoundRatio(const std::optional<double>& server_cpu,
   return std::min(1.0, cpus / python_cpu / cpp_gibps);
 }
 
-// "N, lo-hi GiB/s; warm-up W" of a side's passes (not empty).
-std::string PassesText(const std::vector<double>& gibps, const std::optional<double>& warmup) {
-  const auto [lo, hi] = std::minmax_element(gibps.begin(), gibps.end());
-  return absl::StrFormat("%d, %.2f-%.2f GiB/s; warm-up %s", gibps.size(), *lo, *hi,
-                         Fmt(warmup, ""));
+// A pass list's text with the warm-up pass's GiB/s after it.
+std::string PassesWithWarmup(const std::vector<double>& gibps,
+                             const std::optional<double>& warmup) {
+  return absl::StrCat(PassesText(gibps), "; warm-up ", Fmt(warmup, ""));
 }
 
 // A JSON object line of the child, or an error naming what it printed instead.
@@ -202,9 +190,9 @@ void Harness::PythonRows(std::vector<Row>* rows) const {
   const PythonResult& p = *python_;
   if (!p.passes_gibps.empty()) {
     rows->push_back({"  Python passes (alternating with C++)",
-                     PassesText(p.passes_gibps, p.warmup_gibps), "", ""});
+                     PassesWithWarmup(p.passes_gibps, p.warmup_gibps), "", ""});
     rows->push_back(
-        {"  C++ library passes", PassesText(p.cpp_passes_gibps, p.cpp_warmup_gibps), "", ""});
+        {"  C++ library passes", PassesWithWarmup(p.cpp_passes_gibps, p.cpp_warmup_gibps), "", ""});
   }
   rows->push_back({"  CPU per GiB (server + client): Python",
                    absl::StrCat(Fmt(p.server_cpu_s_per_gib, ""), " + ", Fmt(p.cpu_s_per_gib, " s")),

@@ -49,17 +49,6 @@ json FetchJson(const FetchResult& f, const std::optional<double>& limit) {
           {"cpu", CpuJson(f.cpu)}};
 }
 
-std::string Fmt(const std::optional<double>& v, const char* unit, int precision = 2) {
-  if (!v) return "null";
-  return absl::StrCat(absl::StrFormat("%.*f", precision, *v), unit);
-}
-
-// "N, lo-hi GiB/s" for a limit's passes (not empty).
-std::string PassesText(const std::vector<double>& gibps) {
-  const auto [lo, hi] = std::minmax_element(gibps.begin(), gibps.end());
-  return absl::StrFormat("%d, %.2f-%.2f GiB/s", gibps.size(), *lo, *hi);
-}
-
 // The "passes" row of a phase measured after a warm-up pass: its measured passes, then the
 // warm-up's GiB/s.
 Row WarmedUpPassesRow(const std::vector<double>& gibps, const std::optional<double>& warmup) {
@@ -67,12 +56,22 @@ Row WarmedUpPassesRow(const std::vector<double>& gibps, const std::optional<doub
           absl::StrCat(PassesText(gibps), "; warm-up ", Fmt(warmup, "")), "", ""};
 }
 
+}  // namespace
+
+std::string Fmt(const std::optional<double>& v, const char* unit, int precision) {
+  if (!v) return "null";
+  return absl::StrCat(absl::StrFormat("%.*f", precision, *v), unit);
+}
+
 std::string Verdict(const std::optional<bool>& pass) {
   if (!pass) return "n/a";
   return *pass ? "PASS" : "MISS";
 }
 
-}  // namespace
+std::string PassesText(const std::vector<double>& gibps) {
+  const auto [lo, hi] = std::minmax_element(gibps.begin(), gibps.end());
+  return absl::StrFormat("%d, %.2f-%.2f GiB/s", gibps.size(), *lo, *hi);
+}
 
 // ------------------------------------------------------------------ results JSON
 

@@ -18,16 +18,6 @@
 namespace ckpt::bench {
 namespace {
 
-std::string Fmt(const std::optional<double>& v, const char* unit, int precision = 2) {
-  if (!v) return "null";
-  return absl::StrCat(absl::StrFormat("%.*f", precision, *v), unit);
-}
-
-std::string Verdict(const std::optional<bool>& pass) {
-  if (!pass) return "n/a";
-  return *pass ? "PASS" : "MISS";
-}
-
 std::string Range(const std::vector<double>& v, int precision) {
   if (v.empty()) return "none";
   const auto [lo, hi] = std::minmax_element(v.begin(), v.end());

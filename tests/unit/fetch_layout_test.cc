@@ -25,7 +25,7 @@
 namespace ckpt {
 namespace {
 
-constexpr uint64_t kSeed = 5;
+constexpr uint64_t kLayoutSeed = 5;
 constexpr int kSourceRanks = 8;
 constexpr int kDestinationRanks = 6;
 
@@ -58,7 +58,7 @@ class DamagingStore final : public testing::ForwardingStore {
 // Small tensors of 24 rows, row-split 8 ways at the source; at the destination split 6 ways by
 // rows (each rank's slice straddles two stored slices: a whole chunk and part of another, or two
 // parts), except every 7th, split by columns (not direct), and one large one.
-std::vector<SampleTensor> Tensors() {
+std::vector<SampleTensor> LayoutTensors() {
   std::vector<SampleTensor> out;
   for (int i = 0; i < 60; ++i) {
     const DType dtype =
@@ -75,7 +75,7 @@ std::vector<SampleTensor> Tensors() {
 
 Strategy MakeStrategy(int64_t ranks, bool destination) {
   std::map<std::string, StrategyParam> params;
-  for (const SampleTensor& t : Tensors()) {
+  for (const SampleTensor& t : LayoutTensors()) {
     Layout l;
     l.dev_matrix = {ranks};
     const bool columns = destination && t.name.starts_with("col.");
@@ -121,7 +121,7 @@ class FetchLayoutTest : public ::testing::Test {
       ASSERT_TRUE(info.ok()) << info.status();
     }
     const absl::Status uploaded =
-        testing::UploadSampleRanks(*manager_, "ck", "src", src, Tensors(), kSeed);
+        testing::UploadSampleRanks(*manager_, "ck", "src", src, LayoutTensors(), kLayoutSeed);
     ASSERT_TRUE(uploaded.ok()) << uploaded;
     uploaded_ = true;
   }
@@ -220,7 +220,7 @@ TEST_F(FetchLayoutTest, DirectBatchesDeliverWhatTheBandPathDelivers) {
     ASSERT_TRUE(banded[r].status.ok()) << r << ": " << banded[r].status;
     EXPECT_TRUE(banded[r].parts_ok);
     EXPECT_EQ(banded[r].direct_tensors, 0);
-    EXPECT_EQ(banded[r].tensors.size(), Tensors().size());
+    EXPECT_EQ(banded[r].tensors.size(), LayoutTensors().size());
   }
   Restart(true);
   for (int r = 0; r < kDestinationRanks; ++r) {
@@ -230,7 +230,7 @@ TEST_F(FetchLayoutTest, DirectBatchesDeliverWhatTheBandPathDelivers) {
     EXPECT_GT(direct.batches, 1) << r;
     // Every small row-split tensor is direct; the column-split ones and the large one are not.
     EXPECT_GE(direct.direct_tensors, 45) << r;
-    EXPECT_LT(direct.direct_tensors, static_cast<int64_t>(Tensors().size()) - 1) << r;
+    EXPECT_LT(direct.direct_tensors, static_cast<int64_t>(LayoutTensors().size()) - 1) << r;
     ASSERT_EQ(direct.tensors.size(), banded[r].tensors.size()) << r;
     for (size_t i = 0; i < direct.tensors.size(); ++i) {
       EXPECT_EQ(direct.tensors[i], banded[r].tensors[i]) << "rank " << r << " tensor " << i;
