@@ -191,7 +191,7 @@ std::optional<ChunkLocation> SegmentStore::ScanBlobLocations(const ChunkAddress&
   // most of the cost of reading them the first time. Each blob scanned whole is kept.
   constexpr size_t kScanAheadLocations = 4096;
   uint32_t tensor = address.tensor, blob = address.blob;  // the blob being scanned
-  bool asked = true;  // it is the blob of `address`
+  bool asked = true;                                      // it is the blob of `address`
   LocationCache::Locations locations;
   std::optional<ChunkLocation> found;
   // The blob being scanned is complete: keep it (an empty one too: it has no chunk).

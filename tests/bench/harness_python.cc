@@ -90,7 +90,7 @@ void Harness::MeasurePython() {
   }
   PythonResult r;
   int64_t verified = 0;
-  CpuTally cpp_cpu, py_cpu;  // over the measured passes
+  CpuTally cpp_cpu, py_cpu;                       // over the measured passes
   for (int pass = 0; pass <= kRepeats; ++pass) {  // pass 0: the warm-up pair
     const auto start = Clock::now();
     const CpuMeter cpp_meter(server_->pid());
@@ -144,7 +144,8 @@ void Harness::MeasurePython() {
   Progress(absl::StrFormat(
       "python fetch 8to3 (%s path): %.3f GiB per pass, median %.2f GiB/s against C++ %.2f "
       "GiB/s, peak RSS %.0f MiB for %.0f MiB held",
-      r.path, r.bytes / kGiB, r.gibps, r.cpp_gibps, r.peak_rss_bytes / kMiB, r.max_rank_bytes / kMiB));
+      r.path, r.bytes / kGiB, r.gibps, r.cpp_gibps, r.peak_rss_bytes / kMiB,
+      r.max_rank_bytes / kMiB));
   python_ = std::move(r);
 }
 
@@ -170,7 +171,8 @@ json Harness::PythonJson() const {
           {"cpp_server_cpu_s_per_gib", p.cpp_cpu ? json(p.cpp_cpu->server) : json(nullptr)},
           {"cpp_client_cpu_s_per_gib", p.cpp_cpu ? json(p.cpp_cpu->client) : json(nullptr)},
           {"cpus", std::thread::hardware_concurrency()},
-          {"cpu_bound_ratio", Opt(CpuBoundRatio(p.server_cpu_s_per_gib, p.cpu_s_per_gib, p.cpp_gibps))}};
+          {"cpu_bound_ratio",
+           Opt(CpuBoundRatio(p.server_cpu_s_per_gib, p.cpu_s_per_gib, p.cpp_gibps))}};
 }
 
 void Harness::PythonRows(std::vector<Row>* rows) const {
@@ -180,12 +182,12 @@ void Harness::PythonRows(std::vector<Row>* rows) const {
     cpp = python_->cpp_gibps;
     if (*cpp > 0) ratio = *gibps / *cpp;
   }
-  rows->push_back({python_ ? absl::StrCat("python fetch 8to3 (", python_->path,
-                                          " path) vs C++ library, median")
-                           : std::string("python fetch 8to3 vs C++ library, median"),
-                   absl::StrCat(Fmt(gibps, ""), " / ", Fmt(cpp, " GiB/s"), " = ", Fmt(ratio, "")),
-                   absl::StrFormat("ratio >= %.1f", kMinRatio),
-                   Verdict(ratio ? std::optional<bool>(*ratio >= kMinRatio) : std::nullopt)});
+  rows->push_back(
+      {python_ ? absl::StrCat("python fetch 8to3 (", python_->path, " path) vs C++ library, median")
+               : std::string("python fetch 8to3 vs C++ library, median"),
+       absl::StrCat(Fmt(gibps, ""), " / ", Fmt(cpp, " GiB/s"), " = ", Fmt(ratio, "")),
+       absl::StrFormat("ratio >= %.1f", kMinRatio),
+       Verdict(ratio ? std::optional<bool>(*ratio >= kMinRatio) : std::nullopt)});
   if (!python_) return;
   const PythonResult& p = *python_;
   if (!p.passes_gibps.empty()) {
@@ -202,10 +204,9 @@ void Harness::PythonRows(std::vector<Row>* rows) const {
           CpuBoundRatio(p.server_cpu_s_per_gib, p.cpu_s_per_gib, p.cpp_gibps)) {
     const double python_cpu = *p.server_cpu_s_per_gib + *p.cpu_s_per_gib;
     const unsigned cpus = std::thread::hardware_concurrency();
-    rows->push_back({absl::StrFormat("  CPU bound, %u CPUs: min(C++, %u / %.2f s)", cpus, cpus,
-                                     python_cpu),
-                     absl::StrFormat("%.2f GiB/s  ratio %.2f", *bound * p.cpp_gibps, *bound),
-                     "", ""});
+    rows->push_back(
+        {absl::StrFormat("  CPU bound, %u CPUs: min(C++, %u / %.2f s)", cpus, cpus, python_cpu),
+         absl::StrFormat("%.2f GiB/s  ratio %.2f", *bound * p.cpp_gibps, *bound), "", ""});
   }
   const double peak_mib = p.peak_rss_bytes / kMiB;
   const double held_mib = p.max_rank_bytes / kMiB;

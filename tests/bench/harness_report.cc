@@ -273,9 +273,8 @@ void Harness::TlsRows(std::vector<Row>* rows) const {
   rows->push_back(
       {"  AES-GCM, 1 core (128 / 256-bit)",
        absl::StrCat(Fmt(aes128_gcm_gibps_, ""), " / ", Fmt(aes256_gcm_gibps_, " GiB/s")), "", ""});
-  rows->push_back({"  CPU per GiB TLS; plaintext", absl::StrCat(CpuText(tls_cpu_), "; ",
-                                                                CpuText(plain_cpu_)),
-                   "", ""});
+  rows->push_back({"  CPU per GiB TLS; plaintext",
+                   absl::StrCat(CpuText(tls_cpu_), "; ", CpuText(plain_cpu_)), "", ""});
   if (!tls_cpu_ || !plain_cpu_ || !aes256_gcm_gibps_ || *aes256_gcm_gibps_ <= 0) return;
   const double plain = plain_cpu_->server + plain_cpu_->client;
   const double tls = tls_cpu_->server + tls_cpu_->client;
@@ -370,8 +369,7 @@ void Harness::Print() const {
       "\nckptd benchmark: %s, 8 source ranks, loopback, %u CPUs (%s), load average %s -> %s, "
       "CPU steal %s\n",
       spec_.Describe().c_str(), std::thread::hardware_concurrency(), CpuModel().c_str(),
-      load_at_start_.c_str(),
-      LoadAverage().c_str(), steal_text.c_str());
+      load_at_start_.c_str(), LoadAverage().c_str(), steal_text.c_str());
   const std::vector<Row> rows = Table();
   size_t w0 = 6, w1 = 8, w2 = 6;
   for (const Row& r : rows) {
