@@ -78,6 +78,8 @@ std::string Fmt(const std::optional<double>& v, const char* unit, int precision 
 std::string Verdict(const std::optional<bool>& pass);
 // "N, lo-hi GiB/s" for a phase's measured passes (not empty).
 std::string PassesText(const std::vector<double>& gibps);
+// PassesText, then "; warm-up " and the warm-up pass's GiB/s.
+std::string PassesWithWarmup(const std::vector<double>& gibps, const std::optional<double>& warmup);
 
 // Runs once (Run); owns the work directory (removed at the end unless `keep`), the ckptd and
 // transport server processes and the client. Not thread-safe.

@@ -45,12 +45,6 @@ std::optional<double> CpuBoundRatio(const std::optional<double>& server_cpu,
   return std::min(1.0, cpus / python_cpu / cpp_gibps);
 }
 
-// A pass list's text with the warm-up pass's GiB/s after it.
-std::string PassesWithWarmup(const std::vector<double>& gibps,
-                             const std::optional<double>& warmup) {
-  return absl::StrCat(PassesText(gibps), "; warm-up ", Fmt(warmup, ""));
-}
-
 // A JSON object line of the child, or an error naming what it printed instead.
 absl::StatusOr<json> ParseLine(const std::optional<std::string>& line, const char* what) {
   if (!line) {

@@ -52,8 +52,7 @@ json FetchJson(const FetchResult& f, const std::optional<double>& limit) {
 // The "passes" row of a phase measured after a warm-up pass: its measured passes, then the
 // warm-up's GiB/s.
 Row WarmedUpPassesRow(const std::vector<double>& gibps, const std::optional<double>& warmup) {
-  return {"  passes (median of; after a warm-up)",
-          absl::StrCat(PassesText(gibps), "; warm-up ", Fmt(warmup, "")), "", ""};
+  return {"  passes (median of; after a warm-up)", PassesWithWarmup(gibps, warmup), "", ""};
 }
 
 }  // namespace
@@ -71,6 +70,11 @@ std::string Verdict(const std::optional<bool>& pass) {
 std::string PassesText(const std::vector<double>& gibps) {
   const auto [lo, hi] = std::minmax_element(gibps.begin(), gibps.end());
   return absl::StrFormat("%d, %.2f-%.2f GiB/s", gibps.size(), *lo, *hi);
+}
+
+std::string PassesWithWarmup(const std::vector<double>& gibps,
+                             const std::optional<double>& warmup) {
+  return absl::StrCat(PassesText(gibps), "; warm-up ", Fmt(warmup, ""));
 }
 
 // ------------------------------------------------------------------ results JSON
