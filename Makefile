@@ -122,14 +122,14 @@ test-asan: deps
 	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=address,undefined \
 	  $(CLANG_CMAKE) -DCKPT_UNITY_BUILD=all "-DCKPT_SUITE_TARGETS=$(call cmake_list,$(ASAN_TARGETS))"
 	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j$(JOBS) --target ckpt_suite
-	cd $(ASAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -LE '$(SAN_EXCLUDE)' \
-	  -E '$(ASAN_SKIP)'
+	cd $(ASAN_DIR) && $(CURDIR)/$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) \
+	  -LE '$(SAN_EXCLUDE)' -E '$(ASAN_SKIP)'
 
 test-tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPT_SANITIZE=thread \
 	  -DCKPT_UNITY_BUILD=off "-DCKPT_SUITE_TARGETS=$(call cmake_list,$(TSAN_TARGETS))"
 	$(SANITIZE_ENV) cmake --build $(TSAN_DIR) -j$(JOBS) --target ckpt_suite
-	cd $(TSAN_DIR) && ../$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -L threads
+	cd $(TSAN_DIR) && $(CURDIR)/$(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) -L threads
 
 # ------------------------------------------------------------------ fault loop
 # ckptd killed with SIGKILL N times during random uploads, transform and export jobs and
