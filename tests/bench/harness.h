@@ -71,6 +71,12 @@ struct Row {
   std::string result;  // PASS / MISS / "" (no target) / "n/a"
 };
 
+// A measured figure in the results JSON, null when not measured.
+template <typename T>
+nlohmann::json Opt(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
 // The rows' shared wording (harness_report.cc). `v` with `precision` decimals and `unit`, "null"
 // when not measured.
 std::string Fmt(const std::optional<double>& v, const char* unit, int precision = 2);

@@ -30,8 +30,6 @@ constexpr double kMinRatio = 0.8;
 constexpr double kRssFactor = 1.1;
 constexpr double kRssAllowanceMiB = 64;
 
-json Opt(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
-
 // The highest ratio the Python client's CPU cost allows when ckptd and the client share the
 // machine's CPUs: Python's throughput cannot exceed CPUs / (server + Python client CPU seconds
 // per GiB), nor (it is compared with) the C++ library's measured `cpp_gibps`. Nullopt without

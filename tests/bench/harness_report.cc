@@ -18,11 +18,6 @@ using nlohmann::json;
 
 constexpr char kCpuRow[] = "  CPU per GiB (server + client)";
 
-template <typename T>
-json Opt(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-
 // The lower of two limits, when both were measured.
 std::optional<double> Limit(const std::optional<double>& a, const std::optional<double>& b) {
   if (a && b) return std::min(*a, *b);

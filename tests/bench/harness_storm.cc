@@ -122,7 +122,6 @@ nlohmann::json Harness::StormJson() const {
   const StormResult& r = *storm_;
   std::optional<double> ratio;
   if (transport_gibps_ && *transport_gibps_ > 0) ratio = r.gibps / *transport_gibps_;
-  auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
   json cpu = nullptr;
   if (r.cpu)
     cpu = {{"server_cpu_s_per_gib", r.cpu->server}, {"client_cpu_s_per_gib", r.cpu->client}};
@@ -130,14 +129,14 @@ nlohmann::json Harness::StormJson() const {
           {"tensor_parallel", kStormTp},
           {"data_parallel", kStormDp},
           {"gibps", r.gibps},
-          {"ratio", opt(ratio)},
-          {"read_amplification", opt(r.read_amplification)},
+          {"ratio", Opt(ratio)},
+          {"read_amplification", Opt(r.read_amplification)},
           {"slowest_over_median", r.slowest_over_median},
-          {"server_peak_rss_mib", opt(r.server_peak_rss_mib)},
+          {"server_peak_rss_mib", Opt(r.server_peak_rss_mib)},
           {"bytes", r.bytes},
           {"unique_bytes", r.unique_bytes},
           {"passes_gibps", r.passes_gibps},
-          {"warmup_gibps", opt(r.warmup_gibps)},
+          {"warmup_gibps", Opt(r.warmup_gibps)},
           {"passes_read_amplification", r.passes_amplification},
           {"passes_slowest_over_median", r.passes_slowest_over_median},
           {"cpu", cpu},
