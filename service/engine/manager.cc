@@ -78,6 +78,7 @@ absl::StatusOr<v1::StrategyInfo> CheckpointManager::PutStrategy(const std::strin
   {
     std::lock_guard<std::mutex> lock(mu_);
     strategies_[name] = shared;
+    ++cache_generation_;  // a load of the replaced one that is under way must not cache it
   }
   InvalidatePlans();
   return InfoOf(name, *shared);
@@ -85,24 +86,36 @@ absl::StatusOr<v1::StrategyInfo> CheckpointManager::PutStrategy(const std::strin
 
 absl::StatusOr<std::shared_ptr<const Strategy>> CheckpointManager::GetStrategy(
     const std::string& name) {
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = strategies_.find(name); it != strategies_.end()) return it->second;
+    generation = cache_generation_;
   }
-  CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetStrategy(name));
-  records::StrategyRecord record;
-  if (!record.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("stored strategy ", name, " does not parse"));
-  }
-  absl::StatusOr<Strategy> s =
-      DecodeStoredStrategy(record.strategy_binary(), record.strategy_json());
-  if (!s.ok()) {
-    return absl::DataLossError(absl::StrCat("stored strategy ", name, ": ", s.status().message()));
-  }
-  auto shared = std::make_shared<const Strategy>(*std::move(s));
-  std::lock_guard<std::mutex> lock(mu_);
-  strategies_[name] = shared;
-  return shared;
+  // Requests arriving together load it once (SingleFlight); one arriving after the strategy was
+  // replaced does not join a load of the old one.
+  const auto flight = std::make_pair(name, generation);
+  return strategy_loads_.Do(flight, [&]() -> absl::StatusOr<std::shared_ptr<const Strategy>> {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = strategies_.find(name); it != strategies_.end()) return it->second;
+    }
+    CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetStrategy(name));
+    records::StrategyRecord record;
+    if (!record.ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat("stored strategy ", name, " does not parse"));
+    }
+    absl::StatusOr<Strategy> s =
+        DecodeStoredStrategy(record.strategy_binary(), record.strategy_json());
+    if (!s.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("stored strategy ", name, ": ", s.status().message()));
+    }
+    auto shared = std::make_shared<const Strategy>(*std::move(s));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation == cache_generation_) strategies_[name] = shared;
+    return shared;
+  });
 }
 
 absl::StatusOr<std::vector<v1::StrategyInfo>> CheckpointManager::ListStrategies() {
@@ -122,6 +135,7 @@ absl::Status CheckpointManager::DeleteStrategy(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     strategies_.erase(name);
+    ++cache_generation_;
   }
   InvalidatePlans();
   return absl::OkStatus();
@@ -215,19 +229,32 @@ int CheckpointManager::ExpireIdleUploads() {
 
 absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> CheckpointManager::LoadCheckpoint(
     const std::string& id) {
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = checkpoints_.find(id); it != checkpoints_.end()) return it->second;
+    generation = cache_generation_;
   }
-  CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetManifest(id));
-  auto loaded = LoadedCheckpoint::Decode(bytes);
-  if (!loaded.ok()) {
-    return absl::Status(loaded.status().code(),
-                        absl::StrCat("checkpoint ", id, ": ", loaded.status().message()));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  checkpoints_[id] = *loaded;
-  return *loaded;
+  // The workers of a job starting together decode the manifest once (SingleFlight); a request
+  // arriving after the checkpoint was deleted does not join a load that began before.
+  const auto flight = std::make_pair(id, generation);
+  return checkpoint_loads_.Do(
+      flight, [&]() -> absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (auto it = checkpoints_.find(id); it != checkpoints_.end()) return it->second;
+        }
+        CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetManifest(id));
+        auto loaded = LoadedCheckpoint::Decode(bytes);
+        if (!loaded.ok()) {
+          return absl::Status(loaded.status().code(),
+                              absl::StrCat("checkpoint ", id, ": ", loaded.status().message()));
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        // Not cached when it was deleted meanwhile: a later request must not find it.
+        if (generation == cache_generation_) checkpoints_[id] = *loaded;
+        return *loaded;
+      });
 }
 
 v1::CheckpointInfo CheckpointManager::InfoOf(const LoadedCheckpoint& c) const {
@@ -338,6 +365,7 @@ absl::Status CheckpointManager::DeleteCheckpoint(const std::string& id) {
       data_id = it->second->manifest.data_id();
       checkpoints_.erase(it);
     }
+    ++cache_generation_;  // a load under way must not cache it again
   }
   // Chunks of a checkpoint that was read were read after it was loaded: without it loaded, none
   // are cached. Dropping them lets the store give their space (and mappings) back now.
@@ -351,6 +379,7 @@ void CheckpointManager::InvalidatePlans() {
   plans_.clear();
   rank_plans_.clear();
   rank_plan_bytes_ = 0;
+  ++cache_generation_;
 }
 
 namespace {
@@ -381,16 +410,30 @@ bool SamePlanner(const std::weak_ptr<const Resharder>& a,
 
 absl::StatusOr<CheckpointManager::PlannedRank> CheckpointManager::PlanRank(
     const std::shared_ptr<const Resharder>& planner, int64_t rank) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = rank_plans_.begin(); it != rank_plans_.end(); ++it) {
-      if (it->rank == rank && SamePlanner(it->planner, planner)) {
-        PlannedRank found = *it;
-        std::rotate(it, it + 1, rank_plans_.end());  // most recent at the back
-        return found;
-      }
+  if (std::optional<PlannedRank> kept = KeptRankPlan(planner, rank)) return *kept;
+  // The replicas of a rank starting together plan it once (SingleFlight). The planner is held
+  // by every caller, so its address names it for as long as the planning runs.
+  return rank_plan_builds_.Do({planner.get(), rank}, [&]() -> absl::StatusOr<PlannedRank> {
+    if (std::optional<PlannedRank> kept = KeptRankPlan(planner, rank)) return *kept;
+    return NewRankPlan(planner, rank);
+  });
+}
+
+std::optional<CheckpointManager::PlannedRank> CheckpointManager::KeptRankPlan(
+    const std::shared_ptr<const Resharder>& planner, int64_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = rank_plans_.begin(); it != rank_plans_.end(); ++it) {
+    if (it->rank == rank && SamePlanner(it->planner, planner)) {
+      PlannedRank found = *it;
+      std::rotate(it, it + 1, rank_plans_.end());  // most recent at the back
+      return found;
     }
   }
+  return std::nullopt;
+}
+
+absl::StatusOr<CheckpointManager::PlannedRank> CheckpointManager::NewRankPlan(
+    const std::shared_ptr<const Resharder>& planner, int64_t rank) {
   CKPT_ASSIGN_OR_RETURN(RankPlan plan, planner->Plan(rank));
   PlannedRank planned;
   planned.planner = planner;
@@ -459,16 +502,38 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
                    request.merged() ? "\x01merged" : request.destination_strategy(), "\x1f",
                    absl::StrJoin(request.include(), "\x1e"), "\x1f",
                    absl::StrJoin(request.exclude(), "\x1e"), "\x1f", request.strict());
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = plans_.begin(); it != plans_.end(); ++it) {
-      if (it->first == key) {
-        auto planner = it->second;
-        std::rotate(it, it + 1, plans_.end());  // most recent at the back
-        return planner;
-      }
+    generation = cache_generation_;
+  }
+  if (std::shared_ptr<const Resharder> kept = KeptPlanner(key)) return kept;
+  // The workers of a job starting together plan its destination once (SingleFlight). Only
+  // requests with the same loaded checkpoint and destination (held by each of them while the
+  // planning runs, so their addresses name them) share it.
+  const std::string flight = absl::StrCat(key, "\x1f", absl::Hex(ckpt.get()), "\x1f",
+                                          absl::Hex(dst.get()), "\x1f", generation);
+  return planner_builds_.Do(flight, [&]() -> absl::StatusOr<std::shared_ptr<const Resharder>> {
+    if (std::shared_ptr<const Resharder> kept = KeptPlanner(key)) return kept;
+    return NewPlanner(request, *ckpt, dst, key, generation);
+  });
+}
+
+std::shared_ptr<const Resharder> CheckpointManager::KeptPlanner(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+    if (it->first == key) {
+      auto planner = it->second;
+      std::rotate(it, it + 1, plans_.end());  // most recent at the back
+      return planner;
     }
   }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::NewPlanner(
+    const v1::FetchRequest& request, const LoadedCheckpoint& ckpt,
+    const std::shared_ptr<const Strategy>& dst, const std::string& key, uint64_t generation) {
   PlanOptions options;
   options.strict = request.strict();
   const auto include = request.include();
@@ -478,7 +543,7 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
       return (include.empty() || MatchesAny(include, name)) && !MatchesAny(exclude, name);
     };
   }
-  auto planner = Resharder::Create(ckpt->strategy, dst, ckpt->catalog, options);
+  auto planner = Resharder::Create(ckpt.strategy, dst, ckpt.catalog, options);
   if (!planner.ok()) {
     return absl::Status(
         planner.status().code(),
@@ -486,6 +551,8 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
   }
   auto shared = std::make_shared<const Resharder>(*std::move(planner));
   std::lock_guard<std::mutex> lock(mu_);
+  // Not kept when a strategy or checkpoint changed meanwhile (InvalidatePlans).
+  if (generation != cache_generation_) return shared;
   plans_.emplace_back(key, shared);
   if (plans_.size() > options_.plan_cache_entries) plans_.erase(plans_.begin());
   return shared;

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "service/engine/fetch_stream.h"
 #include "service/engine/loaded_checkpoint.h"
 #include "service/engine/shared_chunks.h"
+#include "service/engine/single_flight.h"
 #include "service/engine/upload_session.h"
 #include "storage/checkpoint_store.h"
 
@@ -101,6 +103,12 @@ class CheckpointManager {
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(const std::string& id);
   absl::StatusOr<std::shared_ptr<const Resharder>> Planner(
       const v1::FetchRequest& request, std::shared_ptr<const LoadedCheckpoint> ckpt);
+  // Planner's steps: the kept planner of `key` (null when none), and a new one, kept unless the
+  // cache generation moved past `generation` while it was made.
+  std::shared_ptr<const Resharder> KeptPlanner(const std::string& key);
+  absl::StatusOr<std::shared_ptr<const Resharder>> NewPlanner(
+      const v1::FetchRequest& request, const LoadedCheckpoint& ckpt,
+      const std::shared_ptr<const Strategy>& dst, const std::string& key, uint64_t generation);
   v1::CheckpointInfo InfoOf(const LoadedCheckpoint& ckpt) const;
   void InvalidatePlans();
 
@@ -129,6 +137,25 @@ class CheckpointManager {
   // `rank` of `planner`: from rank_plans_, or planned now and kept there.
   absl::StatusOr<PlannedRank> PlanRank(const std::shared_ptr<const Resharder>& planner,
                                        int64_t rank);
+  std::optional<PlannedRank> KeptRankPlan(const std::shared_ptr<const Resharder>& planner,
+                                          int64_t rank);
+  absl::StatusOr<PlannedRank> NewRankPlan(const std::shared_ptr<const Resharder>& planner,
+                                          int64_t rank);
+
+  // Loads and plans that concurrent requests share (single_flight.h): the streams of a job
+  // starting together decode a manifest or a strategy, and plan a destination or a rank, once,
+  // rather than once each at the same moment. Loads are keyed by name and cache generation (a
+  // request after a deletion or a replacement does not join a load begun before it), plans by
+  // what they are made from.
+  SingleFlight<std::pair<std::string, uint64_t>, std::shared_ptr<const LoadedCheckpoint>>
+      checkpoint_loads_;
+  SingleFlight<std::pair<std::string, uint64_t>, std::shared_ptr<const Strategy>> strategy_loads_;
+  SingleFlight<std::string, std::shared_ptr<const Resharder>> planner_builds_;
+  SingleFlight<std::pair<const void*, int64_t>, PlannedRank> rank_plan_builds_;
+  // Moved on (under mu_) whenever a cached checkpoint, strategy or plan is dropped or replaced.
+  // A load or plan that began before then is returned to its callers but not cached, so that a
+  // checkpoint deleted, or a strategy replaced, while it was being loaded is not served later.
+  uint64_t cache_generation_ = 0;
 
   // Summarize()'s stored bytes by checkpoint id; summary_mu_ is taken before mu_.
   std::mutex summary_mu_;

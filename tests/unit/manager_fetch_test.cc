@@ -2,16 +2,21 @@
 // forms (parts, tiles, batches), corrupt chunks, memory held, errors, dependencies, and how much
 // is read for what is delivered.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/engine/manager.h"
@@ -476,6 +481,134 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
     EXPECT_LE(amplification, c.bound) << c.name;
     EXPECT_GE(amplification, 1.0) << c.name;
   }
+}
+
+// A store whose manifest and strategy reads are counted (by name) and take a moment, as a large
+// manifest's read does, so that requests arriving together overlap; optionally the first
+// manifest read, once it has the bytes, waits until the test lets it go on.
+class SlowLoadStore final : public testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  absl::StatusOr<std::string> GetManifest(const std::string& id) override {
+    Count("manifest " + id);
+    absl::StatusOr<std::string> manifest = ForwardingStore::GetManifest(id);
+    if (gate_first_manifest && !gated_.exchange(true)) {
+      manifest_entered.Notify();  // read; its caller has yet to decode it
+      manifest_release.WaitForNotification();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return manifest;
+  }
+  absl::StatusOr<std::string> GetStrategy(const std::string& name) override {
+    Count("strategy " + name);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return ForwardingStore::GetStrategy(name);
+  }
+  std::map<std::string, int> reads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reads_;
+  }
+  void ClearReads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reads_.clear();
+  }
+
+  bool gate_first_manifest = false;
+  absl::Notification manifest_entered, manifest_release;
+
+ private:
+  void Count(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++reads_[what];
+  }
+  std::mutex mu_;
+  std::map<std::string, int> reads_;
+  std::atomic<bool> gated_{false};
+};
+
+class ColdManagerTest : public ManagerTest {
+ protected:
+  // `store` becomes the fixture's store; the demo checkpoint "ck" (strategy "src") and the "dst"
+  // strategy are uploaded through a manager over it, then a new manager is started over it, as
+  // after a restart: nothing loaded or planned yet.
+  void UploadThenRestart(std::unique_ptr<CheckpointStore> store, const Strategy& src,
+                         const Strategy& dst) {
+    manager_.reset();
+    store_ = std::move(store);
+    manager_ = std::make_unique<CheckpointManager>(store_.get(), SmallOptions());
+    PutStrategy("src", src);
+    PutStrategy("dst", dst);
+    UploadAll("ck", "src", src, DemoTensors());
+    manager_ = std::make_unique<CheckpointManager>(store_.get(), SmallOptions());
+  }
+};
+
+// The workers of a job starting together against a ckptd that has just started: the manifest
+// and the destination strategy are read (and decoded) once for all of them, not once each, and
+// every replica of a rank gets the same bytes, those of the rank.
+TEST_F(ColdManagerTest, ConcurrentFirstFetchesLoadTheCheckpointOnce) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  auto slow = std::make_unique<SlowLoadStore>(NewMemoryStore());
+  SlowLoadStore* counted = slow.get();
+  UploadThenRestart(std::move(slow), src, dst);
+  counted->ClearReads();
+  constexpr int kWorkers = 12;  // 4 replicas of each of the 3 destination ranks
+  std::vector<absl::StatusOr<std::string>> got(kWorkers, std::string());
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      v1::FetchRequest req;
+      req.set_checkpoint_id("ck");
+      req.set_destination_strategy("dst");
+      req.set_rank(w % dst.world_size());
+      auto stream = manager_->OpenFetch(req);
+      if (!stream.ok()) {
+        got[w] = stream.status();
+        return;
+      }
+      v1::FetchResponse msg;
+      while (true) {
+        auto more = (*stream)->Next(&msg);
+        if (!more.ok()) {
+          got[w] = more.status();
+          return;
+        }
+        if (!*more) return;
+        got[w]->append(msg.SerializeAsString());
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  const std::map<std::string, int> reads = counted->reads();
+  EXPECT_EQ(reads, (std::map<std::string, int>{{"manifest ck", 1}, {"strategy dst", 1}}));
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(got[w].ok()) << "worker " << w << ": " << got[w].status();
+    EXPECT_FALSE(got[w]->empty());
+    EXPECT_EQ(*got[w], *got[w % dst.world_size()]) << "worker " << w;
+  }
+  for (int64_t r = 0; r < dst.world_size(); ++r) {
+    ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+}
+
+// A checkpoint deleted while a fetch was loading its manifest is not kept once that load ends:
+// the next fetch of it is NOT_FOUND rather than served from the manifest of a deleted checkpoint.
+TEST_F(ColdManagerTest, CheckpointDeletedWhileItLoadsIsNotKept) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  auto slow = std::make_unique<SlowLoadStore>(NewMemoryStore());
+  SlowLoadStore* gated = slow.get();
+  UploadThenRestart(std::move(slow), src, dst);
+  gated->gate_first_manifest = true;
+  v1::FetchRequest req;
+  req.set_checkpoint_id("ck");
+  req.set_destination_strategy("dst");
+  req.set_rank(0);
+  std::thread loading([&] { (void)manager_->OpenFetch(req); });  // read before the delete
+  gated->manifest_entered.WaitForNotification();
+  ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+  gated->manifest_release.Notify();
+  loading.join();
+  EXPECT_EQ(manager_->OpenFetch(req).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
