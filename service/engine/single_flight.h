@@ -13,6 +13,7 @@
 #ifndef CKPT_SERVICE_ENGINE_SINGLE_FLIGHT_H_
 #define CKPT_SERVICE_ENGINE_SINGLE_FLIGHT_H_
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -21,7 +22,6 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 
 namespace ckpt {
 
@@ -31,35 +31,35 @@ class SingleFlight {
   // `compute()`, or the result of the call of it for `key` that is running now.
   absl::StatusOr<Value> Do(const Key& key, absl::FunctionRef<absl::StatusOr<Value>()> compute) {
     std::shared_ptr<Flight> flight;
-    bool first = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       std::shared_ptr<Flight>& slot = flights_[key];
-      if (!slot) {
-        slot = std::make_shared<Flight>();
-        first = true;
+      if (slot) {
+        flight = slot;  // another caller computes it: wait for its result
+        done_.wait(lock, [&flight] { return flight->done; });
+        return flight->result;
       }
+      slot = std::make_shared<Flight>();
       flight = slot;
     }
-    if (!first) {
-      flight->done.WaitForNotification();
-      return flight->result;
-    }
-    flight->result = compute();
+    absl::StatusOr<Value> result = compute();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      flight->result = result;
+      flight->done = true;
       flights_.erase(key);
     }
-    flight->done.Notify();  // result is not written after this: waiters read it unlocked
-    return flight->result;
+    done_.notify_all();
+    return result;
   }
 
  private:
   struct Flight {
-    absl::Notification done;
+    bool done = false;  // guarded by mu_, as is result
     absl::StatusOr<Value> result = absl::UnknownError("not computed");
   };
   std::mutex mu_;
+  std::condition_variable done_;                               // notified when a computation ends
   absl::flat_hash_map<Key, std::shared_ptr<Flight>> flights_;  // guarded by mu_
 };
 
