@@ -86,35 +86,46 @@ absl::StatusOr<v1::StrategyInfo> CheckpointManager::PutStrategy(const std::strin
 
 absl::StatusOr<std::shared_ptr<const Strategy>> CheckpointManager::GetStrategy(
     const std::string& name) {
+  return LoadOnce<Strategy>(
+      strategies_, strategy_loads_, name, [&]() -> absl::StatusOr<std::shared_ptr<const Strategy>> {
+        CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetStrategy(name));
+        records::StrategyRecord record;
+        if (!record.ParseFromString(bytes)) {
+          return absl::DataLossError(absl::StrCat("stored strategy ", name, " does not parse"));
+        }
+        absl::StatusOr<Strategy> s =
+            DecodeStoredStrategy(record.strategy_binary(), record.strategy_json());
+        if (!s.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("stored strategy ", name, ": ", s.status().message()));
+        }
+        return std::make_shared<const Strategy>(*std::move(s));
+      });
+}
+
+template <typename T>
+absl::StatusOr<std::shared_ptr<const T>> CheckpointManager::LoadOnce(
+    std::map<std::string, std::shared_ptr<const T>>& cache, LoadFlights<T>& flights,
+    const std::string& name, absl::FunctionRef<absl::StatusOr<std::shared_ptr<const T>>()> load) {
   uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = strategies_.find(name); it != strategies_.end()) return it->second;
+    if (auto it = cache.find(name); it != cache.end()) return it->second;
     generation = cache_generation_;
   }
-  // Requests arriving together load it once (SingleFlight); one arriving after the strategy was
-  // replaced does not join a load of the old one.
-  const auto flight = std::make_pair(name, generation);
-  return strategy_loads_.Do(flight, [&]() -> absl::StatusOr<std::shared_ptr<const Strategy>> {
+  // Requests arriving together load it once; one arriving after it was deleted or replaced does
+  // not join a load that began before.
+  return flights.Do({name, generation}, [&]() -> absl::StatusOr<std::shared_ptr<const T>> {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = strategies_.find(name); it != strategies_.end()) return it->second;
+      if (auto it = cache.find(name); it != cache.end()) return it->second;
     }
-    CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetStrategy(name));
-    records::StrategyRecord record;
-    if (!record.ParseFromString(bytes)) {
-      return absl::DataLossError(absl::StrCat("stored strategy ", name, " does not parse"));
-    }
-    absl::StatusOr<Strategy> s =
-        DecodeStoredStrategy(record.strategy_binary(), record.strategy_json());
-    if (!s.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("stored strategy ", name, ": ", s.status().message()));
-    }
-    auto shared = std::make_shared<const Strategy>(*std::move(s));
+    absl::StatusOr<std::shared_ptr<const T>> loaded = load();
+    if (!loaded.ok()) return loaded.status();
     std::lock_guard<std::mutex> lock(mu_);
-    if (generation == cache_generation_) strategies_[name] = shared;
-    return shared;
+    // Not cached when it was deleted or replaced meanwhile: a later request must not find it.
+    if (generation == cache_generation_) cache[name] = *loaded;
+    return loaded;
   });
 }
 
@@ -229,31 +240,17 @@ int CheckpointManager::ExpireIdleUploads() {
 
 absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> CheckpointManager::LoadCheckpoint(
     const std::string& id) {
-  uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = checkpoints_.find(id); it != checkpoints_.end()) return it->second;
-    generation = cache_generation_;
-  }
-  // The workers of a job starting together decode the manifest once (SingleFlight); a request
-  // arriving after the checkpoint was deleted does not join a load that began before.
-  const auto flight = std::make_pair(id, generation);
-  return checkpoint_loads_.Do(
-      flight, [&]() -> absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (auto it = checkpoints_.find(id); it != checkpoints_.end()) return it->second;
-        }
+  // The workers of a job starting together decode the manifest once.
+  return LoadOnce<LoadedCheckpoint>(
+      checkpoints_, checkpoint_loads_, id,
+      [&]() -> absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> {
         CKPT_ASSIGN_OR_RETURN(std::string bytes, store_->GetManifest(id));
         auto loaded = LoadedCheckpoint::Decode(bytes);
         if (!loaded.ok()) {
           return absl::Status(loaded.status().code(),
                               absl::StrCat("checkpoint ", id, ": ", loaded.status().message()));
         }
-        std::lock_guard<std::mutex> lock(mu_);
-        // Not cached when it was deleted meanwhile: a later request must not find it.
-        if (generation == cache_generation_) checkpoints_[id] = *loaded;
-        return *loaded;
+        return *std::move(loaded);
       });
 }
 
@@ -503,24 +500,22 @@ absl::StatusOr<std::shared_ptr<const Resharder>> CheckpointManager::Planner(
                    absl::StrJoin(request.include(), "\x1e"), "\x1f",
                    absl::StrJoin(request.exclude(), "\x1e"), "\x1f", request.strict());
   uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation = cache_generation_;
-  }
-  if (std::shared_ptr<const Resharder> kept = KeptPlanner(key)) return kept;
+  if (std::shared_ptr<const Resharder> kept = KeptPlanner(key, &generation)) return kept;
   // The workers of a job starting together plan its destination once (SingleFlight). Only
   // requests with the same loaded checkpoint and destination (held by each of them while the
   // planning runs, so their addresses name them) share it.
-  const std::string flight = absl::StrCat(key, "\x1f", absl::Hex(ckpt.get()), "\x1f",
-                                          absl::Hex(dst.get()), "\x1f", generation);
+  const std::string flight =
+      absl::StrCat(key, "\x1f", absl::Hex(ckpt.get()), "\x1f", absl::Hex(dst.get()));
   return planner_builds_.Do(flight, [&]() -> absl::StatusOr<std::shared_ptr<const Resharder>> {
-    if (std::shared_ptr<const Resharder> kept = KeptPlanner(key)) return kept;
+    if (std::shared_ptr<const Resharder> kept = KeptPlanner(key, nullptr)) return kept;
     return NewPlanner(request, *ckpt, dst, key, generation);
   });
 }
 
-std::shared_ptr<const Resharder> CheckpointManager::KeptPlanner(const std::string& key) {
+std::shared_ptr<const Resharder> CheckpointManager::KeptPlanner(const std::string& key,
+                                                                uint64_t* generation) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (generation) *generation = cache_generation_;
   for (auto it = plans_.begin(); it != plans_.end(); ++it) {
     if (it->first == key) {
       auto planner = it->second;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckpt.pb.h"
@@ -103,9 +104,10 @@ class CheckpointManager {
   absl::StatusOr<std::shared_ptr<const LoadedCheckpoint>> LoadCheckpoint(const std::string& id);
   absl::StatusOr<std::shared_ptr<const Resharder>> Planner(
       const v1::FetchRequest& request, std::shared_ptr<const LoadedCheckpoint> ckpt);
-  // Planner's steps: the kept planner of `key` (null when none), and a new one, kept unless the
-  // cache generation moved past `generation` while it was made.
-  std::shared_ptr<const Resharder> KeptPlanner(const std::string& key);
+  // Planner's steps: the kept planner of `key` (null when none; `generation`, when not null, gets
+  // the cache generation), and a new one, kept unless the cache generation moved past
+  // `generation` while it was made.
+  std::shared_ptr<const Resharder> KeptPlanner(const std::string& key, uint64_t* generation);
   absl::StatusOr<std::shared_ptr<const Resharder>> NewPlanner(
       const v1::FetchRequest& request, const LoadedCheckpoint& ckpt,
       const std::shared_ptr<const Strategy>& dst, const std::string& key, uint64_t generation);
@@ -147,15 +149,22 @@ class CheckpointManager {
   // rather than once each at the same moment. Loads are keyed by name and cache generation (a
   // request after a deletion or a replacement does not join a load begun before it), plans by
   // what they are made from.
-  SingleFlight<std::pair<std::string, uint64_t>, std::shared_ptr<const LoadedCheckpoint>>
-      checkpoint_loads_;
-  SingleFlight<std::pair<std::string, uint64_t>, std::shared_ptr<const Strategy>> strategy_loads_;
+  template <typename T>
+  using LoadFlights = SingleFlight<std::pair<std::string, uint64_t>, std::shared_ptr<const T>>;
+  LoadFlights<LoadedCheckpoint> checkpoint_loads_;
+  LoadFlights<Strategy> strategy_loads_;
   SingleFlight<std::string, std::shared_ptr<const Resharder>> planner_builds_;
   SingleFlight<std::pair<const void*, int64_t>, PlannedRank> rank_plan_builds_;
   // Moved on (under mu_) whenever a cached checkpoint, strategy or plan is dropped or replaced.
   // A load or plan that began before then is returned to its callers but not cached, so that a
   // checkpoint deleted, or a strategy replaced, while it was being loaded is not served later.
   uint64_t cache_generation_ = 0;
+  // `name` from `cache`, or loaded by `load` (once for the requests that arrive together, through
+  // `flights`) and kept there unless the cache generation moved on meanwhile.
+  template <typename T>
+  absl::StatusOr<std::shared_ptr<const T>> LoadOnce(
+      std::map<std::string, std::shared_ptr<const T>>& cache, LoadFlights<T>& flights,
+      const std::string& name, absl::FunctionRef<absl::StatusOr<std::shared_ptr<const T>>()> load);
 
   // Summarize()'s stored bytes by checkpoint id; summary_mu_ is taken before mu_.
   std::mutex summary_mu_;
