@@ -288,6 +288,16 @@ absl::StatusOr<RemoteStrategy> CkptClient::GetStrategy(const std::string& name) 
   return RemoteStrategy{response.info(), *std::move(strategy)};
 }
 
+absl::StatusOr<v1::StrategyInfo> CkptClient::GetStrategyInfo(const std::string& name) {
+  v1::GetStrategyRequest request;
+  request.set_name(name);
+  request.set_info_only(true);
+  CKPT_ASSIGN_OR_RETURN(v1::GetStrategyResponse response,
+                        (Unary<v1::GetStrategyRequest, v1::GetStrategyResponse>(
+                            &v1::CheckpointService::Stub::GetStrategy, request)));
+  return std::move(*response.mutable_info());
+}
+
 absl::StatusOr<std::vector<v1::StrategyInfo>> CkptClient::ListStrategies() {
   CKPT_ASSIGN_OR_RETURN(v1::ListStrategiesResponse response,
                         (Unary<v1::ListStrategiesRequest, v1::ListStrategiesResponse>(
@@ -304,19 +314,12 @@ absl::Status CkptClient::DeleteStrategy(const std::string& name) {
 }
 
 absl::StatusOr<int64_t> CkptClient::StrategyWorldSize(const std::string& strategy_name) {
-  // The info comes with any format; binary is the cheapest for the server to encode.
-  v1::GetStrategyRequest request;
-  request.set_name(strategy_name);
-  request.set_format(v1::STRATEGY_FORMAT_BINARY);
-  CKPT_ASSIGN_OR_RETURN(v1::GetStrategyResponse response,
-                        (Unary<v1::GetStrategyRequest, v1::GetStrategyResponse>(
-                            &v1::CheckpointService::Stub::GetStrategy, request)));
-  if (response.info().world_size() < 1) {
-    return absl::InternalError(absl::StrCat("ckptd reports a world of ",
-                                            response.info().world_size(), " ranks for strategy ",
-                                            strategy_name));
+  CKPT_ASSIGN_OR_RETURN(const v1::StrategyInfo info, GetStrategyInfo(strategy_name));
+  if (info.world_size() < 1) {
+    return absl::InternalError(absl::StrCat("ckptd reports a world of ", info.world_size(),
+                                            " ranks for strategy ", strategy_name));
   }
-  return response.info().world_size();
+  return info.world_size();
 }
 
 // ---------------------------------------------------------------- checkpoints

@@ -178,6 +178,9 @@ class CkptClient {
   absl::StatusOr<v1::StrategyInfo> PutStrategyFile(const std::string& name, const std::string& path,
                                                    bool overwrite);
   absl::StatusOr<RemoteStrategy> GetStrategy(const std::string& name);
+  // A registered strategy's summary alone (world size, parameters), without its content
+  // (GetStrategyRequest.info_only). NOT_FOUND naming it when it is not registered.
+  absl::StatusOr<v1::StrategyInfo> GetStrategyInfo(const std::string& name);
   absl::StatusOr<std::vector<v1::StrategyInfo>> ListStrategies();
   absl::Status DeleteStrategy(const std::string& name);
 
@@ -312,7 +315,7 @@ class CkptClient {
                                                        const std::string& path,
                                                        const ProgressFn& progress,
                                                        CancelGroup* group);
-  // The world size of a registered strategy, without parsing it.
+  // The world size of a registered strategy, from its summary alone (GetStrategyInfo).
   absl::StatusOr<int64_t> StrategyWorldSize(const std::string& strategy_name);
   // Adds the server address to transport-level failures (nothing answered).
   absl::Status Annotate(absl::Status status) const;

@@ -114,6 +114,7 @@ grpc::ServerUnaryReactor* CheckpointServiceImpl::GetStrategy(grpc::CallbackServe
     auto s = manager_->GetStrategy(req->name());
     if (!s.ok()) return s.status();
     *resp->mutable_info() = CheckpointManager::InfoOf(req->name(), **s);
+    if (req->info_only()) return absl::OkStatus();
     resp->set_content(SerializeStrategy(**s, req->format() == v1::STRATEGY_FORMAT_JSON
                                                  ? StrategyFormat::kJson
                                                  : StrategyFormat::kBinary));

@@ -358,6 +358,38 @@ TEST_F(ServerTest, JsonStrategyFilesAreCheckedThenSentAsTheyAre) {
   EXPECT_EQ(client_->GetStrategy("damaged").status().code(), absl::StatusCode::kNotFound);
 }
 
+// GetStrategy with info_only answers the summary alone: the same info as the full answer, no
+// content; an unknown name is NOT_FOUND either way.
+TEST_F(ServerTest, StrategyInfoOnlyLeavesTheContentOut) {
+  ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
+  ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());
+  auto stub = v1::CheckpointService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  v1::GetStrategyRequest request;
+  request.set_name("src");
+  v1::GetStrategyResponse full, summary;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->GetStrategy(&context, request, &full).ok());
+  }
+  request.set_info_only(true);
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->GetStrategy(&context, request, &summary).ok());
+  }
+  EXPECT_FALSE(full.content().empty());
+  EXPECT_TRUE(summary.content().empty());
+  EXPECT_EQ(summary.info().SerializeAsString(), full.info().SerializeAsString());
+  EXPECT_EQ(summary.info().world_size(), 8);
+
+  auto info = client_->GetStrategyInfo("src");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->SerializeAsString(), full.info().SerializeAsString());
+  auto missing = client_->GetStrategyInfo("nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(missing.status().message(), ::testing::HasSubstr("nope"));
+}
+
 TEST_F(ServerTest, CorruptedChunkIsDataLossNeverWrongBytes) {
   ASSERT_EQ(Ctl({"sample", dir_ / "demo"}).exit_code, 0);
   ASSERT_TRUE(client_->PutStrategyFile("src", dir_ / "demo/src_strategy.ckpt", false).ok());

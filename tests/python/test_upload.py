@@ -197,9 +197,12 @@ def test_strategies_put_get_list_delete(server, client, sample_dir):
     reference = json.loads(T.ctl(server, "strategy", "get", "s-bin", "--json").stdout)
     assert json.loads(got.content) == reference
     assert client.get_strategy("s-bin", format="binary").content
+    assert client.strategy_info("s-bin") == info
     client.delete_strategy("s-bin")
     with pytest.raises(ckptd.NotFound):
         client.get_strategy("s-bin")
+    with pytest.raises(ckptd.NotFound):
+        client.strategy_info("s-bin")
     with pytest.raises(ckptd.InvalidArgument):
         client.put_strategy("x", sample_dir)  # a directory
     with pytest.raises(ckptd.InvalidArgument):

@@ -363,6 +363,12 @@ class Client:
         response = self._unary(self._stub.GetStrategy, request)
         return Strategy(StrategyInfo.from_proto(response.info), response.content, format)
 
+    def strategy_info(self, name: str) -> StrategyInfo:
+        """A registered strategy's summary alone (world size, parameter count), without
+        transferring its content."""
+        request = pb.GetStrategyRequest(name=name, info_only=True)
+        return StrategyInfo.from_proto(self._unary(self._stub.GetStrategy, request).info)
+
     def list_strategies(self) -> List[StrategyInfo]:
         """Every registered strategy, by name."""
         response = self._unary(self._stub.ListStrategies, pb.ListStrategiesRequest())
@@ -398,7 +404,7 @@ class Client:
             raise InvalidArgument(f"upload parallelism must be at least 1, got {parallelism}")
         if not source_strategy:
             raise InvalidArgument("uploading a rank directory needs a source strategy name")
-        world = self.get_strategy(source_strategy, format="binary").info.world_size
+        world = self.strategy_info(source_strategy).world_size
         if world < 1:
             raise Internal(f"ckptd reports a world of {world} ranks for strategy "
                            f"{source_strategy}")
