@@ -73,7 +73,8 @@ foreach(path "transport_gibps" "verified_read_ceiling;gibps" "storage_gibps" "de
              "tls;ratio" "tls;aes_256_gcm_gibps"
              "many_tensors;tensors" "many_tensors;ttfb_ms" "many_tensors;ratio"
              "many_tensors;deps_ms" "many_tensors;upload_ratio"
-             "many_tensors;strategy_register_s")
+             "many_tensors;strategy_register_s" "many_tensors;cold_start;seconds"
+             "many_tensors;cold_start;server_cpu_s" "many_tensors;cold_start;server_peak_rss_mib")
   string(JSON type TYPE "${json}" ${path})
   if(NOT type STREQUAL "NUMBER")
     message(FATAL_ERROR "${path} is ${type}, expected a number")

@@ -233,6 +233,10 @@ class Harness {
   // checkpoint's, into `result`; false after Error().
   bool ManyTensorsUploadPasses(const std::string& dir, ManyResult* result);
   bool ManyTensorsFetchPasses(ManyResult* result);
+  // ckptd restarted over the store, then two fetches of every destination rank at once (workers
+  // starting together against a ckptd that has loaded nothing), into `result`; false after
+  // Error().
+  bool ManyTensorsColdStart(ManyResult* result);
   nlohmann::json ManyTensorsJson() const;
   void ManyTensorsRows(std::vector<Row>* rows) const;
 
@@ -400,6 +404,13 @@ class Harness {
     std::vector<double> strategy_register_runs_s;
     double strategy_parse_s = 0;
     int64_t strategy_file_bytes = 0;
+    // ManyTensorsColdStart: the fetches started together, the time until all were done, ckptd's
+    // CPU seconds over it and its peak RSS (VmHWM of the restarted process), the largest time
+    // to first byte.
+    int cold_workers = 0;
+    double cold_seconds = 0;
+    std::optional<double> cold_server_cpu_s, cold_server_peak_rss_mib;
+    double cold_ttfb_worst_ms = 0;
   };
   std::optional<ManyResult> many_;
   std::optional<DepsResult> deps_;

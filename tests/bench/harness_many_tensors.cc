@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -263,6 +264,73 @@ bool Harness::ManyTensorsFetchPasses(ManyResult* result) {
   return true;
 }
 
+bool Harness::ManyTensorsColdStart(ManyResult* result) {
+  StopServer();
+  if (auto s = StartServer(); !s.ok()) {
+    Error("many tensors: restart ckptd", s);
+    return false;
+  }
+  const Strategy many_six = SixRankStrategy(result->spec);
+  const int workers = 2 * static_cast<int>(many_six.world_size());
+  // A connection of its own for each worker, made before the clock starts.
+  std::vector<std::unique_ptr<CkptClient>> clients;
+  for (int i = 0; i < workers; ++i) {
+    ClientOptions options;
+    options.connect_timeout = absl::Seconds(20);
+    auto c = CkptClient::Connect(server_->address(), options);
+    if (!c.ok()) {
+      Error("many tensors: cold start: connect", c.status());
+      return false;
+    }
+    clients.push_back(*std::move(c));
+  }
+  std::vector<absl::Status> status(workers);
+  std::vector<double> ttfb_ms(workers, 0);
+  const absl::StatusOr<double> cpu_start = ProcessCpuSeconds(server_->pid());
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < workers; ++i) {
+    threads.emplace_back([&, i] {
+      const int64_t rank = i % many_six.world_size();
+      v1::FetchRequest request;
+      request.set_checkpoint_id(kManyId);
+      request.set_destination_strategy(kManySixName);
+      request.set_rank(rank);
+      request.set_accept_batches(true);
+      std::vector<std::optional<Box>> boxes;  // this worker's own
+      TimedVisitor visitor(&result->spec, &many_six, rank, &boxes);
+      absl::Status s = clients[i]->Fetch(request, visitor);
+      if (s.ok()) s = visitor.inner().Complete();
+      if (s.ok() && visitor.first_byte()) {
+        ttfb_ms[i] =
+            std::chrono::duration<double, std::milli>(*visitor.first_byte() - start).count();
+      }
+      status[i] = s;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  result->cold_seconds = Seconds(start);
+  const absl::StatusOr<double> cpu_end = ProcessCpuSeconds(server_->pid());
+  for (int i = 0; i < workers; ++i) {
+    if (!status[i].ok()) {
+      Error(absl::StrCat("many tensors: cold start: worker ", i), status[i]);
+      return false;
+    }
+  }
+  result->cold_workers = workers;
+  result->cold_ttfb_worst_ms = *std::max_element(ttfb_ms.begin(), ttfb_ms.end());
+  if (cpu_start.ok() && cpu_end.ok()) result->cold_server_cpu_s = *cpu_end - *cpu_start;
+  if (auto peak = ProcessPeakRssBytes(server_->pid()); peak.ok()) {
+    result->cold_server_peak_rss_mib = *peak / kMiB;
+  }
+  Progress(absl::StrFormat(
+      "many tensors: cold start, %d fetches at once: all done in %.2f s, first byte within "
+      "%.0f ms; ckptd CPU %s, VmHWM %s",
+      workers, result->cold_seconds, result->cold_ttfb_worst_ms,
+      Fmt(result->cold_server_cpu_s, " s", 2), Fmt(result->cold_server_peak_rss_mib, " MiB", 0)));
+  return true;
+}
+
 void Harness::MeasureManyTensors() {
   ManyResult result;
   result.spec =
@@ -288,7 +356,10 @@ void Harness::MeasureManyTensors() {
     }
   }
 
-  if (!ManyTensorsUploadPasses(dir, &result) || !ManyTensorsFetchPasses(&result)) return;
+  if (!ManyTensorsUploadPasses(dir, &result) || !ManyTensorsFetchPasses(&result) ||
+      !ManyTensorsColdStart(&result)) {
+    return;
+  }
 
   // Planning: every destination rank's source ranks, 1024 -> 4096 ranks, as many parameters as
   // the checkpoint has tensors.
@@ -342,7 +413,14 @@ nlohmann::json Harness::ManyTensorsJson() const {
           {"deps_dst_world", m.deps.dst_world},
           {"strategy_register_runs_s", m.strategy_register_runs_s},
           {"strategy_parse_s", m.strategy_parse_s},
-          {"strategy_file_bytes", m.strategy_file_bytes}};
+          {"strategy_file_bytes", m.strategy_file_bytes},
+          {"cold_start",
+           {{"workers", m.cold_workers},
+            {"seconds", m.cold_seconds},
+            {"ttfb_worst_ms", m.cold_ttfb_worst_ms},
+            {"server_cpu_s", m.cold_server_cpu_s ? nlohmann::json(*m.cold_server_cpu_s) : nullptr},
+            {"server_peak_rss_mib",
+             m.cold_server_peak_rss_mib ? nlohmann::json(*m.cold_server_peak_rss_mib) : nullptr}}}};
 }
 
 void Harness::ManyTensorsRows(std::vector<Row>* rows) const {
@@ -378,6 +456,14 @@ void Harness::ManyTensorsRows(std::vector<Row>* rows) const {
                                    : "null",
        "<= 1 s",
        m && m->strategy_register_s ? Verdict(*m->strategy_register_s <= 1.0) : std::string("n/a")});
+  rows->push_back({m ? absl::StrFormat("  cold start: %d fetches at once", m->cold_workers)
+                     : std::string("  cold start"),
+                   m ? absl::StrFormat("%.2f s (first byte within %.0f ms); ckptd CPU %s, VmHWM %s",
+                                       m->cold_seconds, m->cold_ttfb_worst_ms,
+                                       Fmt(m->cold_server_cpu_s, " s", 2),
+                                       Fmt(m->cold_server_peak_rss_mib, " MiB", 0))
+                     : "null",
+                   "", ""});
 }
 
 }  // namespace ckpt::bench
