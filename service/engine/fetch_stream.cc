@@ -649,8 +649,8 @@ absl::Status FetchStream::AppendBatchTensor(const TensorPlan& t, int64_t bytes, 
       if (s.bytes.empty()) continue;
       // Verified now, while errors still name this tensor; whole chunks that become parts of
       // their own leave with their stored checksum for the client to verify.
-      if (s.chunk && !(s.stored_checksum &&
-                       static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes)) {
+      if (s.chunk &&
+          !(s.stored_checksum && static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes)) {
         CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
       }
       produced += static_cast<int64_t>(s.bytes.size());
@@ -751,6 +751,16 @@ absl::Status FetchStream::DataPiece(FetchReader reader, FetchPiece* out) {
 }
 
 absl::StatusOr<bool> FetchStream::NextPiece(FetchPiece* out, FetchReader reader) {
+  absl::StatusOr<bool> more = ProducePiece(out, reader);
+  // A stream that has produced everything, or failed, reads nothing more: it leaves its cohort
+  // and pace group now, not when its call ends (after the last messages drain and the status
+  // goes out). A worker fetching a job's ranks one after another then never finds its previous
+  // rank's stream still in the group, which would make the two a gathering job.
+  if (!more.ok() || !*more) member_.reset();
+  return more;
+}
+
+absl::StatusOr<bool> FetchStream::ProducePiece(FetchPiece* out, FetchReader reader) {
   out->message.Clear();
   out->batch_headers.clear();
   out->segments.clear();

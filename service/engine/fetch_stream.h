@@ -140,7 +140,7 @@ class FetchStream {
   // Fills `out` with the next message for `reader`, without copying data: `out->segments`
   // reference chunk or band memory. False when the stream is complete. Errors name the checkpoint
   // and tensor (DATA_LOSS on a checksum mismatch). The same `reader` must be passed to every
-  // call.
+  // call. Once it returns false or an error the stream has left its cohort and pace group.
   absl::StatusOr<bool> NextPiece(FetchPiece* out, FetchReader reader);
   // NextPiece for FetchReader::kInProcess with the data copied into `out` (FetchData.data only,
   // row-major, no checksums): for in-process readers that want messages, and tests.
@@ -189,6 +189,8 @@ class FetchStream {
   // cached for the next band), so that the bands after it start at chunk boundaries and hold
   // whole chunks.
   void EndAtChunkBoundary(std::span<const Piece> pieces, Box* band_box);
+  // NextPiece's work; NextPiece leaves the cohort once it returns false or an error.
+  absl::StatusOr<bool> ProducePiece(FetchPiece* out, FetchReader reader);
   // The band as tiles (FetchReader::kClient): whole chunks as stored, parts of chunks verified
   // and cut out.
   absl::Status CutTiles(const TensorPlan& t, const Box& band_box, std::span<const Piece> pieces,

@@ -34,11 +34,13 @@
 // beyond cache_bytes / (2 x expected_members) (the window were each stream a cohort of its own).
 // A job whose streams did not all come within that bound does not gather again for a minute (a
 // user fetching a few ranks of a large destination by hand pays the bound once). A lone stream
-// never gathers. A member that has made no progress for `straggler_bound` while another waits for
-// it is left behind: nobody waits for it nor keeps chunks for it, and it reads what it no longer
-// finds for itself, until it catches up with the slowest pacing member again. Waiting never
-// blocks a thread: the waiter is called back (on the thread of the member that caught up, or
-// of the pacing timer). A lone stream, or one whose peers are within the window, never waits.
+// never gathers. A stream leaves its cohort and group once it has produced everything
+// (FetchStream::NextPiece), not when its call ends. A member that has made no progress for
+// `straggler_bound` while another waits for it is left behind: nobody waits for it nor keeps chunks
+// for it, and it reads what it no longer finds for itself, until it catches up with the slowest
+// pacing member again. Waiting never blocks a thread: the waiter is called back (on the thread of
+// the member that caught up, or of the pacing timer). A lone stream, or one whose peers are within
+// the window, never waits.
 //
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
 // every stream that shares it (StreamChunk::Verify). Every chunk handed to a second stream is

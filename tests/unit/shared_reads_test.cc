@@ -690,6 +690,28 @@ TEST_F(SharedReadsTest, SlowButMovingMembersAreWaitedForAndLeavingFreesTheWaiter
   EXPECT_EQ(manager_->shared_chunks()->stats().left_behind, 0);
 }
 
+// A stream that has produced everything leaves its group then, not when its call ends: a worker
+// fetching a job's ranks one after another, each call still open while the next starts (the
+// service ends a call once its last messages are out), is one lone stream after another, never a
+// gathering job whose second stream waits for the rest.
+TEST_F(SharedReadsTest, AFinishedStreamLeavesItsGroupBeforeItsCallEnds) {
+  // A gathering job's streams may each go 8 KiB / (2 x 64) ahead: every rank (20 KiB) would wait.
+  Restart(8 << 10);
+  std::vector<std::unique_ptr<FetchStream>> produced;  // calls whose messages are not all out
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < kTp; ++r) {
+    auto stream = manager_->OpenFetch(Request(r));
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    const StreamOutput out = Drain(**stream, std::nullopt, {}, /*pace=*/true);
+    ASSERT_TRUE(out.status.ok()) << r << ": " << out.status;
+    produced.push_back(*std::move(stream));
+  }
+  const SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_EQ(stats.pace_waits, 0) << "a rank waited for the job to gather after "
+                                 << absl::FormatDuration(absl::Now() - start);
+  EXPECT_EQ(stats.pacing_now, 0);
+}
+
 // The cache counts the segment store's mapped windows its chunks pin within its budget: a cache of
 // small chunks spread over many windows keeps at most its budget of them mapped, so the store's
 // map budget stays free for later reads, which are views rather than copies.
