@@ -18,20 +18,20 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 #include "core/absl_compat.h"
 #include "core/internal/strategy_parse.h"
 #include "core/status_macros.h"
 #include "core/strategy.h"
+#include "nlohmann/json.hpp"
 
 namespace ckpt::strategy_internal {
 namespace {
 
 // Parsed JSON: a light document built from nlohmann's SAX events by JsonDocument. A value's
 // members (object) or elements (array) are contiguous; member names are views of the document's
-// own copies; string values keep only their kind. The interface is the part of nlohmann::json's that the conversions below use. Parsing
-// a 50,000-parameter strategy into nlohmann's own document (an allocation per value and per
-// key, sorted maps) took most of the time of registering it.
+// own copies; string values keep only their kind. The interface is the part of nlohmann::json's
+// that the conversions below use. Parsing a 50,000-parameter strategy into nlohmann's own document
+// (an allocation per value and per key, sorted maps) took most of the time of registering it.
 class Json {
  public:
   enum class Kind : uint8_t { kNull, kBool, kInt, kUint, kFloat, kString, kArray, kObject };
@@ -60,13 +60,19 @@ class Json {
     return found;
   }
 
-  Kind kind = Kind::kNull;
+  // Members ordered so that a value is 40 bytes: a strategy's document holds about twenty per
+  // parameter.
   std::string_view key;  // an object member's name
-  int64_t i = 0;         // kInt
-  uint64_t u = 0;        // kUint
-  const Json* children = nullptr;
+  union {
+    int64_t i = 0;  // kInt
+    uint64_t u;     // kUint
+  };
+  union {
+    const Json* children = nullptr;  // once parsed
+    uint32_t first;  // while parsing: the index of the first child in the document's pool
+  };
   uint32_t count = 0;
-  uint32_t first = 0;  // while parsing: the index of the first child in the document's pool
+  Kind kind = Kind::kNull;
 };
 
 // Parses a JSON text with nlohmann's strict SAX parser (RFC 8259: UTF-8 checked, escapes
@@ -87,6 +93,14 @@ class JsonDocument final : public nlohmann::json_sax<nlohmann::json> {
     // Every decoded key is shorter than its quoted text, so the copies fit in a buffer of the
     // text's size and views of it stay valid.
     strings_.reserve(text.size());
+    // Every value but the root is a member or element, and a container of n of them has n - 1
+    // commas: so the values are at most 1 + commas + containers, which counting the characters
+    // (those in strings too) bounds from above. The pool is reserved once at that size (untouched
+    // until used): a strategy's document is larger than its text, and growing it by doubling
+    // would copy it and touch twice its memory.
+    size_t bound = 1;
+    for (char c : text) bound += (c == ',') | (c == '[') | (c == '{');
+    pool_.reserve(std::min<size_t>(bound, kMaxValues + 1));
     const bool ok = nlohmann::json::sax_parse(text.begin(), text.end(), this,
                                               nlohmann::json::input_format_t::json,
                                               /*strict=*/true);
@@ -165,8 +179,8 @@ class JsonDocument final : public nlohmann::json_sax<nlohmann::json> {
     return false;
   }
   bool TooLarge(std::string_view what) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "JSON strategy refused: it ", Sv(what), ", more than any strategy needs")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("JSON strategy refused: it ", Sv(what), ", more than any strategy needs")));
   }
   // Counts a value (scalar or container); false once there are too many.
   bool Count() {
@@ -230,18 +244,16 @@ class JsonDocument final : public nlohmann::json_sax<nlohmann::json> {
     Place(v);
     return true;
   }
-  void Link(Json& v) {
-    if (v.count > 0) v.children = pool_.data() + v.first;
-  }
+  void Link(Json& v) { v.children = v.count > 0 ? pool_.data() + v.first : nullptr; }
 
   absl::Status error_;
   int64_t values_ = 0;
   bool done_ = false;
-  std::string strings_;      // the decoded keys, back to back (nlohmann lends each one)
-  std::string_view key_;     // the key of the next member of the innermost object
+  std::string strings_;        // the decoded keys, back to back (nlohmann lends each one)
+  std::string_view key_;       // the key of the next member of the innermost object
   std::vector<Frame> frames_;  // the open containers, outermost first
-  std::vector<Json> stack_;  // children of the open containers, each one's contiguous
-  std::vector<Json> pool_;   // children of closed containers, each container's contiguous
+  std::vector<Json> stack_;    // children of the open containers, each one's contiguous
+  std::vector<Json> pool_;     // children of closed containers, each container's contiguous
   Json root_;
 };
 
@@ -453,8 +465,8 @@ class JsonWriter {
   }
 
   static std::string Quote(std::string_view s) {
-    return nlohmann::json(std::string(s)).dump(-1, ' ', /*ensure_ascii=*/false,
-                                               nlohmann::json::error_handler_t::replace);
+    return nlohmann::json(std::string(s))
+        .dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
   }
 
   std::string* out_;
@@ -538,12 +550,11 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (auto it = doc.find("parallel_strategy_item"); it != doc.end()) {
     if (!it->is_object()) return JsonTypeError("parallel_strategy_item", "an object");
     ops.reserve(it->size());
-    CKPT_RETURN_IF_ERROR(
-        ForEachInOrder(*it, [&](const std::string& name, const Json& item) {
-          CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
-          ops.push_back(std::move(op));
-          return absl::OkStatus();
-        }));
+    CKPT_RETURN_IF_ERROR(ForEachInOrder(*it, [&](const std::string& name, const Json& item) {
+      CKPT_ASSIGN_OR_RETURN(OpStrategy op, OpFromJson(name, item));
+      ops.push_back(std::move(op));
+      return absl::OkStatus();
+    }));
   }
 
   auto layouts = doc.find("parallel_layout_item");
@@ -551,12 +562,11 @@ absl::StatusOr<Strategy> ParseJson(std::string_view bytes) {
   if (!layouts->is_object()) return JsonTypeError("parallel_layout_item", "an object");
   std::vector<LayoutItem> items;
   items.reserve(layouts->size());
-  CKPT_RETURN_IF_ERROR(
-      ForEachInOrder(*layouts, [&](const std::string& name, const Json& item) {
-        CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
-        items.push_back({name, std::move(param)});
-        return absl::OkStatus();
-      }));
+  CKPT_RETURN_IF_ERROR(ForEachInOrder(*layouts, [&](const std::string& name, const Json& item) {
+    CKPT_ASSIGN_OR_RETURN(StrategyParam param, ParamFromJson(name, item));
+    items.push_back({name, std::move(param)});
+    return absl::OkStatus();
+  }));
   return BuildStrategy(std::move(items), std::move(ops));
 }
 
