@@ -1,6 +1,7 @@
 // AppendBatchTensorHeader (fetch_stream.h): a batch's tensor headers written as protobuf writes
-// them, without a message object per tensor; and FetchStream::DirectBatchPiece, the batches of
-// tensors whose bytes are ranges of stored chunks (FetchLayout).
+// them, without a message object per tensor; and FetchStream's batches: BatchPiece (tensors
+// assembled band by band) and DirectBatchPiece (tensors whose bytes are ranges of stored chunks,
+// FetchLayout).
 #include <cassert>
 #include <cstring>
 #include <span>
@@ -107,6 +108,78 @@ void AppendBatchTensorHeader(std::string_view name, std::string_view dtype, cons
 // Direct tensors' bytes are chunk ranges known from the layout: the batch is their headers as
 // serialised when the layout was built, and views of the chunks, got with one GetMany. The other
 // tensors of the batch (rare among many small ones) are assembled band by band.
+bool FetchStream::Batchable(int64_t bytes) const {
+  return options_.batches && bytes <= options_.batch_tensor_bytes &&
+         bytes <= options_.max_message_bytes;
+}
+
+absl::Status FetchStream::BatchPiece(FetchPiece* out) {
+  if (!layout_) {
+    layout_ = checkpoint_->fetch_layouts.Get(
+        *checkpoint_, plan_, std::min(options_.batch_tensor_bytes, options_.max_message_bytes));
+  }
+  if (options_.direct_batches && tensor_ < layout_->tensors.size() &&
+      layout_->tensors[tensor_].direct) {
+    return DirectBatchPiece(*layout_, out);
+  }
+  // The headers go to out->batch_headers, serialised as they come; the message holds the batch.
+  out->message.mutable_batch();
+  int count = 0;
+  // A batch's tensors come as rows: bands that stored chunks do not stack into are assembled here.
+  const bool tiles = tiles_;
+  tiles_ = false;
+  absl::Cleanup restore = [this, tiles] { tiles_ = tiles; };
+  if (batch_tensors_ == 0) batch_tensors_ = std::max(1, options_.batch_first_tensors);
+  PrefetchBatch();
+  absl::Cleanup release_prefetched = [this] { ReleasePrefetched(); };
+  while (tensor_ < plan_->tensors.size() && count < batch_tensors_) {
+    const TensorPlan& t = plan_->tensors[tensor_];
+    const int64_t bytes = TensorBytes(t);
+    if (!Batchable(bytes) || (count > 0 && out->data_bytes + bytes > options_.max_message_bytes) ||
+        (count > 0 && options_.direct_batches &&
+         layout_->tensors[tensor_].direct)) {  // the next batch is a direct one
+      break;
+    }
+    ++count;
+    CKPT_RETURN_IF_ERROR(AppendBatchTensor(t, bytes, out));
+    ++tensor_;
+  }
+  header_sent_ = false;
+  batch_tensors_ = std::min(2 * batch_tensors_, std::max(1, options_.batch_max_tensors));
+  CKPT_RETURN_IF_ERROR(ChecksumMessage(FetchReader::kClient, out));
+  bytes_produced_ += out->data_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status FetchStream::AppendBatchTensor(const TensorPlan& t, int64_t bytes, FetchPiece* out) {
+  StartTensor();
+  AppendHeader(t, &out->batch_headers);
+  int64_t produced = 0;
+  while (!tensor_done_) {
+    CKPT_RETURN_IF_ERROR(BuildBand());
+    for (DataSegment& s : band_) {
+      if (s.bytes.empty()) continue;
+      // Verified now, while errors still name this tensor; whole chunks that become parts of
+      // their own leave with their stored checksum for the client to verify.
+      if (s.chunk &&
+          !(s.stored_checksum && static_cast<int64_t>(s.bytes.size()) >= options_.min_part_bytes)) {
+        CKPT_RETURN_IF_ERROR(Verify(*s.chunk));
+      }
+      produced += static_cast<int64_t>(s.bytes.size());
+      out->segments.push_back(std::move(s));
+    }
+    band_.clear();
+    band_tiles_.clear();
+    band_left_ = 0;
+  }
+  if (produced != bytes) {
+    return Annotate(absl::InternalError(
+        absl::StrCat("assembled ", produced, " bytes of ", bytes, " for a batch")));
+  }
+  out->data_bytes += bytes;
+  return absl::OkStatus();
+}
+
 absl::Status FetchStream::DirectBatchPiece(const FetchLayout& layout, FetchPiece* out) {
   out->message.mutable_batch();
   // A batch's tensors come as rows (AppendBatchTensor).
