@@ -32,6 +32,16 @@ constexpr char kLargeSixName[] = "d6";
 constexpr char kBigStrategyName[] = "json50k";
 constexpr int64_t kBigStrategyParams = 50000;
 
+// The Fetch of `rank` of `strategy`, as the client library reads it (batches: FetchChecker).
+v1::FetchRequest RankRequest(const char* id, const char* strategy, int64_t rank) {
+  v1::FetchRequest request;
+  request.set_checkpoint_id(id);
+  request.set_destination_strategy(strategy);
+  request.set_rank(rank);
+  request.set_accept_batches(true);
+  return request;
+}
+
 // A CheckingVisitor that also notes when the first tensor byte arrived.
 class TimedVisitor final : public TensorVisitor {
  public:
@@ -196,11 +206,7 @@ bool Harness::ManyTensorsFetchPasses(ManyResult* result) {
     int64_t bytes = 0;
     const auto start = Clock::now();
     for (int64_t r = 0; r < destination.world_size(); ++r) {
-      v1::FetchRequest request;
-      request.set_checkpoint_id(id);
-      request.set_destination_strategy(strategy);
-      request.set_rank(r);
-      request.set_accept_batches(true);  // the client library reads batches (FetchChecker)
+      const v1::FetchRequest request = RankRequest(id, strategy, r);
       TimedVisitor visitor(&spec, &destination, r, &expected_boxes[{&spec, r}]);
       const auto rank_start = Clock::now();
       absl::Status s = client_->Fetch(request, visitor);
@@ -292,11 +298,7 @@ bool Harness::ManyTensorsColdStart(ManyResult* result) {
   for (int i = 0; i < workers; ++i) {
     threads.emplace_back([&, i] {
       const int64_t rank = i % many_six.world_size();
-      v1::FetchRequest request;
-      request.set_checkpoint_id(kManyId);
-      request.set_destination_strategy(kManySixName);
-      request.set_rank(rank);
-      request.set_accept_batches(true);
+      const v1::FetchRequest request = RankRequest(kManyId, kManySixName, rank);
       std::vector<std::optional<Box>> boxes;  // this worker's own
       TimedVisitor visitor(&result->spec, &many_six, rank, &boxes);
       absl::Status s = clients[i]->Fetch(request, visitor);
