@@ -36,9 +36,12 @@ namespace fs = std::filesystem;
 // one UploadTensorBatch.
 constexpr size_t kDataMessageBytes = size_t{1} << 20;
 // Tensors of at most this many bytes (in one Value) go in UploadTensorBatch messages, at most
-// kMaxBatchTensors per message: a checkpoint of many small tensors would otherwise cost two
-// messages (and the server two round trips through its executor) per tensor.
-constexpr int64_t kBatchTensorBytes = int64_t{64} << 10;
+// kMaxBatchTensors per message: a tensor sent on its own costs two messages (its header and its
+// bytes, each a round trip through the server's executor), which dominates a checkpoint of many
+// tensors of up to a few hundred KiB per rank. Every tensor that fits in a message qualifies;
+// its bytes are then copied once into the batch's serialisation, against the zero-copy data
+// messages of larger tensors.
+constexpr int64_t kBatchTensorBytes = int64_t{kDataMessageBytes};
 constexpr int kMaxBatchTensors = 4096;
 
 // The `source_file` sent with a rank: "rank_<r>/<file>" when the file sits in a rank directory,
@@ -173,8 +176,7 @@ class RankFileSender {
     if (next && next->name == value.name) {
       return FileError(absl::StrCat("tensor ", value.name, " (", Sv(DTypeName(value.dtype)),
                                     ", dims ", ShapeToString(value.dims),
-                                    ") has more content than the ", size,
-                                    " bytes its dims need"));
+                                    ") has more content than the ", size, " bytes its dims need"));
     }
     return next;
   }

@@ -1,7 +1,10 @@
 // The Upload RPC: one source rank's stream of raw (grpc::ByteBuffer) UploadRequest messages fed
 // into a RankUpload.
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,8 +20,15 @@
 namespace ckpt {
 namespace {
 
-// Reads one rank's stream. Each message is handled on the executor, and the next read starts
-// only after it was handled: backpressure towards the client. Deleted by gRPC in OnDone.
+// Reads one rank's stream. Messages are handled in order on the executor, one task at a time;
+// the next read starts as soon as a message is taken off the wire, so that it arrives while the
+// one before is handled, and stops while kMaxWaiting messages wait: backpressure towards the
+// client, with at most kMaxWaiting + 1 messages of a stream in memory. Deleted by gRPC in OnDone.
+//
+// Threads: OnReadDone runs on gRPC's threads and the handler (Drain) on the executor's; mu_
+// guards the queue and the flags between them. Only Drain calls Finish (through Done) and
+// OnReadDone never touches the upload, so a call is finished by one thread; a read that
+// OnReadDone decided to start is started before the call is finished (finish_waits_for_read_).
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // `lease` holds the principal's upload slot until the call finishes; `principal` is audited
@@ -36,17 +46,80 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Done(ShuttingDownError());
       return;
     }
-    StartRead(&request_);
+    reading_ = true;
+    StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // half-close by the client, or cancellation
-      service_->executor()->Submit([this] { Complete(); });
-      return;
+    bool read_next = false;
+    bool submit = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reading_ = false;
+      if (finished_) return;  // the call is finished: nothing more is read or handled
+      if (ok) {
+        waiting_.push_back(std::move(incoming_));
+        incoming_ = grpc::ByteBuffer();
+        read_next = waiting_.size() < kMaxWaiting;
+      } else {
+        ended_ = true;  // half-close by the client, or cancellation
+      }
+      reading_ = read_next;
+      starting_read_ = read_next;
+      submit = !draining_;
+      draining_ = true;
     }
-    service_->executor()->Submit([this] {
+    if (read_next) {
+      StartRead(&incoming_);
+      std::optional<absl::Status> finish;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        starting_read_ = false;
+        finish.swap(deferred_finish_);
+      }
+      // Drain ended the call while this read was being started: its status goes out now.
+      if (finish) Finish(ToGrpcStatus(*finish));
+    }
+    if (submit) service_->executor()->Submit([this] { Drain(); });
+  }
+
+  void OnDone() override {
+    service_->UploadEnded();
+    delete this;
+  }
+
+ private:
+  // Messages of one stream read ahead of the one being handled, at most.
+  static constexpr size_t kMaxWaiting = 2;
+
+  // The handler: the waiting messages in order, then Complete once the client half-closed.
+  void Drain() {
+    while (true) {
+      bool read_next = false;
+      bool complete = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (waiting_.empty()) {
+          if (!ended_) {
+            draining_ = false;  // the next OnReadDone submits a new task
+            return;
+          }
+          complete = true;
+        } else {
+          message_ = std::move(waiting_.front());
+          waiting_.pop_front();
+          // Reads stopped while the queue was full: this one resumes them.
+          read_next = !reading_ && !ended_;
+          reading_ = reading_ || read_next;
+        }
+      }
+      if (complete) {
+        Complete();  // finishes the call: nothing may touch `this` afterwards
+        return;
+      }
+      if (read_next) StartRead(&incoming_);
       const absl::Status s = Handle();
-      request_.Clear();  // the message's bytes are chunked or copied by now
+      message_.Clear();  // the message's bytes are chunked or copied by now
       slices_.clear();
       data_.clear();
       single_ = grpc::Slice();
@@ -58,19 +131,13 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         Done(s);
         return;
       }
-      StartRead(&request_);
-    });
-  }
-
-  void OnDone() override {
-    service_->UploadEnded();
-    delete this;
+    }
   }
 
  private:
   absl::Status Handle() {
     // A data message (the bulk of a large tensor's bytes) is read in place from its slices.
-    if (UploadDataViews(request_, &slices_, &data_)) {
+    if (UploadDataViews(message_, &slices_, &data_)) {
       size_t size = 0;
       for (std::string_view d : data_) size += d.size();
       CKPT_RETURN_IF_ERROR(CheckData(size));
@@ -85,7 +152,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       message =
           std::string_view(reinterpret_cast<const char*>(slices_[0].begin()), slices_[0].size());
     } else if (slices_.size() > 1) {
-      if (!request_.DumpToSingleSlice(&single_).ok()) {
+      if (!message_.DumpToSingleSlice(&single_).ok()) {
         return absl::InvalidArgumentError("unreadable upload message");
       }
       message = std::string_view(reinterpret_cast<const char*>(single_.begin()), single_.size());
@@ -203,6 +270,14 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     // The slot is free before the client sees the status, so that its next upload may start.
     lease_ = LimitLease();
     service_->RpcFinished(s);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+      if (starting_read_) {  // OnReadDone finishes the call once its StartRead returned
+        deferred_finish_ = s;
+        return;
+      }
+    }
     Finish(ToGrpcStatus(s));
   }
 
@@ -210,7 +285,16 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const response_;  // an UploadResponse
   const absl::Time start_;
-  grpc::ByteBuffer request_;         // an UploadRequest
+  std::mutex mu_;
+  grpc::ByteBuffer incoming_;                    // the outstanding read's UploadRequest
+  std::deque<grpc::ByteBuffer> waiting_;         // read, not yet handled; guarded by mu_
+  bool reading_ = false;                         // a read is outstanding; guarded by mu_
+  bool starting_read_ = false;                   // OnReadDone is starting one; guarded by mu_
+  bool draining_ = false;                        // a Drain task is due or running; guarded by mu_
+  bool ended_ = false;                           // the client half-closed; guarded by mu_
+  bool finished_ = false;                        // Done was called; guarded by mu_
+  std::optional<absl::Status> deferred_finish_;  // for OnReadDone to send; guarded by mu_
+  grpc::ByteBuffer message_;  // the UploadRequest being handled (Drain's thread only)
   // The message being handled: its slices, and views of a data message's bytes in them; its
   // bytes in one piece when it came in several slices, and what ReadUploadMessage read of them.
   std::vector<grpc::Slice> slices_;

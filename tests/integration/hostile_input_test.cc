@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -186,6 +187,62 @@ TEST_F(HostileInputTest, DeclaredSizesWithinTheLimitCostOnlyWhatArrives) {
   ASSERT_GT(rss_before, 0);
   EXPECT_LT(rss_after - rss_before, int64_t{512} << 20)
       << "ckptd grew from " << rss_before << " to " << rss_after << " bytes";
+}
+
+// ckptd reads a stream's next messages while it handles one. A stream refused in the middle,
+// while its client keeps sending (reads outstanding, messages waiting), or cancelled by its
+// client, gets its status, ends on the server (no open upload stream is left behind) and leaves
+// nothing stored.
+TEST_F(HostileInputTest, AStreamRefusedOrCancelledWhileItsNextMessagesArriveEndsCleanly) {
+  Start();
+  auto upload_streams = [&]() -> int64_t {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ServerStats stats;
+    const grpc::Status s = stub_->GetStats(&context, v1::GetStatsRequest(), &stats);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return s.ok() ? stats.upload_streams() : -1;
+  };
+  auto expect_no_stream_left = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    int64_t open = upload_streams();
+    while (open != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      open = upload_streams();
+    }
+    EXPECT_EQ(open, 0) << "an upload stream is still open on the server\nserver log:\n"
+                       << server_->Log();
+  };
+
+  // 16 bytes declared, then 64 data messages of 1 MiB: the first one is refused while the
+  // others are on their way.
+  std::vector<v1::UploadRequest> messages = {Header("refused"), Tensor("w", "Float32", {4}, 16)};
+  for (int i = 0; i < 64; ++i) messages.push_back(Data(1 << 20));
+  const grpc::Status refused = Upload(messages);
+  EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("w"));
+  expect_no_stream_left();
+
+  // A client that cancels after sending part of a tensor.
+  {
+    grpc::ClientContext context;
+    v1::UploadResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+        stub_->Upload(&context, &response);
+    ASSERT_TRUE(writer->Write(Header("cancelled")));
+    ASSERT_TRUE(writer->Write(Tensor("w", "Float32", {1 << 22}, int64_t{16} << 20)));
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(writer->Write(Data(1 << 20)));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::CANCELLED);
+  }
+  expect_no_stream_left();
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::ListCheckpointsResponse listed;
+  ASSERT_TRUE(stub_->ListCheckpoints(&context, v1::ListCheckpointsRequest(), &listed).ok());
+  EXPECT_EQ(listed.checkpoints_size(), 0);
+  ExpectServing();
 }
 
 // A strategy claiming more ranks than can be enumerated is refused when registered.
