@@ -51,9 +51,10 @@ struct FetchOptions {
   // tensors of at most batch_tensor_bytes each go whole in FetchTensorBatch messages of at most
   // max_message_bytes of data. A stream's first batch holds at most batch_first_tensors tensors
   // (its first bytes leave early), each next one twice as many as the one before, up to
-  // batch_max_tensors.
+  // batch_max_tensors. Every tensor that fits in a message by default: one of more than half a
+  // message then costs one message instead of a header and a data message.
   bool batches = false;
-  int64_t batch_tensor_bytes = int64_t{64} << 10;
+  int64_t batch_tensor_bytes = int64_t{1} << 20;
   int batch_first_tensors = 16;
   int batch_max_tensors = 2048;
   // Batches of direct tensors (FetchLayout) are made from the plan's layout, not band by band

@@ -374,11 +374,14 @@ void Harness::MeasureManyTensors() {
       "%.2f; deps %.1f ms; upload ratio %s",
       result.ttfb_ms, result.ttfb_median_ms, result.cold_ttfb_max_ms, result.ratio, result.deps_ms,
       result.upload_ratio ? absl::StrFormat("%.2f", *result.upload_ratio) : "null"));
-  if (auto s = client_->DeleteCheckpoint(kManyId); !s.ok()) {
-    Note(absl::StrCat("many tensors: deleting the checkpoint afterwards: ", s.ToString()));
+  // --keep keeps the checkpoint in the store and its rank files, as it keeps the work directory.
+  if (!keep_) {
+    if (auto s = client_->DeleteCheckpoint(kManyId); !s.ok()) {
+      Note(absl::StrCat("many tensors: deleting the checkpoint afterwards: ", s.ToString()));
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   many_ = std::move(result);
 }
 
