@@ -28,7 +28,8 @@ namespace {
 // Threads: OnReadDone runs on gRPC's threads and the handler (Drain) on the executor's; mu_
 // guards the queue and the flags between them. Only Drain calls Finish (through Done) and
 // OnReadDone never touches the upload, so a call is finished by one thread; a read that
-// OnReadDone decided to start is started before the call is finished (finish_waits_for_read_).
+// OnReadDone decided to start is started before the call is finished (starting_read_: Done
+// leaves the Finish to OnReadDone, deferred_finish_).
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // `lease` holds the principal's upload slot until the call finishes; `principal` is audited
@@ -134,7 +135,6 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
   }
 
- private:
   absl::Status Handle() {
     // A data message (the bulk of a large tensor's bytes) is read in place from its slices.
     if (UploadDataViews(message_, &slices_, &data_)) {
