@@ -165,7 +165,9 @@ void AppendSegmentSlices(std::vector<DataSegment>& segments, CopyBlock* block, s
 
 grpc::ByteBuffer EncodeFetchResponse(FetchPiece* out) {
   FetchPiece& piece = *out;
-  if (piece.segments.empty()) {
+  // Without data: the message as protobuf writes it, except a batch whose tensors are all empty
+  // (its headers are in batch_headers).
+  if (piece.segments.empty() && piece.batch_headers.empty()) {
     std::string bytes = piece.message.SerializeAsString();
     grpc::Slice slice(bytes);
     return grpc::ByteBuffer(&slice, 1);

@@ -83,6 +83,57 @@ def test_every_dtype_round_trips_exactly(server, client, tmp_path):
     assert wide["int4"].tobytes() == fetched["int4"].tobytes()
 
 
+def test_tensors_around_the_batch_bounds_round_trip_as_ckptctl_uploads_them(server, client,
+                                                                            tmp_path):
+    # The client batches every non-str tensor of at most one message (1 MiB), at most 4096 and
+    # 1 MiB of bytes to a batch: more tiny tensors than one batch holds, tensors of exactly a
+    # message, one byte over it, two that do not fit one batch together, an empty one and a str
+    # one between them.
+    import sys
+    sys.path.insert(0, T.PY_PROTO_DIR)
+    import mindspore_checkpoint_pb2 as ms
+    rng = np.random.default_rng(11)
+    tensors = {}
+    for i in range(2500):
+        tensors[f"tiny.{i:05d}"] = ("Float32", [2], rng.standard_normal(2).astype(np.float32))
+    tensors["exact"] = ("Int8", [1 << 20], rng.integers(-128, 128, 1 << 20, dtype=np.int8))
+    tensors["over"] = ("Int8", [(1 << 20) + 1], rng.integers(-128, 128, (1 << 20) + 1,
+                                                             dtype=np.int8))
+    tensors["empty"] = ("Float32", [3, 0], np.zeros(0, dtype=np.float32))
+    tensors["half.a"] = ("Int8", [600 << 10], rng.integers(-128, 128, 600 << 10, dtype=np.int8))
+    tensors["half.b"] = ("Int8", [600 << 10], rng.integers(-128, 128, 600 << 10, dtype=np.int8))
+    for i in range(2500, 5000):
+        tensors[f"tiny.{i:05d}"] = ("Float32", [2], rng.standard_normal(2).astype(np.float32))
+    checkpoint = ms.Checkpoint()
+    for name, (dtype, dims, array) in tensors.items():
+        value = checkpoint.value.add()
+        value.tag = name
+        value.tensor.dims.extend(dims)
+        value.tensor.tensor_type = dtype
+        value.tensor.tensor_content = array.tobytes()
+    text = checkpoint.value.add()
+    text.tag = "text"
+    text.tensor.dims.extend([0])
+    text.tensor.tensor_type = "str"
+    text.tensor.tensor_content = _utf32("between batches")
+    source = tmp_path / "bounds.ckpt"
+    source.write_bytes(checkpoint.SerializeToString())
+
+    assert client.upload_file("bounds-py", source).committed
+    T.ctl(server, "upload", "bounds-ctl", "--file", source)
+    reference = tmp_path / "reference.ckpt"
+    T.ctl_fetch(server, "bounds-ctl", reference, merged=True)
+    fetched = client.fetch("bounds-py", merged=True)
+    assert_matches_file(fetched, reference)
+    assert len(fetched) == len(tensors) + 1
+    for name, (dtype, dims, array) in tensors.items():
+        assert fetched[name].tobytes() == array.tobytes(), name
+    assert fetched["text"][()] == "between batches"
+    mine = tmp_path / "mine.ckpt"
+    client.fetch_to_file("bounds-py", merged=True, path=mine)
+    assert mine.read_bytes() == reference.read_bytes()
+
+
 def test_fetch_to_file_splits_tensors_over_512_mib_as_ckptctl(server, client, tmp_path):
     # One Float32 tensor of 520 MiB: two Values (512 MiB + 8 MiB), as MindSpore writes them.
     rows, cols = 130, 1 << 20

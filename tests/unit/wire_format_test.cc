@@ -222,6 +222,32 @@ TEST(WireFormatTest, FetchBatchWithSerialisedHeaders) {
   EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
 }
 
+// A batch of empty tensors only (no data, no parts) still carries its serialised headers.
+TEST(WireFormatTest, FetchBatchOfEmptyTensorsKeepsItsHeaders) {
+  FetchPiece piece;
+  piece.message.mutable_batch();
+  Box box;
+  box.lo = {0, 0};
+  box.hi = {3, 0};
+  const std::vector<int64_t> global = {3, 0};
+  AppendBatchTensorHeader("empty", "Float32", box, global, 0, false, &piece.batch_headers);
+  v1::FetchResponse expected;
+  v1::FetchTensorHeader* h = expected.mutable_batch()->add_tensors();
+  h->set_name("empty");
+  h->set_dtype("Float32");
+  h->add_local_shape(3);
+  h->add_local_shape(0);
+  h->add_global_shape(3);
+  h->add_global_shape(0);
+  h->add_box_lo(0);
+  h->add_box_lo(0);
+  h->add_box_hi(3);
+  h->add_box_hi(0);
+  const v1::FetchResponse got = Parse<v1::FetchResponse>(EncodeFetchResponse(std::move(piece)));
+  ASSERT_EQ(got.batch().tensors_size(), 1);
+  EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
+}
+
 // Batches whose copied bytes fill blocks of a batch's size (the reused ones): many encoded
 // messages alive at once each keep their own bytes, whichever blocks earlier messages gave back,
 // and messages with a large segment between runs of small ones cut one block into several slices.
@@ -279,8 +305,8 @@ std::string Joined(const std::vector<std::string_view>& views) {
 }
 
 TEST(WireFormatTest, UploadDataMessagesAreReadInPlaceHoweverSliced) {
-  for (size_t n : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{5000},
-                   size_t{16384}, size_t{1} << 20}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{5000}, size_t{16384},
+                   size_t{1} << 20}) {
     v1::UploadRequest m;
     m.set_data(Bytes(n, 'a'));
     const std::string wire = m.SerializeAsString();
@@ -316,9 +342,9 @@ TEST(WireFormatTest, OtherUploadMessagesAreLeftToProtobuf) {
   data.set_data(std::string(300, 'x'));
   const std::string whole = data.SerializeAsString();
   wires.push_back(whole.substr(0, whole.size() - 1));  // truncated
-  wires.push_back(whole + "\x10");                      // trailing garbage
+  wires.push_back(whole + "\x10");                     // trailing garbage
   wires.push_back(std::string("\x1a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11));  // bad varint
-  wires.push_back(std::string("\x1a", 1));  // tag only
+  wires.push_back(std::string("\x1a", 1));                                           // tag only
   wires.push_back("");
   for (size_t i = 0; i < wires.size(); ++i) {
     SCOPED_TRACE(i);

@@ -38,8 +38,10 @@ _MAX_FRAME_BYTES = (1 << 24) - 1
 _STREAM_WINDOW_BYTES = 16 << 20
 # Fetch messages received ahead of the one being placed (each at most 1 MiB).
 _PREFETCH_MESSAGES = 4
-# The API's bound on one Upload data message.
+# The API's bound on one Upload data message, and on the bytes of one UploadTensorBatch.
 _DATA_MESSAGE_BYTES = 1 << 20
+# Tensors per UploadTensorBatch, at most (as the C++ client).
+_MAX_BATCH_TENSORS = 4096
 
 ProgressFn = Callable[[int, int], None]
 PathLike = Union[str, "os.PathLike[str]"]
@@ -175,6 +177,63 @@ def _read_file(path: Optional[PathLike], what: str) -> Optional[bytes]:
 def _serialize_upload(message) -> bytes:
     # Data messages come pre-framed as UploadRequest{data} bytes (see _data_message).
     return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+class _UploadBatcher:
+    """Turns `upload_stream`'s items into Upload messages: every non-str tensor whose bytes fit
+    in a message goes whole into UploadTensorBatch messages (at most _DATA_MESSAGE_BYTES of bytes
+    and _MAX_BATCH_TENSORS tensors each), the others as a header and data messages. A tensor sent
+    on its own costs two messages, each a round trip through the server's executor, which
+    dominates a checkpoint of many tensors of up to a few hundred KiB per rank."""
+
+    def __init__(self):
+        self._batch = pb.UploadRequest()
+        self._batch_bytes = 0
+        self._held: Optional[TensorStart] = None  # a batchable tensor whose pieces are coming
+        self._pieces: List = []
+
+    def add(self, item) -> Iterator:
+        """The messages that can leave once `item` (a TensorStart or a piece) is known."""
+        if isinstance(item, TensorStart):
+            # upload_stream checked the held tensor's size before announcing the next one.
+            yield from self._close_held()
+            if item.dtype != "str" and item.total_bytes <= _DATA_MESSAGE_BYTES:
+                self._held = item
+                return
+            yield from self.flush()
+            yield pb.UploadRequest(tensor=pb.UploadTensorHeader(
+                name=item.name, dtype=item.dtype, dims=item.dims, total_bytes=item.total_bytes))
+        elif self._held is not None:
+            self._pieces.append(item)
+        else:
+            yield _data_message(item)
+
+    def finish(self) -> Iterator:
+        """The messages left at the end of the file."""
+        yield from self._close_held()
+        yield from self.flush()
+
+    def flush(self) -> Iterator:
+        if self._batch_bytes or len(self._batch.batch.tensors):
+            yield self._batch
+            self._batch = pb.UploadRequest()
+            self._batch_bytes = 0
+
+    def _close_held(self) -> Iterator:
+        t = self._held
+        if t is None:
+            return
+        self._held = None
+        data = b"".join(self._pieces) if len(self._pieces) != 1 else bytes(self._pieces[0])
+        self._pieces = []
+        if (self._batch_bytes + len(data) > _DATA_MESSAGE_BYTES
+                or len(self._batch.batch.tensors) >= _MAX_BATCH_TENSORS):
+            yield from self.flush()
+        self._batch.batch.tensors.add(
+            header=pb.UploadTensorHeader(name=t.name, dtype=t.dtype, dims=t.dims,
+                                         total_bytes=t.total_bytes),
+            data=data)
+        self._batch_bytes += len(data)
 
 
 def _data_message(piece) -> bytes:
@@ -468,15 +527,15 @@ class Client:
                     checkpoint, strategy, rank, _source_file_label(path)))
                 if progress is not None:
                     progress(0, reader.size)
+                batcher = _UploadBatcher()
                 for item in upload_stream(reader, _DATA_MESSAGE_BYTES):
-                    if isinstance(item, TensorStart):
-                        yield pb.UploadRequest(tensor=pb.UploadTensorHeader(
-                            name=item.name, dtype=item.dtype, dims=item.dims,
-                            total_bytes=item.total_bytes))
-                    else:
-                        yield _data_message(item)
-                        if progress is not None:
-                            progress(reader.offset, reader.size)
+                    sent = False
+                    for message in batcher.add(item):
+                        yield message
+                        sent = True
+                    if sent and progress is not None:
+                        progress(reader.offset, reader.size)
+                yield from batcher.finish()
                 # Ends the stream: the server validates and stores the rank.
             except BaseException as e:
                 # A bad file: cancel rather than end the stream, so that the server drops the
