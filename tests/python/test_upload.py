@@ -19,12 +19,26 @@ def _utf32(text):
     return text.encode("utf-32-le")
 
 
-def every_dtype_file(path):
-    """A whole-tensor .ckpt holding every MindSpore dtype, written with protobuf from MindSpore's
-    .proto (independently of the client's own writer). Returns {name: (dtype, dims, bytes)}."""
+def write_ms_checkpoint(path, tensors):
+    """Writes {name: (dtype, dims, bytes)} in order as a whole-tensor .ckpt, with protobuf from
+    MindSpore's .proto (independently of the client's own writer)."""
     import sys
     sys.path.insert(0, T.PY_PROTO_DIR)
     import mindspore_checkpoint_pb2 as ms
+    checkpoint = ms.Checkpoint()
+    for name, (dtype, dims, content) in tensors.items():
+        value = checkpoint.value.add()
+        value.tag = name
+        value.tensor.dims.extend(dims)
+        value.tensor.tensor_type = dtype
+        value.tensor.tensor_content = content
+    with open(path, "wb") as f:
+        f.write(checkpoint.SerializeToString())
+
+
+def every_dtype_file(path):
+    """A whole-tensor .ckpt holding every MindSpore dtype (write_ms_checkpoint). Returns
+    {name: (dtype, dims, bytes)}."""
     rng = np.random.default_rng(7)
     tensors = {
         "bool": ("Bool", [3, 4], rng.integers(0, 2, 12, dtype=np.uint8).tobytes()),
@@ -44,15 +58,7 @@ def every_dtype_file(path):
         "scalar": ("Float32", [], np.float32(2.5).tobytes()),
         "name": ("str", [0], _utf32("h\u00e9llo \u4e16\u754c")),
     }
-    checkpoint = ms.Checkpoint()
-    for name, (dtype, dims, content) in tensors.items():
-        value = checkpoint.value.add()
-        value.tag = name
-        value.tensor.dims.extend(dims)
-        value.tensor.tensor_type = dtype
-        value.tensor.tensor_content = content
-    with open(path, "wb") as f:
-        f.write(checkpoint.SerializeToString())
+    write_ms_checkpoint(path, tensors)
     return tensors
 
 
@@ -89,9 +95,6 @@ def test_tensors_around_the_batch_bounds_round_trip_as_ckptctl_uploads_them(serv
     # 1 MiB of bytes to a batch: more tiny tensors than one batch holds, tensors of exactly a
     # message, one byte over it, two that do not fit one batch together, an empty one and a str
     # one between them.
-    import sys
-    sys.path.insert(0, T.PY_PROTO_DIR)
-    import mindspore_checkpoint_pb2 as ms
     rng = np.random.default_rng(11)
     tensors = {}
     for i in range(2500):
@@ -104,20 +107,11 @@ def test_tensors_around_the_batch_bounds_round_trip_as_ckptctl_uploads_them(serv
     tensors["half.b"] = ("Int8", [600 << 10], rng.integers(-128, 128, 600 << 10, dtype=np.int8))
     for i in range(2500, 5000):
         tensors[f"tiny.{i:05d}"] = ("Float32", [2], rng.standard_normal(2).astype(np.float32))
-    checkpoint = ms.Checkpoint()
-    for name, (dtype, dims, array) in tensors.items():
-        value = checkpoint.value.add()
-        value.tag = name
-        value.tensor.dims.extend(dims)
-        value.tensor.tensor_type = dtype
-        value.tensor.tensor_content = array.tobytes()
-    text = checkpoint.value.add()
-    text.tag = "text"
-    text.tensor.dims.extend([0])
-    text.tensor.tensor_type = "str"
-    text.tensor.tensor_content = _utf32("between batches")
+    contents = {name: (dtype, dims, array.tobytes()) for name, (dtype, dims, array)
+                in tensors.items()}
+    contents["text"] = ("str", [0], _utf32("between batches"))
     source = tmp_path / "bounds.ckpt"
-    source.write_bytes(checkpoint.SerializeToString())
+    write_ms_checkpoint(source, contents)
 
     assert client.upload_file("bounds-py", source).committed
     T.ctl(server, "upload", "bounds-ctl", "--file", source)
