@@ -43,6 +43,9 @@ constexpr size_t kDataMessageBytes = size_t{1} << 20;
 // messages of larger tensors.
 constexpr int64_t kBatchTensorBytes = int64_t{kDataMessageBytes};
 constexpr int kMaxBatchTensors = 4096;
+// A batched tensor of at least this many bytes is referenced by the batch's message rather than
+// copied into it (a gRPC slice of its own costs more than copying a smaller one).
+constexpr size_t kReferencedTensorBytes = size_t{64} << 10;
 
 // The `source_file` sent with a rank: "rank_<r>/<file>" when the file sits in a rank directory,
 // which identifies it in `describe` without exposing the client's absolute paths.
@@ -54,10 +57,23 @@ std::string SourceFileLabel(const std::string& path) {
   return p.filename().string();
 }
 
-// One Upload message as RankFileSender sends it: `proto` (the rank or a tensor header), or
-// `data`, a piece of a tensor's bytes kept alive by `owner`. See SerializationTraits below.
+// A batch of whole tensors (UploadRequest{batch}) in its wire format: `bytes` holds the framing,
+// the headers and the bytes of the small tensors; the bytes of each larger tensor are referenced
+// instead (kept alive by their owner) and go on the wire at offset `at` of `bytes`.
+struct BatchWire {
+  struct Ref {
+    size_t at = 0;
+    std::shared_ptr<const std::string> owner;
+  };
+  std::shared_ptr<const std::string> bytes;
+  std::vector<Ref> refs;
+};
+
+// One Upload message as RankFileSender sends it: `proto` (the rank or a tensor header), `batch`,
+// or `data`, a piece of a tensor's bytes kept alive by `owner`. See SerializationTraits below.
 struct UploadWire {
   const v1::UploadRequest* proto = nullptr;
+  const BatchWire* batch = nullptr;
   std::shared_ptr<const std::string> owner;
   std::string_view data;
 };
@@ -81,6 +97,28 @@ class grpc::SerializationTraits<ckpt::UploadWire> {
                                 bool* own_buffer) {
     if (m.proto != nullptr) {
       return SerializationTraits<ckpt::v1::UploadRequest>::Serialize(*m.proto, buffer, own_buffer);
+    }
+    if (m.batch != nullptr) {
+      // Runs of the batch's own bytes and the referenced tensors' bytes, in order, each a slice
+      // that references its owner (gRPC only reads them).
+      const std::shared_ptr<const std::string>& bytes = m.batch->bytes;
+      std::vector<grpc::Slice> slices;
+      slices.reserve(2 * m.batch->refs.size() + 1);
+      auto reference = [&slices](const std::shared_ptr<const std::string>& owner, size_t at,
+                                 size_t n) {
+        slices.emplace_back(const_cast<char*>(owner->data() + at), n, &ckpt::ReleaseUploadBytes,
+                            new std::shared_ptr<const std::string>(owner));
+      };
+      size_t from = 0;
+      for (const ckpt::BatchWire::Ref& r : m.batch->refs) {
+        if (r.at > from) reference(bytes, from, r.at - from);
+        from = r.at;
+        if (!r.owner->empty()) reference(r.owner, 0, r.owner->size());
+      }
+      if (bytes->size() > from) reference(bytes, from, bytes->size() - from);
+      *buffer = grpc::ByteBuffer(slices.data(), slices.size());
+      *own_buffer = true;
+      return grpc::Status::OK;
     }
     // UploadRequest.data = 3, length-delimited (proto/ckpt.proto).
     uint8_t head[1 + 10];
@@ -159,18 +197,19 @@ class RankFileSender {
   // returns the first Value of the next tensor (nullopt at the end of the file).
   absl::StatusOr<std::optional<CkptTensor>> AddToBatch(CkptTensor value) {
     const auto size = static_cast<int64_t>(value.data.size());
-    v1::UploadTensorBatch* batch = batch_message_.mutable_batch();
-    if (batch->tensors_size() >= kMaxBatchTensors ||
+    if (batched_ >= static_cast<size_t>(kMaxBatchTensors) ||
         batch_bytes_ + size > static_cast<int64_t>(kDataMessageBytes)) {
       if (!FlushBatch()) return std::nullopt;
     }
-    v1::UploadTensor* tensor = batch->add_tensors();
-    v1::UploadTensorHeader* header = tensor->mutable_header();
-    header->set_name(value.name);
-    header->set_dtype(std::string(DTypeName(value.dtype)));
-    header->mutable_dims()->Assign(value.dims.begin(), value.dims.end());
-    header->set_total_bytes(size);
-    *tensor->mutable_data() = std::move(value.data);
+    if (staged_.size() <= batched_) staged_.emplace_back();
+    Staged& tensor = staged_[batched_++];
+    header_.set_name(value.name);
+    header_.set_dtype(std::string(DTypeName(value.dtype)));
+    header_.mutable_dims()->Assign(value.dims.begin(), value.dims.end());
+    header_.set_total_bytes(size);
+    tensor.header.clear();
+    header_.AppendToString(&tensor.header);
+    tensor.data = std::move(value.data);
     batch_bytes_ += size;
     CKPT_ASSIGN_OR_RETURN(std::optional<CkptTensor> next, reader_->NextValue());
     if (next && next->name == value.name) {
@@ -181,11 +220,54 @@ class RankFileSender {
     return next;
   }
 
-  // Sends the batch if it holds tensors; false when the server ended the call.
+  // Sends the batch if it holds tensors; false when the server ended the call. The message is
+  // UploadRequest{batch: UploadTensorBatch{tensors: [UploadTensor{header, data}...]}} in
+  // protobuf's wire format (fields in number order, lengths as varints), written here so that a
+  // tensor's bytes are copied at most once (small ones, into the message) or referenced.
   bool FlushBatch() {
-    if (batch_message_.batch().tensors_size() == 0) return !broken_;
-    const bool ok = Write({&batch_message_, nullptr, {}});
-    batch_message_.mutable_batch()->clear_tensors();
+    if (batched_ == 0) return !broken_;
+    using google::protobuf::io::CodedOutputStream;
+    auto tensor_size = [](const Staged& t) {
+      return 1 + CodedOutputStream::VarintSize64(t.header.size()) + t.header.size() + 1 +
+             CodedOutputStream::VarintSize64(t.data.size()) + t.data.size();
+    };
+    size_t payload = 0;
+    size_t referenced = 0;
+    for (size_t i = 0; i < batched_; ++i) {
+      const size_t n = tensor_size(staged_[i]);
+      payload += 1 + CodedOutputStream::VarintSize64(n) + n;
+      if (staged_[i].data.size() >= kReferencedTensorBytes) referenced += staged_[i].data.size();
+    }
+    auto bytes = std::make_shared<std::string>();
+    bytes->reserve(1 + 10 + payload - referenced);
+    auto put_varint = [&bytes](uint64_t v) {
+      uint8_t buf[10];
+      const uint8_t* end = CodedOutputStream::WriteVarint64ToArray(v, buf);
+      bytes->append(reinterpret_cast<const char*>(buf), static_cast<size_t>(end - buf));
+    };
+    BatchWire wire;
+    bytes->push_back(static_cast<char>((4 << 3) | 2));  // UploadRequest.batch
+    put_varint(payload);
+    for (size_t i = 0; i < batched_; ++i) {
+      Staged& t = staged_[i];
+      bytes->push_back(static_cast<char>((1 << 3) | 2));  // UploadTensorBatch.tensors
+      put_varint(tensor_size(t));
+      bytes->push_back(static_cast<char>((1 << 3) | 2));  // UploadTensor.header
+      put_varint(t.header.size());
+      bytes->append(t.header);
+      bytes->push_back(static_cast<char>((2 << 3) | 2));  // UploadTensor.data
+      put_varint(t.data.size());
+      if (t.data.size() >= kReferencedTensorBytes) {
+        wire.refs.push_back(
+            {bytes->size(), std::make_shared<const std::string>(std::move(t.data))});
+        t.data = std::string();
+      } else {
+        bytes->append(t.data);
+      }
+    }
+    wire.bytes = std::move(bytes);
+    const bool ok = Write({nullptr, &wire, nullptr, {}});
+    batched_ = 0;
     batch_bytes_ = 0;
     if (ok) Report(reader_->offset());
     return ok;
@@ -267,14 +349,14 @@ class RankFileSender {
     const std::string_view all = *owner;
     for (size_t pos = 0; pos < all.size();) {
       const size_t n = std::min(kDataMessageBytes, all.size() - pos);
-      if (!Write({nullptr, owner, all.substr(pos, n)})) return false;
+      if (!Write({nullptr, nullptr, owner, all.substr(pos, n)})) return false;
       pos += n;
       Report(end_offset - static_cast<int64_t>(all.size() - pos));
     }
     return true;
   }
 
-  bool Write() { return Write({&message_, nullptr, {}}); }
+  bool Write() { return Write({&message_, nullptr, nullptr, {}}); }
   bool Write(const UploadWire& m) {
     if (!stream_->Write(m)) broken_ = true;
     return !broken_;
@@ -294,9 +376,17 @@ class RankFileSender {
   const std::string& path_;
   const int64_t file_size_;
   const ProgressFn& progress_;
-  v1::UploadRequest message_;        // the current header
-  v1::UploadRequest batch_message_;  // small tensors not sent yet (AddToBatch)
-  int64_t batch_bytes_ = 0;          // their bytes
+  v1::UploadRequest message_;  // the current header
+  // The tensors of the batch not sent yet (AddToBatch): staged_[0, batched_), each its header
+  // serialised and its bytes; the entries and their strings are reused from batch to batch.
+  struct Staged {
+    std::string header;
+    std::string data;
+  };
+  std::vector<Staged> staged_;
+  size_t batched_ = 0;
+  int64_t batch_bytes_ = 0;        // their bytes
+  v1::UploadTensorHeader header_;  // reused to serialise each header
   bool broken_ = false;
 };
 
