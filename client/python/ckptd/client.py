@@ -214,7 +214,7 @@ class _UploadBatcher:
         yield from self.flush()
 
     def flush(self) -> Iterator:
-        if self._batch_bytes or len(self._batch.batch.tensors):
+        if len(self._batch.batch.tensors):
             yield self._batch
             self._batch = pb.UploadRequest()
             self._batch_bytes = 0
@@ -224,7 +224,7 @@ class _UploadBatcher:
         if t is None:
             return
         self._held = None
-        data = b"".join(self._pieces) if len(self._pieces) != 1 else bytes(self._pieces[0])
+        data = b"".join(self._pieces)
         self._pieces = []
         if (self._batch_bytes + len(data) > _DATA_MESSAGE_BYTES
                 or len(self._batch.batch.tensors) >= _MAX_BATCH_TENSORS):
