@@ -33,7 +33,10 @@ absl::StatusOr<ChunkGrid> ChunkGrid::Make(const Shape& shape, int elem_bits,
   }
   // Int4: tile boundaries on the last dim must fall on whole bytes.
   const int64_t col_align = elem_bits == 4 ? 2 : 1;
-  if (rank >= 2) {
+  // A slice of at most one target chunk is cut into bands of rows only (see the header).
+  CKPT_ASSIGN_OR_RETURN(const int64_t slice_elems, NumElements(shape));
+  CKPT_ASSIGN_OR_RETURN(const int64_t slice_bits, CheckedMul(slice_elems, elem_bits, "slice size"));
+  if (rank >= 2 && slice_bits / 8 > options.target_chunk_bytes) {
     const int64_t last = shape[rank - 1];
     const int64_t last_bytes = BytesOf(last, elem_bits);
     int64_t cols = std::min(options.max_column_tiles,
@@ -65,12 +68,12 @@ absl::StatusOr<ChunkGrid> ChunkGrid::FromTile(const Shape& shape, const Shape& t
 
 absl::Status ChunkGrid::Reset(const Shape& shape, const Shape& tile, int elem_bits) {
   if (tile.size() != shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tile ", ShapeToString(tile),
-                                                   " does not match slice shape ",
-                                                   ShapeToString(shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tile ", ShapeToString(tile), " does not match slice shape ", ShapeToString(shape)));
   }
   if (elem_bits != 4 && (elem_bits < 8 || elem_bits % 8 != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported element size ", elem_bits, " bits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported element size ", elem_bits, " bits"));
   }
   ChunkGrid& g = *this;
   g.chunk_count_ = 1;
@@ -81,15 +84,16 @@ absl::Status ChunkGrid::Reset(const Shape& shape, const Shape& tile, int elem_bi
   g.tiles_per_dim_.resize(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
     if (tile[i] < 1 || tile[i] > shape[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("tile ", ShapeToString(tile),
-                                                     " does not fit slice ", ShapeToString(shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tile ", ShapeToString(tile), " does not fit slice ", ShapeToString(shape)));
     }
     if (i > 0 && i + 1 < shape.size() && tile[i] != shape[i]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tile ", ShapeToString(tile), " cuts a middle dim of ", ShapeToString(shape)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tile ", ShapeToString(tile), " cuts a middle dim of ", ShapeToString(shape)));
     }
     g.tiles_per_dim_[i] = CeilDiv(shape[i], tile[i]);
-    CKPT_ASSIGN_OR_RETURN(g.chunk_count_, CheckedMul(g.chunk_count_, g.tiles_per_dim_[i], "chunk count"));
+    CKPT_ASSIGN_OR_RETURN(g.chunk_count_,
+                          CheckedMul(g.chunk_count_, g.tiles_per_dim_[i], "chunk count"));
   }
   if (elem_bits == 4 && !shape.empty()) {
     if (shape.back() % 2 != 0 || (tile.back() % 2 != 0 && tile.back() != shape.back())) {

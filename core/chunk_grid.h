@@ -5,6 +5,13 @@
 // whole rows, and tiles of ~1 MiB keep row re-splits close to what they need. Chunks are numbered
 // row-major over the tile grid, so one slice is a contiguous key range, and one band of tile rows
 // (every column tile of some rows) is contiguous in the upload's row-major byte stream.
+//
+// A slice of at most one target chunk is cut into bands of rows only. Its column tiles would be
+// chunks of a few KiB (a 300 KiB slice of 4 KiB rows made 24 chunks of 16 KiB), whose per-chunk
+// costs dominate every fetch of it, and they would keep row re-splits of it (the common case for
+// such slices) from sending ranges of its chunks as they lie; a column re-split of it reads its
+// rows whole, at most one target chunk per slice, as a row re-split reads a whole chunk at a
+// boundary.
 #ifndef CKPT_CORE_CHUNK_GRID_H_
 #define CKPT_CORE_CHUNK_GRID_H_
 

@@ -19,11 +19,25 @@ TEST(ChunkGridTest, CutsColumnsAndRows) {
   EXPECT_EQ(g->total_bytes(), int64_t{64} << 20);
 }
 
-TEST(ChunkGridTest, SmallSlicesStillGetRowBands) {
-  auto g = ChunkGrid::Make({300, 512}, 32);
+TEST(ChunkGridTest, SlicesOfOneTargetChunkGetRowBandsOnly) {
+  auto g = ChunkGrid::Make({300, 512}, 32);  // 600 KiB
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(g->tile()[1], 128);  // 4 column bands of 512 bytes
-  EXPECT_EQ(g->tile()[0], 38);   // ceil(300 / 8) rows
+  EXPECT_EQ(g->tile()[1], 512);                  // whole rows
+  EXPECT_EQ(g->tile()[0], 38);                   // ceil(300 / 8) rows
+  auto exact = ChunkGrid::Make({512, 512}, 32);  // exactly 1 MiB
+  ASSERT_TRUE(exact.ok());
+  EXPECT_EQ(exact->tile()[1], 512);
+  EXPECT_EQ(exact->tile()[0], 64);
+}
+
+TEST(ChunkGridTest, SlicesBeyondOneTargetChunkGetColumnBands) {
+  auto g = ChunkGrid::Make({600, 512}, 32);  // 1.17 MiB
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->tile()[1], 128);                 // 4 column bands of 512 bytes
+  EXPECT_EQ(g->tile()[0], 75);                  // ceil(600 / 8) rows
+  auto int4 = ChunkGrid::Make({513, 4096}, 4);  // 1 MiB + one row of 2 KiB
+  ASSERT_TRUE(int4.ok());
+  EXPECT_EQ(int4->tile()[1], 1024);  // 4 column bands of 512 bytes
 }
 
 TEST(ChunkGridTest, ScalarsAndVectors) {
@@ -38,8 +52,8 @@ TEST(ChunkGridTest, ScalarsAndVectors) {
 }
 
 TEST(ChunkGridTest, Int4KeepsEvenColumnBoundaries) {
-  auto g = ChunkGrid::Make({64, 4098}, 4, {.target_chunk_bytes = 4096, .max_column_tiles = 8,
-                                           .min_column_bytes = 16});
+  auto g = ChunkGrid::Make(
+      {64, 4098}, 4, {.target_chunk_bytes = 4096, .max_column_tiles = 8, .min_column_bytes = 16});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->tile()[1] % 2, 0);
   for (int64_t c = 0; c < g->chunk_count(); ++c) {

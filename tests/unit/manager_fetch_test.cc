@@ -414,19 +414,27 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
     params["w"].layout = l;
     return *Strategy::Create(params, 1);
   };
-  const Shape shape = {2400, 512};  // Float32, 4.7 MiB
+  // Float32, 9.4 MiB: source slices of 1.2 MiB, beyond one target chunk (cut into column bands).
+  const Shape large = {4800, 512};
+  // Float32, 4.7 MiB: source slices of 600 KiB, within one target chunk (rows only).
+  const Shape small = {2400, 512};
   const Strategy rows8 = strategy(layout({8}, {{0}, {}}));
   const Strategy opt8 = strategy(layout({2, 4}, {{1}, {}}, 4));  // rows by 2, opt shard 4
   struct Case {
     std::string name;
     const Strategy* src;
     Strategy dst;
+    Shape shape;
     double bound;
   };
   std::vector<Case> cases = {
-      {"rows 8 -> rows 3", &rows8, strategy(layout({3}, {{0}, {}})), 1.1},
-      {"rows 8 -> columns 4", &rows8, strategy(layout({4}, {{}, {0}})), 1.25},
-      {"opt-sharded 8 -> rows 2", &opt8, strategy(layout({2}, {{0}, {}})), 1.25},
+      {"rows 8 -> rows 3", &rows8, strategy(layout({3}, {{0}, {}})), large, 1.1},
+      {"rows 8 -> columns 4", &rows8, strategy(layout({4}, {{}, {0}})), large, 1.25},
+      {"opt-sharded 8 -> rows 2", &opt8, strategy(layout({2}, {{0}, {}})), large, 1.25},
+      {"rows 8 -> rows 3, small slices", &rows8, strategy(layout({3}, {{0}, {}})), small, 1.1},
+      // Each of the 4 column ranks reads the source rows whole: at most one target chunk per
+      // slice and rank.
+      {"rows 8 -> columns 4, small slices", &rows8, strategy(layout({4}, {{}, {0}})), small, 4.0},
   };
   int id = 0;
   for (Case& c : cases) {
@@ -442,8 +450,8 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
       const v1::UploadHeader h = Header(ck, ck + "src", r);
       auto u = manager.BeginUpload(h);
       ASSERT_TRUE(u.ok()) << u.status();
-      const Box box = *c.src->Find("w")->layout.SliceBox(shape, r);
-      const std::string bytes = SampleSlice("w", DType::kFloat32, shape, box, kSeed);
+      const Box box = *c.src->Find("w")->layout.SliceBox(c.shape, r);
+      const std::string bytes = SampleSlice("w", DType::kFloat32, c.shape, box, kSeed);
       v1::UploadTensorHeader th;
       th.set_name("w");
       th.set_dtype("Float32");
@@ -469,8 +477,8 @@ TEST(ReadAmplificationTest, ReSplitsReadLittleMoreThanTheyDeliver) {
       while (*(*stream)->Next(&msg)) {
         if (msg.has_data()) got += msg.data().data();
       }
-      const Box box = *c.dst.Find("w")->layout.SliceBox(shape, r);
-      ASSERT_EQ(got, SampleSlice("w", DType::kFloat32, shape, box, kSeed)) << c.name;
+      const Box box = *c.dst.Find("w")->layout.SliceBox(c.shape, r);
+      ASSERT_EQ(got, SampleSlice("w", DType::kFloat32, c.shape, box, kSeed)) << c.name;
       delivered += static_cast<int64_t>(got.size());
     }
     const double amplification =

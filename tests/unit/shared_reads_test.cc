@@ -156,7 +156,9 @@ class SharedReadsTest : public ::testing::Test {
     faulty_ = store.get();
     store_ = std::move(store);
     ManagerOptions options;
-    options.upload.chunk_grid.target_chunk_bytes = 2048;
+    // Every slice (2 or 4 KiB) exceeds the target, so that its rows are cut into column bands
+    // of 64 bytes.
+    options.upload.chunk_grid.target_chunk_bytes = 1024;
     options.upload.chunk_grid.min_column_bytes = 64;
     options.fetch.band_bytes = 4096;
     options.fetch.max_message_bytes = 4096;
