@@ -50,6 +50,7 @@ class WriteBatch;
 namespace ckpt {
 namespace segment_internal {
 class SegmentDirectory;
+class ReadCursor;
 class SegmentReader;
 class SegmentWriter;
 }  // namespace segment_internal
@@ -166,9 +167,11 @@ class SegmentStore final : public CheckpointStore {
   // Calls fn(const PackEntry&) for every entry of every pack of `data_id`, in key order.
   template <typename Fn>
   absl::Status ScanPacks(uint64_t data_id, Fn fn);
-  // Reads the chunk at `address` from `location` (ReadChunkUnverified's last step).
+  // Reads the chunk at `address` from `location` (ReadChunkUnverified's last step); `cursor`:
+  // kept from the previous chunk of a run of reads (null: none).
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadLocated(
-      const ChunkAddress& address, const segment_store_internal::ChunkLocation& location);
+      const ChunkAddress& address, const segment_store_internal::ChunkLocation& location,
+      segment_internal::ReadCursor* cursor = nullptr);
   // Moves a live data id to kClosing and waits for its in-flight PutChunks calls to finish.
   absl::Status ClaimLiveData(uint64_t data_id);
   // Finishes a claim: forgets the data id, or (the commit failed) makes it live again.

@@ -339,10 +339,13 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadChunkUnverified(
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentStore::ReadLocated(
-    const ChunkAddress& address, const ChunkLocation& location) {
+    const ChunkAddress& address, const ChunkLocation& location,
+    segment_internal::ReadCursor* cursor) {
   auto what = [&] { return absl::StrCat("reading chunk ", address.ToString()); };
   absl::StatusOr<std::unique_ptr<ChunkData>> data =
-      reader_->Read(address.data_id, location.offset, location.length, "");
+      cursor != nullptr
+          ? reader_->Read(address.data_id, location.offset, location.length, "", *cursor)
+          : reader_->Read(address.data_id, location.offset, location.length, "");
   if (absl::IsDataLoss(data.status())) {
     // The checkpoint may have been deleted between the lookup and the read (its segment file
     // goes right after its records, all of which one batch deletes): that is NOT_FOUND, not
@@ -372,9 +375,11 @@ void SegmentStore::ReadChunksUnverified(
   // scanned yet, chunks of live data) as ReadChunkUnverified finds them.
   std::vector<LocationCache::Lookup> found;
   location_cache_->FindMany(addresses, &found);
+  // Neighbouring chunks (small tensors stored side by side) share their file and window.
+  segment_internal::ReadCursor cursor;
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (found[i].blob_cached && found[i].location) {
-      out->push_back(ReadLocated(addresses[i], *found[i].location));
+      out->push_back(ReadLocated(addresses[i], *found[i].location, &cursor));
     } else {
       out->push_back(ReadChunkUnverified(addresses[i]));
     }

@@ -60,7 +60,7 @@ class MappedChunk final : public ChunkData {
 
 }  // namespace
 
-struct SegmentReader::Window {
+struct SegmentWindow {
   void* addr = nullptr;
   size_t length = 0;
   int64_t start = 0;  // file offset of addr
@@ -81,7 +81,7 @@ struct SegmentReader::Window {
     return UnitsBytes(static_cast<int64_t>(length), unit, first, last);
   }
 
-  ~Window() {
+  ~SegmentWindow() {
     if (addr != nullptr) ::munmap(addr, length);
     if (budget != nullptr) budget->fetch_sub(charged.load(), std::memory_order_relaxed);
   }
@@ -115,10 +115,24 @@ absl::StatusOr<std::shared_ptr<SegmentFile>> SegmentReader::GetFile(uint64_t dat
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id, uint64_t offset,
                                                                uint64_t length,
                                                                std::string_view what) {
+  ReadCursor cursor;
+  return Read(data_id, offset, length, what, cursor);
+}
+
+absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id, uint64_t offset,
+                                                               uint64_t length,
+                                                               std::string_view what,
+                                                               ReadCursor& cursor) {
   if (length == 0) return std::make_unique<MappedChunk>();
-  absl::StatusOr<std::shared_ptr<SegmentFile>> opened = GetFile(data_id);
-  if (!opened.ok()) return Prefixed(what, opened.status());
-  SegmentFile& file = **opened;
+  if (cursor.file_ == nullptr || cursor.data_id_ != data_id) {
+    absl::StatusOr<std::shared_ptr<SegmentFile>> opened = GetFile(data_id);
+    if (!opened.ok()) return Prefixed(what, opened.status());
+    cursor.data_id_ = data_id;
+    cursor.file_ = *std::move(opened);
+    cursor.windows_ = {};
+    cursor.next_ = 0;
+  }
+  SegmentFile& file = *cursor.file_;
   constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   if (offset > kMax || length > kMax - offset) {
     return Prefixed(
@@ -149,11 +163,33 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id,
   const int64_t window_start = begin / w * w;
   std::shared_ptr<Window> window;
   if ((end - 1) / w == begin / w) {
-    CKPT_ASSIGN_OR_RETURN(window, GetWindow(data_id, file, window_start, begin, end, what));
-  }
-  if (window != nullptr) {
-    CKPT_ASSIGN_OR_RETURN(const bool populated, Populate(*window, begin, end, file.path, what));
-    if (!populated) window = nullptr;  // the budget's room went to another reader meanwhile
+    ReadCursor::Slot* slot = nullptr;
+    for (ReadCursor::Slot& s : cursor.windows_) {
+      if (s.window != nullptr && s.window->start == window_start &&
+          s.window->start + static_cast<int64_t>(s.window->length) >= end) {
+        slot = &s;  // a window a recent chunk came from (GetWindow's checks hold)
+        break;
+      }
+    }
+    if (slot == nullptr) {
+      CKPT_ASSIGN_OR_RETURN(window, GetWindow(data_id, file, window_start, begin, end, what));
+      slot = &cursor.windows_[cursor.next_];
+      cursor.next_ = (cursor.next_ + 1) % cursor.windows_.size();
+      *slot = {window, 0};
+    } else {
+      window = slot->window;
+    }
+    // Units once populated stay populated while the window lives: the bits seen populated
+    // before need no look at the window's own (which other threads' chunks share).
+    const uint64_t want = window != nullptr ? UnitMask(*window, begin, end) : 0;
+    if (window != nullptr && (slot->populated & want) != want) {
+      CKPT_ASSIGN_OR_RETURN(const bool populated, Populate(*window, begin, end, file.path, what));
+      if (!populated) {
+        window = nullptr;  // the budget's room went to another reader meanwhile
+      } else {
+        slot->populated = window->populated.load(std::memory_order_acquire);
+      }
+    }
   }
   // Over the windows' budget (or larger than a window): a copy, held as long as the chunk is.
   if (window == nullptr) return ReadCopy(file, begin, end, what);
@@ -161,6 +197,12 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id,
   const auto window_length = static_cast<int64_t>(window->length);
   return std::make_unique<MappedChunk>(std::move(window), window_length,
                                        std::string_view(data, static_cast<size_t>(length)));
+}
+
+uint64_t SegmentReader::UnitMask(const Window& window, int64_t begin, int64_t end) const {
+  const int64_t first = (begin - window.start) / unit_bytes_;
+  const int64_t count = (end - 1 - window.start) / unit_bytes_ - first + 1;
+  return (count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1) << first;
 }
 
 absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::ReadCopy(const SegmentFile& file,
@@ -245,8 +287,7 @@ absl::StatusOr<bool> SegmentReader::Populate(Window& window, int64_t begin, int6
   const int64_t u = unit_bytes_;
   const int64_t first = (begin - window.start) / u;
   const int64_t last = (end - 1 - window.start) / u;
-  const int64_t count = last - first + 1;
-  const uint64_t want = (count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1) << first;
+  const uint64_t want = UnitMask(window, begin, end);
   if ((window.populated.load(std::memory_order_acquire) & want) == want) return true;
   std::lock_guard<std::mutex> lock(window.populate_mu);
   const uint64_t missing = want & ~window.populated.load(std::memory_order_relaxed);

@@ -15,6 +15,7 @@
 #ifndef CKPT_STORAGE_INTERNAL_SEGMENT_READER_H_
 #define CKPT_STORAGE_INTERNAL_SEGMENT_READER_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -34,6 +35,28 @@ namespace ckpt::segment_internal {
 
 // Thread-safe. Chunks it returns stay valid after the reader, its directory and the file are gone
 // (a view keeps its window mapped).
+struct SegmentWindow;  // a mapping of part of a segment file (segment_reader.cc)
+
+// What one caller's reads of many chunks in a row keep from one read to the next
+// (SegmentReader::Read): the file and the window the last chunk came from, so that a chunk of the
+// same file, or of the same window, is read without looking them up again (the chunks of many
+// small tensors lie side by side). Not thread-safe: one per thread. Holding it keeps that file
+// open and that window mapped: drop it when the run of reads ends.
+class ReadCursor {
+ private:
+  friend class SegmentReader;
+  uint64_t data_id_ = 0;
+  std::shared_ptr<SegmentFile> file_;
+  // The last few windows of file_ (a tensor's chunks come from a few source ranks' extents),
+  // each with the units seen populated.
+  struct Slot {
+    std::shared_ptr<SegmentWindow> window;
+    uint64_t populated = 0;
+  };
+  std::array<Slot, 8> windows_;
+  size_t next_ = 0;  // the slot the next new window takes
+};
+
 class SegmentReader {
  public:
   // Reads the files of `directory` (which must outlive the reader) with its options.
@@ -50,6 +73,11 @@ class SegmentReader {
   // that names the chunk itself, and only on error).
   absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
                                                   uint64_t length, std::string_view what);
+
+  // Read, reusing and updating `cursor`.
+  absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
+                                                  uint64_t length, std::string_view what,
+                                                  ReadCursor& cursor);
   // Drops the windows of `data_id` (its file is being removed); views read before stay valid.
   void Forget(uint64_t data_id);
 
@@ -62,7 +90,7 @@ class SegmentReader {
   int64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
 
  private:
-  struct Window;
+  using Window = SegmentWindow;
 
   // The open file of `data_id` (opened read-only when this process has not opened it).
   absl::StatusOr<std::shared_ptr<SegmentFile>> GetFile(uint64_t data_id);
@@ -79,6 +107,8 @@ class SegmentReader {
   // Maps the pages of the units of `window` that [begin, end) lies in, unless mapped before (no
   // system call then), charging them to the budget. False when the budget has no room (the
   // caller reads a copy); an error when the pages cannot be read.
+  // The bits of `window`'s units that [begin, end) lies in (Window::populated).
+  uint64_t UnitMask(const Window& window, int64_t begin, int64_t end) const;
   absl::StatusOr<bool> Populate(Window& window, int64_t begin, int64_t end, const std::string& path,
                                 std::string_view what);
   // [begin, end) of `file` read into memory of its own.

@@ -53,6 +53,11 @@ class SegmentFilesForTest {
                                                   uint64_t length, std::string_view what) {
     return reader_.Read(data_id, offset, length, what);
   }
+  absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
+                                                  uint64_t length, std::string_view what,
+                                                  ReadCursor& cursor) {
+    return reader_.Read(data_id, offset, length, what, cursor);
+  }
   absl::Status Remove(uint64_t data_id) {
     reader_.Forget(data_id);
     return directory_->Remove(data_id);

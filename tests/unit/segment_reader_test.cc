@@ -176,6 +176,79 @@ TEST_F(SegmentReaderTest, ConcurrentReadersShareWindowsWithinTheBudget) {
   EXPECT_LE(files_->mapped_bytes(), Small().window_budget_bytes);
 }
 
+// A cursor (a run of reads by one caller) reads what single reads do: views of the same windows
+// within the budget, units mapped when first needed (a unit of a window the cursor has seen
+// before is still counted and mapped when it is new), copies beyond the budget, several files in
+// turn, and a window mapped while a live file was shorter not reused past its end.
+TEST_F(SegmentReaderTest, ACursorReadsWhatSingleReadsDo) {
+  std::vector<std::string> pieces;
+  ASSERT_NO_FATAL_FAILURE(OpenWithOnePiecePerWindow(11, /*synced=*/true, &pieces));
+  const int64_t w = Small().window_bytes;
+  const int64_t unit = Small().write_block_bytes;
+  std::mt19937_64 rng(12);
+  const std::string other = RandomBytes(3000, rng);
+  const uint64_t other_at = AppendOne(2, other);
+  ASSERT_TRUE(files_->Sync(2).ok());
+
+  ReadCursor cursor;
+  std::vector<std::unique_ptr<ChunkData>> held;
+  auto read = [&](uint64_t id, uint64_t at, uint64_t n, std::string_view want) {
+    auto data = files_->Read(id, at, n, "chunk", cursor);
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ((*data)->bytes(), want) << "data id " << id << " at " << at;
+    held.push_back(*std::move(data));
+  };
+  // The first unit of windows 0 and 1, in turn with the other file.
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      read(1, static_cast<uint64_t>(i * w + 10 * round), 100,
+           std::string_view(pieces[i]).substr(static_cast<size_t>(10 * round), 100));
+      read(2, other_at + 7 * round, 50, std::string_view(other).substr(7 * round, 50));
+    }
+  }
+  EXPECT_EQ(files_->mapped_windows(), 3);
+  // Data id 2's window is as long as its file.
+  const auto other_unit = static_cast<int64_t>(other.size());
+  EXPECT_EQ(files_->mapped_bytes(), 2 * unit + other_unit);
+  // Views of one window share its memory with a single read's.
+  std::unique_ptr<ChunkData> single = Read(1, 0, 100);
+  ASSERT_NE(single, nullptr);
+  EXPECT_EQ(single->bytes().data(), held[0]->bytes().data());
+  // The second unit of window 0 (its piece's last byte), right after a read of its first unit:
+  // mapped and counted now, through the cursor.
+  read(1, 20, 100, std::string_view(pieces[0]).substr(20, 100));
+  read(1, static_cast<uint64_t>(unit), 1,
+       std::string_view(pieces[0]).substr(static_cast<size_t>(unit), 1));
+  EXPECT_EQ(files_->mapped_bytes(), 3 * unit + other_unit);
+  // The budget (6 units) has no room for a unit more once 2 more windows' first units are
+  // mapped; a unit beyond is a copy.
+  read(1, static_cast<uint64_t>(2 * w), 100, std::string_view(pieces[2]).substr(0, 100));
+  read(1, static_cast<uint64_t>(3 * w), 100, std::string_view(pieces[3]).substr(0, 100));
+  const int64_t copied = files_->bytes_copied();
+  read(1, static_cast<uint64_t>(w + unit), 1,
+       std::string_view(pieces[1]).substr(static_cast<size_t>(unit), 1));
+  EXPECT_EQ(files_->bytes_copied(), copied + 1);
+  EXPECT_LE(files_->mapped_bytes(), Small().window_budget_bytes);
+
+  // Data id 3 grows while the cursor holds the window it mapped when the file was shorter.
+  held.clear();
+  single.reset();
+  ReadCursor growing;
+  const std::string first = RandomBytes(200, rng);
+  const std::string second = RandomBytes(static_cast<size_t>(kPage) + 300, rng);  // past a page
+  const uint64_t first_at = AppendOne(3, first);
+  ASSERT_TRUE(files_->Sync(3).ok());
+  auto a = files_->Read(3, first_at, first.size(), "chunk", growing);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->bytes(), first);
+  const uint64_t second_at = AppendOne(3, second);
+  ASSERT_TRUE(files_->Sync(3).ok());
+  ASSERT_LT(second_at + second.size(), static_cast<uint64_t>(w)) << "the same window";
+  auto b = files_->Read(3, second_at, second.size(), "chunk", growing);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->bytes(), second);
+}
+
 TEST_F(SegmentReaderTest, RemovedFilesKeepTheirViewsAndThenReadAsMissing) {
   ASSERT_NO_FATAL_FAILURE(Open(Small()));
   std::mt19937_64 rng(5);
