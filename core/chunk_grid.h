@@ -7,7 +7,7 @@
 // (every column tile of some rows) is contiguous in the upload's row-major byte stream.
 //
 // A slice of at most one target chunk is cut into bands of rows only. Its column tiles would be
-// chunks of a few KiB (a 300 KiB slice of 4 KiB rows made 24 chunks of 16 KiB), whose per-chunk
+// chunks of a few KiB (a 300 KiB slice of 4 KiB rows would be 24 chunks of 16 KiB), whose per-chunk
 // costs dominate every fetch of it, and they would keep row re-splits of it (the common case for
 // such slices) from sending ranges of its chunks as they lie; a column re-split of it reads its
 // rows whole, at most one target chunk per slice, as a row re-split reads a whole chunk at a

@@ -33,15 +33,13 @@
 
 namespace ckpt::segment_internal {
 
-// Thread-safe. Chunks it returns stay valid after the reader, its directory and the file are gone
-// (a view keeps its window mapped).
 struct SegmentWindow;  // a mapping of part of a segment file (segment_reader.cc)
 
 // What one caller's reads of many chunks in a row keep from one read to the next
-// (SegmentReader::Read): the file and the window the last chunk came from, so that a chunk of the
-// same file, or of the same window, is read without looking them up again (the chunks of many
-// small tensors lie side by side). Not thread-safe: one per thread. Holding it keeps that file
-// open and that window mapped: drop it when the run of reads ends.
+// (SegmentReader::Read): the file and the last few windows its chunks came from, so that a chunk
+// of the same file, or of one of those windows, is read without looking them up again (the chunks
+// of many small tensors lie side by side). Not thread-safe: one per thread. Holding it keeps that
+// file open and those windows mapped: drop it when the run of reads ends.
 class ReadCursor {
  private:
   friend class SegmentReader;
@@ -57,6 +55,8 @@ class ReadCursor {
   size_t next_ = 0;  // the slot the next new window takes
 };
 
+// Thread-safe. Chunks it returns stay valid after the reader, its directory and the file are gone
+// (a view keeps its window mapped).
 class SegmentReader {
  public:
   // Reads the files of `directory` (which must outlive the reader) with its options.
