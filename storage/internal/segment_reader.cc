@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<ChunkData>> SegmentReader::Read(uint64_t data_id,
     // Units once populated stay populated while the window lives: the bits seen populated
     // before need no look at the window's own (which other threads' chunks share).
     const uint64_t want = window != nullptr ? UnitMask(*window, begin, end) : 0;
-    if (window != nullptr && (slot->populated & want) != want) {
+    if ((slot->populated & want) != want) {
       CKPT_ASSIGN_OR_RETURN(const bool populated, Populate(*window, begin, end, file.path, what));
       if (!populated) {
         window = nullptr;  // the budget's room went to another reader meanwhile
