@@ -46,19 +46,26 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Get(const ChunkAddres
                                                                uint64_t checksum,
                                                                const FetchCohort* cohort,
                                                                const void* taker) {
+  const bool lone = LoneHint(cohort);
+  if (lone) {
+    Request request;
+    request.address = address;
+    request.checksum = checksum;
+    if (TryLone(std::span<Request>(&request, 1), cohort)) return std::move(request.result);
+  }
   const Key key{address.data_id, address.tensor, address.blob, address.chunk, checksum};
-  return Finish(key, address, Share(key, taker, /*count=*/true), cohort, taker);
+  return Finish(key, address, Share(key, taker, /*count=*/true), cohort, taker, lone);
 }
 
 absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::Finish(const Key& key,
                                                                   const ChunkAddress& address,
                                                                   Shared shared,
                                                                   const FetchCohort* cohort,
-                                                                  const void* taker) {
+                                                                  const void* taker, bool lone) {
   if (!shared.kept_copy_damaged) {
     if (!shared.status.ok()) return shared.status;
     if (shared.chunk) return shared.chunk;
-    return ReadForAll(key, address, std::move(shared.to_fill), cohort, taker);
+    return ReadForAll(key, address, std::move(shared.to_fill), cohort, taker, lone);
   }
   // The copy kept from an earlier read is damaged (and now forgotten): the store may hold good
   // bytes (the damage was mended, or was in memory only). Ask once more; what comes back is
@@ -162,6 +169,8 @@ struct SharedChunks::ManyScratch {
 void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohort,
                            const void* taker) {
   using Found = ManyScratch::Found;
+  const bool lone = LoneHint(cohort);
+  if (lone && TryLone(requests, cohort)) return;
   thread_local ManyScratch scratch;
   ManyScratch& m = scratch;
   m.Clear();
@@ -172,7 +181,7 @@ void SharedChunks::GetMany(std::span<Request> requests, const FetchCohort* cohor
   }
   LookUpMany(m, taker);
   // This call's reads first: other streams may be waiting for them.
-  if (!m.to_read.empty()) ReadMany(requests, m, cohort, taker);
+  if (!m.to_read.empty()) ReadMany(requests, m, cohort, taker, lone);
   size_t k = 0;
   for (size_t i = 0; i < m.pending.size(); ++i) {
     ManyScratch::Pending& p = m.pending[i];
@@ -240,7 +249,7 @@ void SharedChunks::LookUpMany(ManyScratch& m, const void* taker) {
 }
 
 void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m, const FetchCohort* cohort,
-                            const void* taker) {
+                            const void* taker, bool lone) {
   for (size_t i : m.to_read) m.addresses.push_back(requests[i].address);
   store_->ReadChunksUnverified(m.addresses, &m.data);
   m.read_chunks.reserve(m.to_read.size());
@@ -269,16 +278,18 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m, const F
       }
       const ManyScratch::Pending& p = m.pending[m.to_read[k]];
       PublishLocked(p.key, *p.read, m.data[k], m.read_chunks[k], cohort, taker,
-                    slots_found ? p.entry : nullptr);
+                    slots_found ? p.entry : nullptr, lone);
     }
   }
   read_done_.notify_all();
+  if (lone) KeepLone(m.read_chunks, cohort, taker);
 }
 
 void SharedChunks::PublishLocked(const Key& key, Read& read,
                                  const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                                  const std::shared_ptr<StreamChunk>& chunk,
-                                 const FetchCohort* cohort, const void* taker, Entry* slot) {
+                                 const FetchCohort* cohort, const void* taker, Entry* slot,
+                                 bool lone) {
   read.done = true;
   read.status = data.status();
   read.chunk = chunk;
@@ -290,17 +301,17 @@ void SharedChunks::PublishLocked(const Key& key, Read& read,
     ++stats_.store_reads;
     stats_.store_bytes_read += static_cast<int64_t>(chunk->data->bytes().size());
     entry.live = chunk;
-    // Kept for the cohort's other open members.
+    // A lone caller's chunk goes to the ring (KeepLone); any other is kept for the cohort's
+    // other open members.
+    if (lone) return;
     const int takers = cohort ? cohort->pacing() - 1 : 0;
     CacheLocked(chunk, takers, taker);
   }
 }
 
-absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key& key,
-                                                                      const ChunkAddress& address,
-                                                                      std::shared_ptr<Read> read,
-                                                                      const FetchCohort* cohort,
-                                                                      const void* taker) {
+absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(
+    const Key& key, const ChunkAddress& address, std::shared_ptr<Read> read,
+    const FetchCohort* cohort, const void* taker, bool lone) {
   // This thread reads for every requester of the chunk. Nothing here depends on the stream that
   // asked first: the result goes to the Read, which the waiters hold.
   auto data = store_->ReadChunkUnverified(address);
@@ -313,10 +324,11 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(const Key&
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    PublishLocked(key, *read, data, chunk, cohort, taker);
+    PublishLocked(key, *read, data, chunk, cohort, taker, nullptr, lone);
   }
   read_done_.notify_all();
   if (!data.ok()) return data.status();
+  if (lone) KeepLone(std::span<const std::shared_ptr<StreamChunk>>(&chunk, 1), cohort, taker);
   return chunk;
 }
 
@@ -356,6 +368,7 @@ void SharedChunks::CountKeptLocked(StreamChunk& chunk) {
   k.pin_id = pin.id;
   k.pin_bytes = pin.bytes;
   stats_.cached_bytes += k.bytes;
+  table_kept_.fetch_add(1, std::memory_order_relaxed);
   if (pin.id == nullptr) return;
   if (pins_[pin.id]++ == 0) stats_.pinned_bytes += pin.bytes;
 }
@@ -363,6 +376,7 @@ void SharedChunks::CountKeptLocked(StreamChunk& chunk) {
 void SharedChunks::CountDroppedLocked(StreamChunk& chunk) {
   const StreamChunk::Kept& k = chunk.kept_;
   stats_.cached_bytes -= k.bytes;
+  table_kept_.fetch_sub(1, std::memory_order_relaxed);
   if (k.pin_id == nullptr) return;
   auto it = pins_.find(k.pin_id);
   if (it == pins_.end() || --it->second > 0) return;
@@ -478,12 +492,25 @@ void SharedChunks::MaybeSweepLocked() {
 }
 
 void SharedChunks::Clear() {
+  {
+    std::lock_guard<std::mutex> solo(solo_mu_);
+    while (!ring_.empty()) PopLoneLocked();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   while (!wanted_.empty()) DropLocked(*wanted_.front);
   while (!spare_.empty()) DropLocked(*spare_.front);
 }
 
 void SharedChunks::ForgetData(uint64_t data_id) {
+  {
+    std::lock_guard<std::mutex> solo(solo_mu_);
+    std::deque<LoneChunk> kept;
+    while (!ring_.empty()) {
+      if (ring_.front().chunk->address.data_id != data_id) kept.push_back(ring_.front());
+      PopLoneLocked();
+    }
+    for (LoneChunk& c : kept) PushLoneLocked(std::move(c.chunk), c.cohort_hash);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (List* list : {&wanted_, &spare_}) {
     for (StreamChunk* c = list->front; c != nullptr;) {
@@ -507,6 +534,16 @@ SharedChunkStats SharedChunks::stats() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     s = stats_;
+  }
+  {
+    std::lock_guard<std::mutex> solo(solo_mu_);
+    s.requests += lone_stats_.requests;
+    s.store_reads += lone_stats_.store_reads;
+    s.store_bytes_read += lone_stats_.store_bytes_read;
+    s.evicted_for_pins += lone_stats_.evicted_for_pins;
+    s.lone_reads = lone_stats_.lone_reads;
+    s.cached_bytes += ring_bytes_;
+    s.pinned_bytes += ring_pinned_;
   }
   s.verified_bytes = verified_bytes_.load(std::memory_order_relaxed);
   s.corrupt_chunks = corrupt_chunks_.load(std::memory_order_relaxed);

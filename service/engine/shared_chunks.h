@@ -42,6 +42,20 @@
 // the member that caught up, or of the pacing timer). A lone stream, or one whose peers are within
 // the window, never waits.
 //
+// A lone stream. A stream that is the only open member (a worker fetching alone, a CI job, the
+// ranks of a destination fetched one after another) reads around the table while the table keeps
+// no chunk: a batch of its chunks is one store call, and what it reads is kept, within the same
+// budget, in the *lone ring* (oldest first), with no lookup, in-flight slot or sharing
+// bookkeeping per chunk. JoinCohort hands the ring over to the table (its chunks become spare)
+// when a second member opens, or when the one joining belongs to a cohort whose chunks the ring
+// holds (a replica starting after the first has finished), so that what the first stream of a
+// storm read before the others came is found as before. While the table still keeps chunks
+// (spare ones of earlier streams, or chunks kept for a cohort whose other members are gone), a
+// lone stream looks its chunks up there as any stream does and keeps what it reads in the ring;
+// the table's spare chunks, older than the ring's, are evicted first, so the table empties. A
+// chunk in the ring is shared with nobody outside every cohort (a transform job's reads) until
+// the ring is handed over.
+//
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
 // every stream that shares it (StreamChunk::Verify). Every chunk handed to a second stream is
 // verified first, on the server: a chunk read once and used by one stream only is verified as
@@ -67,7 +81,8 @@
 // evicted for their bytes only: pacing bounds the span of the file a job's members read ahead of
 // each other, hence the windows its wanted chunks pin, and evicting them would break read-once.
 // Chunks are never copied for the cache: a copy of every chunk read costs more CPU than the
-// copies it saves.
+// copies it saves. The lone ring counts its chunks' bytes and pins the same way; the table's
+// cache and the ring together stay within `cache_bytes`.
 //
 // Thread-safe: every method may be called from any thread. Get may block while another thread
 // reads the same chunk from the store (a store read, never anything that waits on a stream), so
@@ -78,6 +93,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
@@ -154,6 +170,7 @@ class FetchCohort {
   friend class CohortMember;
   std::atomic<int> members_{0};
   std::atomic<int> pacing_{0};  // written under SharedChunks::pace_mu_
+  uint64_t key_hash_ = 0;       // of the cohort's key: a lone ring's chunks are tagged with it
 };
 
 // The streams of one job that pace together (see the file comment). Guarded by
@@ -226,6 +243,7 @@ struct SharedChunkStats {
   int64_t pacing_now = 0;        // members waiting for their cohort now
   int64_t pinned_bytes = 0;      // bytes of the store's mappings the kept chunks pin now
   int64_t evicted_for_pins = 0;  // spare chunks evicted to keep pinned_bytes within budget
+  int64_t lone_reads = 0;        // of store_reads, those of a lone stream around the table
 };
 
 class SharedChunks {
@@ -336,31 +354,34 @@ class SharedChunks {
   Shared Share(const Key& key, const void* taker, bool count);
   // Get's steps after Share: the chunk shared, or read for every waiter, or (a damaged kept
   // copy) read once more and verified.
+  // `lone`: the caller may be the only open member (LoneHint): what it reads is kept in the
+  // ring (KeepLone).
   absl::StatusOr<std::shared_ptr<StreamChunk>> Finish(const Key& key, const ChunkAddress& address,
                                                       Shared shared, const FetchCohort* cohort,
-                                                      const void* taker);
+                                                      const void* taker, bool lone = false);
   // GetMany's steps: looking every request up under one lock (registering the reads this call
   // is to do), and doing those reads and publishing them under one lock.
   struct ManyScratch;
   void LookUpMany(ManyScratch& m, const void* taker);
   void ReadMany(std::span<Request> requests, ManyScratch& m, const FetchCohort* cohort,
-                const void* taker);
+                const void* taker, bool lone);
   // Table slots are prefetched this many requests ahead where many are looked up together.
   static constexpr size_t kPrefetchAhead = 8;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
   // for the cohort (mu_ held; the caller notifies read_done_). `slot`: key's entry when the
-  // caller knows where it is (null: looked up).
+  // caller knows where it is (null: looked up). `lone`: the chunk is not kept in the table's
+  // cache (the lone caller hands it to KeepLone).
   void PublishLocked(const Key& key, Read& read,
                      const absl::StatusOr<std::unique_ptr<ChunkData>>& data,
                      const std::shared_ptr<StreamChunk>& chunk, const FetchCohort* cohort,
-                     const void* taker, Entry* slot = nullptr);
+                     const void* taker, Entry* slot = nullptr, bool lone = false);
   // Reads `key` from the store for every requester waiting on `read`, keeps it for the cohort,
   // and returns it unverified.
   absl::StatusOr<std::shared_ptr<StreamChunk>> ReadForAll(const Key& key,
                                                           const ChunkAddress& address,
                                                           std::shared_ptr<Read> read,
                                                           const FetchCohort* cohort,
-                                                          const void* taker);
+                                                          const void* taker, bool lone = false);
   // Verifies `chunk` as the second or later sharer: counts the bytes hashed, and on DATA_LOSS
   // forgets the chunk so that nobody else is handed it.
   absl::Status VerifyShared(const Key& key, const std::shared_ptr<StreamChunk>& chunk);
@@ -387,6 +408,29 @@ class SharedChunks {
   // table has doubled since the last sweep (mu_ held): the table stays proportional to the chunks
   // alive.
   void MaybeSweepLocked();
+
+  // The lone path (see the file comment). Whether a caller in `cohort` may be the only open
+  // member (a hint without a lock: TryLone and KeepLone check again under solo_mu_).
+  bool LoneHint(const FetchCohort* cohort) const {
+    return cohort != nullptr && cache_bytes_ > 0 &&
+           open_members_.load(std::memory_order_relaxed) == 1;
+  }
+  // Serves `requests` around the table, keeping what it reads in the ring, when the caller is
+  // the only open member and the table keeps no chunk; false, having done nothing, otherwise.
+  bool TryLone(std::span<Request> requests, const FetchCohort* cohort);
+  // Keeps the chunks a lone caller read through the table (published there, live) in the ring;
+  // in the table's cache instead when a second member has joined since the caller looked up.
+  void KeepLone(std::span<const std::shared_ptr<StreamChunk>> chunks, const FetchCohort* cohort,
+                const void* taker);
+  // solo_mu_ held: appends `chunk` (read by a member of the cohort whose key hashes to
+  // `cohort_hash`) to the ring; drops the oldest; trims the ring to what the budget leaves it
+  // (the table's spare chunks, which are older, go first); whether the ring holds chunks of that
+  // cohort; hands every chunk of the ring over to the table's cache (spare) and empties it.
+  void PushLoneLocked(std::shared_ptr<StreamChunk> chunk, uint64_t cohort_hash);
+  void PopLoneLocked();
+  void TrimLoneLocked();
+  bool RingHasCohortLocked(uint64_t cohort_hash) const;
+  void MigrateLoneLocked();
 
   friend class CohortMember;
   // Pacing (pace_mu_ held): the window; the slowest position among `group`'s pacing members
@@ -439,6 +483,29 @@ class SharedChunks {
   SharedChunkStats stats_;  // guarded by mu_, except verified_bytes and corrupt_chunks
   std::atomic<int64_t> verified_bytes_{0};
   std::atomic<int64_t> corrupt_chunks_{0};
+  // Chunks the table's cache keeps (wanted_ and spare_): written under mu_, read without it by
+  // the lone path, which reads around the table only while it keeps none.
+  std::atomic<int64_t> table_kept_{0};
+
+  // The lone ring. solo_mu_ is taken before mu_ (never the other way) and never with pace_mu_.
+  struct LoneChunk {
+    std::shared_ptr<StreamChunk> chunk;
+    uint64_t cohort_hash;  // FetchCohort::key_hash_ of the member that read it
+    int64_t bytes;         // copied from the chunk, so that dropping it reads nothing else
+    const void* pin_id;
+    int64_t pin_bytes;
+  };
+  mutable std::mutex solo_mu_;
+  // Open CohortMembers: incremented under solo_mu_ (JoinCohort hands the ring over under it),
+  // decremented without it.
+  std::atomic<int> open_members_{0};
+  std::deque<LoneChunk> ring_;  // oldest first; guarded by solo_mu_, as the rest of this block
+  int64_t ring_bytes_ = 0;
+  int64_t ring_pinned_ = 0;
+  absl::flat_hash_map<const void*, int> ring_pins_;  // as pins_, for the ring's chunks
+  // The lone path's share of SharedChunkStats (requests, store_reads, store_bytes_read,
+  // evicted_for_pins, lone_reads), added to the table's in stats().
+  SharedChunkStats lone_stats_;
 };
 
 }  // namespace ckpt

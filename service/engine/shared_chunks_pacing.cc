@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/time/clock.h"
 #include "service/engine/shared_chunks.h"
 
@@ -38,9 +39,20 @@ std::unique_ptr<CohortMember> SharedChunks::JoinCohort(const std::string& key,
     cohort = cohorts_[key].lock();
     if (!cohort) {
       cohort = std::make_shared<FetchCohort>();
+      cohort->key_hash_ = absl::HashOf(key);
       cohorts_[key] = cohort;
     }
     SweepExpired(cohorts_, &cohort_sweep_at_);
+  }
+  {
+    // Counted under solo_mu_, so that a lone call in progress finishes first. The lone ring goes
+    // to the table once two members are open, or for a member of a cohort whose chunks it holds
+    // (a replica that starts after the first has finished).
+    std::lock_guard<std::mutex> solo(solo_mu_);
+    const int open = open_members_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (!ring_.empty() && (open > 1 || RingHasCohortLocked(cohort->key_hash_))) {
+      MigrateLoneLocked();
+    }
   }
   std::unique_lock<std::mutex> lock(pace_mu_);
   const int64_t now = absl::GetCurrentTimeNanos();
@@ -90,6 +102,7 @@ CohortMember::~CohortMember() {
     if (!left_behind()) owner_->SetPacingLocked(*this, false);
     group_->members.erase(it_);
     cohort_->members_.fetch_sub(1, std::memory_order_relaxed);
+    owner_->open_members_.fetch_sub(1, std::memory_order_relaxed);
     // Those waiting for this member go on.
     owner_->CollectReadyLocked(*group_, absl::GetCurrentTimeNanos(), &wake);
   }

@@ -714,6 +714,48 @@ TEST_F(SharedReadsTest, AFinishedStreamLeavesItsGroupBeforeItsCallEnds) {
   EXPECT_EQ(stats.pacing_now, 0);
 }
 
+// A stream alone in ckptd reads around the shared table, keeping what it read in the lone ring:
+// a replica that starts after it has finished still finds every chunk (the ring goes to the
+// table when a member of a cohort whose chunks it holds opens), a stream of another rank reads
+// its own, and what is kept stays within the budget and leaves with its checkpoint.
+TEST_F(SharedReadsTest, ALoneStreamReadsAroundTheTableAndAReplicaAfterItFindsItsChunks) {
+  for (const bool batches : {false, true}) {
+    SCOPED_TRACE(batches ? "batches" : "one tensor a message");
+    batches_ = batches;
+    Restart(int64_t{1} << 20);
+    SharedChunkStats before = manager_->shared_chunks()->stats();
+    int64_t read_before = store_->stats().chunk_bytes_read;
+    const StreamOutput first = Run(0);
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    SharedChunkStats after = manager_->shared_chunks()->stats();
+    const int64_t rank_bytes = store_->stats().chunk_bytes_read - read_before;
+    EXPECT_GT(rank_bytes, 0);
+    EXPECT_EQ(after.lone_reads - before.lone_reads, after.store_reads - before.store_reads);
+    EXPECT_EQ(after.store_bytes_read - before.store_bytes_read, rank_bytes);
+    EXPECT_EQ(after.cached_bytes, rank_bytes);
+
+    // Rank 0's replica, alone too, after the first has finished: every chunk is found.
+    read_before = store_->stats().chunk_bytes_read;
+    before = after;
+    const StreamOutput replica = Run(kTp);
+    ASSERT_TRUE(replica.status.ok()) << replica.status;
+    EXPECT_EQ(replica.messages, first.messages);
+    EXPECT_EQ(store_->stats().chunk_bytes_read - read_before, 0) << "the replica read again";
+    after = manager_->shared_chunks()->stats();
+    EXPECT_GT(after.cache_hits, before.cache_hits);
+
+    // Another rank reads its own chunks; the cache stays within its budget and forgets a
+    // deleted checkpoint, in the ring as in the table.
+    read_before = store_->stats().chunk_bytes_read;
+    ASSERT_TRUE(Run(1).status.ok());
+    EXPECT_GT(store_->stats().chunk_bytes_read - read_before, 0);
+    EXPECT_LE(manager_->shared_chunks()->stats().cached_bytes, int64_t{1} << 20);
+    ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
+    EXPECT_EQ(manager_->shared_chunks()->stats().cached_bytes, 0);
+    EXPECT_EQ(manager_->shared_chunks()->stats().pinned_bytes, 0);
+  }
+}
+
 // The cache counts the segment store's mapped windows its chunks pin within its budget: a cache of
 // small chunks spread over many windows keeps at most its budget of them mapped, so the store's
 // map budget stays free for later reads, which are views rather than copies.
