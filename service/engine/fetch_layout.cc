@@ -213,4 +213,22 @@ std::shared_ptr<const FetchLayout> FetchLayoutCache::Get(
   return layout;
 }
 
+int64_t FetchLayoutCache::TotalBytes(const std::shared_ptr<const RankPlan>& plan,
+                                     absl::FunctionRef<int64_t()> compute) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(totals_, [](const Total& t) { return t.plan.expired(); });
+  for (auto it = totals_.begin(); it != totals_.end(); ++it) {
+    if (it->plan.lock() == plan) {
+      const int64_t bytes = it->bytes;
+      std::rotate(it, it + 1, totals_.end());
+      return bytes;
+    }
+  }
+  // Under the lock, as layouts are: replicas starting together sum it once.
+  const int64_t bytes = compute();
+  totals_.push_back({plan, bytes});
+  if (totals_.size() > kMaxKept) totals_.erase(totals_.begin());
+  return bytes;
+}
+
 }  // namespace ckpt

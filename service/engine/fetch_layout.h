@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "ckpt_records.pb.h"
 #include "core/reshard.h"
 #include "storage/checkpoint_store.h"
@@ -67,6 +68,11 @@ class FetchLayoutCache {
   std::shared_ptr<const FetchLayout> Get(const LoadedCheckpoint& checkpoint,
                                          const std::shared_ptr<const RankPlan>& plan,
                                          int64_t max_tensor_bytes);
+  // The bytes `plan` delivers (every stream's summary gives them), worked out by `compute` the
+  // first time and kept while the plan is alive, as its layouts are: a plan of tens of thousands
+  // of tensors takes a millisecond or two to sum, on the way to every stream's first byte.
+  int64_t TotalBytes(const std::shared_ptr<const RankPlan>& plan,
+                     absl::FunctionRef<int64_t()> compute);
 
  private:
   static constexpr size_t kMaxKept = 64;
@@ -74,8 +80,13 @@ class FetchLayoutCache {
     std::weak_ptr<const RankPlan> plan;
     std::shared_ptr<const FetchLayout> layout;
   };
+  struct Total {
+    std::weak_ptr<const RankPlan> plan;
+    int64_t bytes = 0;
+  };
   std::mutex mu_;
-  std::vector<Kept> kept_;  // most recently used last
+  std::vector<Kept> kept_;     // most recently used last
+  std::vector<Total> totals_;  // most recently used last
 };
 
 // The stored slice of `r` that holds `op`'s source box; null when none does.

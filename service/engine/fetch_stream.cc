@@ -139,7 +139,11 @@ FetchStream::FetchStream(std::shared_ptr<const LoadedCheckpoint> checkpoint,
       chunks_(chunks),
       options_(options),
       member_(std::move(member)) {
-  for (const TensorPlan& t : plan_->tensors) total_bytes_ += TensorBytes(t);
+  total_bytes_ = checkpoint_->fetch_layouts.TotalBytes(plan_, [this] {
+    int64_t bytes = 0;
+    for (const TensorPlan& t : plan_->tensors) bytes += TensorBytes(t);
+    return bytes;
+  });
 }
 
 const records::TensorRecord& FetchStream::Record(const TensorPlan& t) const {
