@@ -192,42 +192,58 @@ FetchLayout BuildFetchLayout(const LoadedCheckpoint& checkpoint, const RankPlan&
   return out;
 }
 
+namespace {
+
+// The entry of `kept` (most recently used last) for `plan` that `match` accepts, made the most
+// recent; null when there is none. Entries whose plan is gone are dropped first.
+template <typename Entry, typename Match>
+Entry* FindRecent(std::vector<Entry>& kept, const std::shared_ptr<const RankPlan>& plan,
+                  Match match) {
+  std::erase_if(kept, [](const Entry& e) { return e.plan.expired(); });
+  for (auto it = kept.begin(); it != kept.end(); ++it) {
+    if (it->plan.lock() == plan && match(*it)) {
+      std::rotate(it, it + 1, kept.end());
+      return &kept.back();
+    }
+  }
+  return nullptr;
+}
+
+// Adds `entry` as the most recent, dropping the least recent beyond `max` entries.
+template <typename Entry>
+void AddRecent(std::vector<Entry>& kept, Entry entry, size_t max) {
+  kept.push_back(std::move(entry));
+  if (kept.size() > max) kept.erase(kept.begin());
+}
+
+}  // namespace
+
 std::shared_ptr<const FetchLayout> FetchLayoutCache::Get(
     const LoadedCheckpoint& checkpoint, const std::shared_ptr<const RankPlan>& plan,
     int64_t max_tensor_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::erase_if(kept_, [](const Kept& k) { return k.plan.expired(); });
-  for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-    if (it->plan.lock() == plan && it->layout->max_tensor_bytes == max_tensor_bytes) {
-      std::shared_ptr<const FetchLayout> layout = it->layout;
-      std::rotate(it, it + 1, kept_.end());  // most recent at the back
-      return layout;
-    }
+  if (const Kept* k = FindRecent(kept_, plan, [&](const Kept& k) {
+        return k.layout->max_tensor_bytes == max_tensor_bytes;
+      })) {
+    return k->layout;
   }
   // Built under the lock: the streams of one plan starting together (replicas) wait for one
   // build rather than each building it.
   auto layout =
       std::make_shared<const FetchLayout>(BuildFetchLayout(checkpoint, *plan, max_tensor_bytes));
-  kept_.push_back({plan, layout});
-  if (kept_.size() > kMaxKept) kept_.erase(kept_.begin());
+  AddRecent(kept_, Kept{plan, layout}, kMaxKept);
   return layout;
 }
 
 int64_t FetchLayoutCache::TotalBytes(const std::shared_ptr<const RankPlan>& plan,
                                      absl::FunctionRef<int64_t()> compute) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::erase_if(totals_, [](const Total& t) { return t.plan.expired(); });
-  for (auto it = totals_.begin(); it != totals_.end(); ++it) {
-    if (it->plan.lock() == plan) {
-      const int64_t bytes = it->bytes;
-      std::rotate(it, it + 1, totals_.end());
-      return bytes;
-    }
+  if (const Total* t = FindRecent(totals_, plan, [](const Total&) { return true; })) {
+    return t->bytes;
   }
   // Under the lock, as layouts are: replicas starting together sum it once.
   const int64_t bytes = compute();
-  totals_.push_back({plan, bytes});
-  if (totals_.size() > kMaxKept) totals_.erase(totals_.begin());
+  AddRecent(totals_, Total{plan, bytes}, kMaxKept);
   return bytes;
 }
 
