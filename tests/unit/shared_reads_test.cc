@@ -756,6 +756,29 @@ TEST_F(SharedReadsTest, ALoneStreamReadsAroundTheTableAndAReplicaAfterItFindsIts
   }
 }
 
+// Chunks kept in the table while streams shared it (spare ones, left by a stream that had
+// company) do not keep a later lone stream on the table for good: its reads go to the ring, the
+// table's older chunks make room for them first, and once the table keeps nothing the lone
+// stream reads around it.
+TEST_F(SharedReadsTest, ChunksKeptFromSharedStreamsGiveWayToALoneStreamsRing) {
+  // Rank 1's chunks alone fill most of the budget.
+  Restart(24 << 10);
+  auto other = manager_->OpenFetch(Request(kTp));  // open, so that rank 1 has company
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(Run(1).status.ok());
+  other->reset();
+  SharedChunkStats stats = manager_->shared_chunks()->stats();
+  EXPECT_EQ(stats.lone_reads, 0);
+  EXPECT_GT(stats.cached_bytes, 0) << "rank 1's chunks were not kept in the table";
+  for (int r = 2; r < kTp; ++r) {
+    const StreamOutput out = Run(r);
+    ASSERT_TRUE(out.status.ok()) << r << ": " << out.status;
+    EXPECT_LE(manager_->shared_chunks()->stats().cached_bytes, 24 << 10) << r;
+  }
+  stats = manager_->shared_chunks()->stats();
+  EXPECT_GT(stats.lone_reads, 0) << "the lone streams never read around the table";
+}
+
 // The cache counts the segment store's mapped windows its chunks pin within its budget: a cache of
 // small chunks spread over many windows keeps at most its budget of them mapped, so the store's
 // map budget stays free for later reads, which are views rather than copies.
