@@ -756,6 +756,33 @@ TEST_F(SharedReadsTest, ALoneStreamReadsAroundTheTableAndAReplicaAfterItFindsIts
   }
 }
 
+// A stream of another plan that opens while a lone stream is part way through finds what the
+// lone stream has read: the ring goes to the table when a second stream opens, whatever its
+// cohort.
+TEST_F(SharedReadsTest, AStreamOpeningBesideALoneOneFindsWhatItRead) {
+  auto lone = manager_->OpenFetch(Request(0));
+  ASSERT_TRUE(lone.ok()) << lone.status();
+  FetchPiece piece;
+  for (int n = 0; n < 4; ++n) {  // the summary, then tensors; the stream stays open
+    auto more = (*lone)->NextPiece(&piece, FetchReader::kClient);
+    ASSERT_TRUE(more.ok()) << more.status();
+    ASSERT_TRUE(*more);
+  }
+  const int64_t lone_read = store_->stats().chunk_bytes_read;
+  ASSERT_GT(lone_read, 0);
+  EXPECT_GT(manager_->shared_chunks()->stats().lone_reads, 0);
+  // The whole checkpoint, as one merged fetch: a cohort of its own, needing every chunk.
+  v1::FetchRequest merged = Request(0);
+  merged.set_merged(true);
+  auto whole = manager_->OpenFetch(merged);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const StreamOutput out = Drain(**whole);
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.data_bytes, unique_bytes_);
+  EXPECT_EQ(store_->stats().chunk_bytes_read - lone_read, unique_bytes_ - lone_read)
+      << "the merged fetch read again what the lone stream had read";
+}
+
 // Chunks kept in the table while streams shared it (spare ones, left by a stream that had
 // company) do not keep a later lone stream on the table for good: its reads go to the ring, the
 // table's older chunks make room for them first, and once the table keeps nothing the lone
