@@ -53,8 +53,8 @@
 // (spare ones of earlier streams, or chunks kept for a cohort whose other members are gone), a
 // lone stream looks its chunks up there as any stream does and keeps what it reads in the ring;
 // the table's spare chunks, older than the ring's, are evicted first, so the table empties. A
-// chunk in the ring is shared with nobody outside every cohort (a transform job's reads) until
-// the ring is handed over.
+// chunk in the ring is not shared with callers outside every cohort (a member its group left
+// behind) until the ring is handed over.
 //
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
 // every stream that shares it (StreamChunk::Verify). Every chunk handed to a second stream is
