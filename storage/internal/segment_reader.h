@@ -104,11 +104,11 @@ class SegmentReader {
   // least recently used windows that no chunk holds out of recent_ (into *evicted, to be unmapped
   // once mu_ is released). False, and nothing taken, when that is not enough.
   bool MakeRoomLocked(int64_t bytes, std::vector<std::shared_ptr<Window>>* evicted);
+  // The bits of `window`'s units that [begin, end) lies in (Window::populated).
+  uint64_t UnitMask(const Window& window, int64_t begin, int64_t end) const;
   // Maps the pages of the units of `window` that [begin, end) lies in, unless mapped before (no
   // system call then), charging them to the budget. False when the budget has no room (the
   // caller reads a copy); an error when the pages cannot be read.
-  // The bits of `window`'s units that [begin, end) lies in (Window::populated).
-  uint64_t UnitMask(const Window& window, int64_t begin, int64_t end) const;
   absl::StatusOr<bool> Populate(Window& window, int64_t begin, int64_t end, const std::string& path,
                                 std::string_view what);
   // [begin, end) of `file` read into memory of its own.
