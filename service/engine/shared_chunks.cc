@@ -257,10 +257,7 @@ void SharedChunks::ReadMany(std::span<Request> requests, ManyScratch& m, const F
     const size_t i = m.to_read[k];
     std::shared_ptr<StreamChunk> chunk;
     if (m.data[k].ok()) {
-      chunk = std::make_shared<StreamChunk>();
-      chunk->address = requests[i].address;
-      chunk->data = *std::move(m.data[k]);
-      chunk->checksum = m.pending[i].key.checksum;
+      chunk = NewChunk(requests[i].address, m.pending[i].key.checksum, *std::move(m.data[k]));
     }
     m.read_chunks.push_back(std::move(chunk));
   }
@@ -317,10 +314,7 @@ absl::StatusOr<std::shared_ptr<StreamChunk>> SharedChunks::ReadForAll(
   auto data = store_->ReadChunkUnverified(address);
   std::shared_ptr<StreamChunk> chunk;
   if (data.ok()) {
-    chunk = std::make_shared<StreamChunk>();
-    chunk->address = address;
-    chunk->data = *std::move(data);
-    chunk->checksum = key.checksum;
+    chunk = NewChunk(address, key.checksum, *std::move(data));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -336,6 +336,15 @@ class SharedChunks {
     std::weak_ptr<StreamChunk> live;  // the chunk while anyone holds it (the cache too)
     std::shared_ptr<Read> in_flight;  // while it is being read
   };
+  // A chunk as read from the store, to be shared.
+  static std::shared_ptr<StreamChunk> NewChunk(const ChunkAddress& address, uint64_t checksum,
+                                               std::unique_ptr<ChunkData> data) {
+    auto chunk = std::make_shared<StreamChunk>();
+    chunk->address = address;
+    chunk->data = std::move(data);
+    chunk->checksum = checksum;
+    return chunk;
+  }
   static Key KeyOf(const StreamChunk& chunk) {
     const ChunkAddress& a = chunk.address;
     return Key{a.data_id, a.tensor, a.blob, a.chunk, chunk.checksum};

@@ -26,10 +26,8 @@ bool SharedChunks::TryLone(std::span<Request> requests, const FetchCohort* cohor
       requests[k].result = data[k].status();
       continue;
     }
-    auto chunk = std::make_shared<StreamChunk>();
-    chunk->address = requests[k].address;
-    chunk->data = *std::move(data[k]);
-    chunk->checksum = requests[k].checksum;
+    std::shared_ptr<StreamChunk> chunk =
+        NewChunk(requests[k].address, requests[k].checksum, *std::move(data[k]));
     ++lone_stats_.store_reads;
     ++lone_stats_.lone_reads;
     lone_stats_.store_bytes_read += static_cast<int64_t>(chunk->data->bytes().size());
