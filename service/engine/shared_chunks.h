@@ -107,6 +107,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "service/engine/chunk_arena.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
@@ -336,10 +337,13 @@ class SharedChunks {
     std::weak_ptr<StreamChunk> live;  // the chunk while anyone holds it (the cache too)
     std::shared_ptr<Read> in_flight;  // while it is being read
   };
-  // A chunk as read from the store, to be shared.
+  // A chunk as read from the store, to be shared; placed in `arena` while it has room.
   static std::shared_ptr<StreamChunk> NewChunk(const ChunkAddress& address, uint64_t checksum,
-                                               std::unique_ptr<ChunkData> data) {
-    auto chunk = std::make_shared<StreamChunk>();
+                                               std::unique_ptr<ChunkData> data,
+                                               ChunkArena* arena = nullptr) {
+    auto chunk = arena != nullptr
+                     ? std::allocate_shared<StreamChunk>(ArenaAllocator<StreamChunk>(arena))
+                     : std::make_shared<StreamChunk>();
     chunk->address = address;
     chunk->data = std::move(data);
     chunk->checksum = checksum;
@@ -376,6 +380,10 @@ class SharedChunks {
                 const void* taker, bool lone);
   // Table slots are prefetched this many requests ahead where many are looked up together.
   static constexpr size_t kPrefetchAhead = 8;
+  // A lone call places its chunks this many to a ChunkArena, each in a slot of this many bytes
+  // (the chunk and its control block; one that does not fit goes to the heap).
+  static constexpr size_t kArenaChunks = 32;
+  static constexpr size_t kArenaSlotBytes = (sizeof(StreamChunk) + 32 + 15) / 16 * 16;
   // Publishes the result of reading `key` for every requester waiting on `read`: keeps the chunk
   // for the cohort (mu_ held; the caller notifies read_done_). `slot`: key's entry when the
   // caller knows where it is (null: looked up). `lone`: the chunk is not kept in the table's

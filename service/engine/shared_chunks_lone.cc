@@ -1,8 +1,10 @@
 // SharedChunks' lone path: a stream that is the only open fetch stream reads around the shared
 // table, keeping what it reads in the lone ring, which JoinCohort hands over to the table (see
 // the file comment of shared_chunks.h).
+#include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "service/engine/shared_chunks.h"
 
 namespace ckpt {
@@ -21,13 +23,26 @@ bool SharedChunks::TryLone(std::span<Request> requests, const FetchCohort* cohor
   for (const Request& r : requests) addresses.push_back(r.address);
   store_->ReadChunksUnverified(addresses, &data);
   lone_stats_.requests += static_cast<int64_t>(requests.size());
+  // The chunks are placed kArenaChunks to an arena: one allocation for them, and at most that
+  // many chunks' objects kept in memory by one chunk that outlives the rest of its arena.
+  ChunkArena* arena = nullptr;
+  size_t placed = 0;  // in arena
+  absl::Cleanup release_arena = [&arena] {
+    if (arena != nullptr) arena->Release();
+  };
   for (size_t k = 0; k < requests.size(); ++k) {
     if (!data[k].ok()) {
       requests[k].result = data[k].status();
       continue;
     }
+    if (arena == nullptr || placed == kArenaChunks) {
+      if (arena != nullptr) arena->Release();
+      arena = ChunkArena::Make(std::min(requests.size() - k, kArenaChunks) * kArenaSlotBytes);
+      placed = 0;
+    }
+    ++placed;
     std::shared_ptr<StreamChunk> chunk =
-        NewChunk(requests[k].address, requests[k].checksum, *std::move(data[k]));
+        NewChunk(requests[k].address, requests[k].checksum, *std::move(data[k]), arena);
     ++lone_stats_.store_reads;
     ++lone_stats_.lone_reads;
     lone_stats_.store_bytes_read += static_cast<int64_t>(chunk->data->bytes().size());
