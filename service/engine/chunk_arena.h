@@ -14,8 +14,12 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdio>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <utility>
+#include <vector>
 
 namespace ckpt {
 
@@ -24,7 +28,8 @@ class ChunkArena {
   // An arena of `bytes`, with one reference held by the caller (who Releases it once it has
   // taken what it needs).
   static ChunkArena* Make(size_t bytes) {
-    void* memory = ::operator new (kHeader + bytes, std::align_val_t{kAlign});
+    void* memory = Spare().Take(bytes);
+    if (memory == nullptr) memory = ::operator new (kHeader + bytes, std::align_val_t{kAlign});
     return new (memory) ChunkArena(bytes);
   }
   ChunkArena(const ChunkArena&) = delete;
@@ -54,8 +59,9 @@ class ChunkArena {
   // Drops one reference: the arena is freed with the last.
   void Release() {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      const size_t capacity = capacity_;
       this->~ChunkArena();
-      ::operator delete (this, std::align_val_t{kAlign});
+      if (!Spare().Keep(this, capacity)) ::operator delete (this, std::align_val_t{kAlign});
     }
   }
 
@@ -65,6 +71,45 @@ class ChunkArena {
   ~ChunkArena() = default;
   char* base() { return reinterpret_cast<char*>(this) + kHeader; }
   const char* base() const { return reinterpret_cast<const char*>(this) + kHeader; }
+
+  // Freed arenas kept for Make to hand out again, up to kSpares of them process-wide (4.4 MiB of
+  // the lone path's arenas): an arena is a large allocation, which glibc serves by first merging
+  // every small block freed since the last one, and a lone stream places thousands of chunks a
+  // second. Its ring lets go of chunks a mapped window's worth at a time (thousands of small
+  // chunks when it moves on to a new window), so the list holds that many arenas.
+  class SpareList {
+   public:
+    // The memory of a kept arena of `capacity` bytes, or null.
+    void* Take(size_t capacity) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = spares_.size(); i-- > 0;) {
+        if (spares_[i].second == capacity) {
+          void* memory = spares_[i].first;
+          spares_[i] = spares_.back();
+          spares_.pop_back();
+          return memory;
+        }
+      }
+      return nullptr;
+    }
+    // Keeps `memory`, an arena of `capacity` bytes; false when enough are kept already.
+    bool Keep(void* memory, size_t capacity) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (spares_.size() >= kSpares) return false;
+      spares_.emplace_back(memory, capacity);
+      return true;
+    }
+
+   private:
+    static constexpr size_t kSpares = 640;
+    std::mutex mu_;
+    std::vector<std::pair<void*, size_t>> spares_;  // guarded by mu_
+  };
+  // Never destroyed: arenas may be released while the process exits.
+  static SpareList& Spare() {
+    static SpareList* spare = new SpareList;
+    return *spare;
+  }
 
   std::atomic<size_t> refs_{1};
   const size_t capacity_;

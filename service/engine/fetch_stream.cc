@@ -109,8 +109,10 @@ absl::Status FetchStream::ChecksumMessage(FetchReader reader, FetchPiece* out) {
   }
   if (reader == FetchReader::kInProcess) return absl::OkStatus();
   // A run of segments hashed together; own parts end a run.
-  std::vector<std::string_view> run;
+  std::vector<std::string_view>& run = checksum_run_;
+  run.clear();
   int64_t run_bytes = 0;
+  out->parts.reserve(out->parts.size() + out->segments.size());
   auto end_run = [&] {
     if (run.empty()) return;
     out->parts.push_back({run_bytes, Checksum(run)});

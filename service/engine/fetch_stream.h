@@ -270,6 +270,8 @@ class FetchStream {
   std::shared_ptr<const FetchLayout> layout_;
   // DirectBatchPiece's requests (kept for their storage; their chunks released after each batch).
   std::vector<SharedChunks::Request> direct_requests_;
+  // ChecksumMessage's run of segments hashed together, kept so that its storage is reused.
+  std::vector<std::string_view> checksum_run_;
   SharedChunks* chunks_;
   FetchOptions options_;
   std::unique_ptr<CohortMember> member_;

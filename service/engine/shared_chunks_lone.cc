@@ -1,7 +1,6 @@
 // SharedChunks' lone path: a stream that is the only open fetch stream reads around the shared
 // table, keeping what it reads in the lone ring, which JoinCohort hands over to the table (see
 // the file comment of shared_chunks.h).
-#include <algorithm>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -37,7 +36,7 @@ bool SharedChunks::TryLone(std::span<Request> requests, const FetchCohort* cohor
     }
     if (arena == nullptr || placed == kArenaChunks) {
       if (arena != nullptr) arena->Release();
-      arena = ChunkArena::Make(std::min(requests.size() - k, kArenaChunks) * kArenaSlotBytes);
+      arena = ChunkArena::Make(kArenaChunks * kArenaSlotBytes);  // one size: arenas are reused
       placed = 0;
     }
     ++placed;
