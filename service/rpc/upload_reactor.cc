@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "service/engine/upload_session.h"
@@ -19,6 +20,10 @@
 
 namespace ckpt {
 namespace {
+
+// Bytes of a gathered upload message (UploadReactor::Handle) kept per thread for the next one:
+// more than a batch message, which clients keep to a data message's size (a few MiB).
+constexpr size_t kKeptGatherBytes = size_t{8} << 20;
 
 // Reads one rank's stream. Messages are handled in order on the executor, one task at a time;
 // the next read starts as soon as a message is taken off the wire, so that it arrives while the
@@ -123,7 +128,6 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       message_.Clear();  // the message's bytes are chunked or copied by now
       slices_.clear();
       data_.clear();
-      single_ = grpc::Slice();
       views_.data = {};
       views_.tensors.clear();
       batch_.clear();
@@ -148,14 +152,24 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     // Any other message in one piece (a batch is at most a data message's size), walked whole
     // before any of it is used.
     std::string_view message;
+    // A message in several slices is gathered here, into memory kept per thread from message to
+    // message: a batch of small tensors arrives in several slices, and a new buffer for each
+    // (grpc::ByteBuffer's DumpToSingleSlice) was fresh memory to fault in for every batch.
+    // Nothing of the message is used after Handle returns (a batch's bytes are copied into
+    // chunks); a message larger than a batch (up to the server's receive limit) is not kept.
+    thread_local std::string gathered;
+    absl::Cleanup drop_large = [] {
+      if (gathered.capacity() > kKeptGatherBytes) std::string().swap(gathered);
+    };
     if (slices_.size() == 1) {
       message =
           std::string_view(reinterpret_cast<const char*>(slices_[0].begin()), slices_[0].size());
     } else if (slices_.size() > 1) {
-      if (!message_.DumpToSingleSlice(&single_).ok()) {
-        return absl::InvalidArgumentError("unreadable upload message");
+      gathered.clear();
+      for (const grpc::Slice& slice : slices_) {
+        gathered.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
       }
-      message = std::string_view(reinterpret_cast<const char*>(single_.begin()), single_.size());
+      message = gathered;
     }
     CKPT_ASSIGN_OR_RETURN(const UploadWireKind kind, ReadUploadMessage(message, &views_));
     if (kind == UploadWireKind::kBatch) return HandleBatchViews();
@@ -295,11 +309,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool finished_ = false;                        // Done was called; guarded by mu_
   std::optional<absl::Status> deferred_finish_;  // for OnReadDone to send; guarded by mu_
   grpc::ByteBuffer message_;  // the UploadRequest being handled (Drain's thread only)
-  // The message being handled: its slices, and views of a data message's bytes in them; its
-  // bytes in one piece when it came in several slices, and what ReadUploadMessage read of them.
+  // The message being handled: its slices, views of a data message's bytes in them, and what
+  // ReadUploadMessage read of it.
   std::vector<grpc::Slice> slices_;
   std::vector<std::string_view> data_;
-  grpc::Slice single_;
   UploadMessageViews views_;
   std::vector<v1::UploadTensorHeader> headers_;  // parsed from views_.tensors, reused
   std::vector<BatchTensor> batch_;               // the batch's tensors, for RankUpload::AddBatch
