@@ -374,7 +374,7 @@ void SegmentStore::ReadChunksUnverified(
   // The locations of every chunk whose blob is cached, under one lock; the others (blobs not
   // scanned yet, chunks of live data) as ReadChunkUnverified finds them.
   // Kept per thread from call to call: a fetch of many small tensors makes thousands of these
-  // calls a second, and a new vector each time was a large allocation each time.
+  // calls a second, and a new vector would be a large allocation each time.
   thread_local std::vector<LocationCache::Lookup> found;
   location_cache_->FindMany(addresses, &found);
   // Neighbouring chunks (small tensors stored side by side) share their file and window.

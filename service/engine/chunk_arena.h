@@ -1,11 +1,11 @@
 // Memory for the StreamChunks of one store call (SharedChunks' lone path): one allocation for a
-// run of chunks instead of one each, freed when the last object placed in it is destroyed, on
-// whichever thread that happens.
+// run of chunks instead of one each, given back when the last object placed in it is destroyed,
+// on whichever thread that happens (and kept for the next arena, up to a bound).
 //
 // A lone stream reads thousands of small chunks a second, each a StreamChunk of a few hundred
-// bytes: above the allocator's fast bins, so each took the general path to allocate and, when the
-// lone ring let go of it later, to free. From an arena, placing one is a pointer bump and letting
-// it go an atomic decrement.
+// bytes: above the allocator's fast bins, so each would take malloc's general path to allocate
+// and, when the lone ring lets go of it later, to free. From an arena, placing one is a pointer
+// bump and letting it go an atomic decrement.
 //
 // Thread-safe: Take is for the one thread filling the arena; Release (through ArenaAllocator's
 // deallocate) may run on any thread.
@@ -14,8 +14,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <cstdio>
-#include <memory>
 #include <mutex>
 #include <new>
 #include <utility>

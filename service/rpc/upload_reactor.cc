@@ -154,7 +154,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     std::string_view message;
     // A message in several slices is gathered here, into memory kept per thread from message to
     // message: a batch of small tensors arrives in several slices, and a new buffer for each
-    // (grpc::ByteBuffer's DumpToSingleSlice) was fresh memory to fault in for every batch.
+    // (grpc::ByteBuffer's DumpToSingleSlice) would be fresh memory to fault in for every batch.
     // Nothing of the message is used after Handle returns (a batch's bytes are copied into
     // chunks); a message larger than a batch (up to the server's receive limit) is not kept.
     thread_local std::string gathered;
