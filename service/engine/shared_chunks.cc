@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "core/status_macros.h"
 
 namespace ckpt {
@@ -88,6 +89,7 @@ std::shared_ptr<StreamChunk> SharedChunks::LiveLocked(Entry& entry, const void* 
   if (!live || live->corrupt()) return nullptr;
   if (live->kept_.cached) {
     ++stats_.cache_hits;
+    table_used_ns_ = absl::GetCurrentTimeNanos();
     TakenLocked(*live, taker);
   } else {
     ++stats_.live_hits;
@@ -449,6 +451,7 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers, c
   (k.spare ? spare_ : wanted_).PushFront(&added);
   k.cached = true;
   CountKeptLocked(added);
+  table_used_ns_ = absl::GetCurrentTimeNanos();
   while (stats_.cached_bytes > cache_bytes_ || stats_.pinned_bytes > cache_bytes_) {
     // Spare chunks go first, and a new spare chunk never displaces a wanted one. The new chunk is
     // at the front of its list and fits the budget alone, so the victim is another one. Wanted
@@ -473,7 +476,10 @@ void SharedChunks::CacheLocked(std::shared_ptr<StreamChunk> chunk, int takers, c
 }
 
 void SharedChunks::MaybeSweepLocked() {
-  if (entries_.size() < sweep_at_) return;
+  if (entries_.size() >= sweep_at_) SweepLocked();
+}
+
+void SharedChunks::SweepLocked() {
   for (auto it = entries_.begin(); it != entries_.end();) {
     const Entry& e = it->second;
     if (!e.in_flight && e.live.expired()) {  // a kept chunk is alive
@@ -536,6 +542,7 @@ SharedChunkStats SharedChunks::stats() const {
     s.store_bytes_read += lone_stats_.store_bytes_read;
     s.evicted_for_pins += lone_stats_.evicted_for_pins;
     s.lone_reads = lone_stats_.lone_reads;
+    s.idle_dropped = lone_stats_.idle_dropped;
     s.cached_bytes += ring_bytes_;
     s.pinned_bytes += ring_pinned_;
   }

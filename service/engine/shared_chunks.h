@@ -52,8 +52,11 @@
 // storm read before the others came is found as before. While the table still keeps chunks
 // (spare ones of earlier streams, or chunks kept for a cohort whose other members are gone), a
 // lone stream looks its chunks up there as any stream does and keeps what it reads in the ring;
-// the table's spare chunks, older than the ring's, are evicted first, so the table empties. A
-// chunk in the ring is not shared with callers outside every cohort (a member its group left
+// the table's spare chunks, older than the ring's, are evicted first, so the table empties. Once
+// the table has kept no new chunk and handed out none of its kept ones for `straggler_bound`
+// while a lone stream is open (the streams of a storm are gone, and the lone stream needs none of
+// what they left), the lone stream drops everything the table keeps and reads around it from then
+// on: the chunks were kept for streams that have not come within that bound. A chunk in the ring is not shared with callers outside every cohort (a member its group left
 // behind) until the ring is handed over.
 //
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
@@ -245,13 +248,15 @@ struct SharedChunkStats {
   int64_t pinned_bytes = 0;      // bytes of the store's mappings the kept chunks pin now
   int64_t evicted_for_pins = 0;  // spare chunks evicted to keep pinned_bytes within budget
   int64_t lone_reads = 0;        // of store_reads, those of a lone stream around the table
+  int64_t idle_dropped = 0;      // kept chunks a lone stream dropped, the table unused (see above)
 };
 
 class SharedChunks {
  public:
   // `cache_bytes`: the LRU's budget (0: no LRU; in-flight and live sharing still apply).
   // `straggler_bound`: how long a member of a cohort may make no progress while others wait for
-  // it before it is left behind.
+  // it before it is left behind, and how long the table's kept chunks may go unused while a lone
+  // stream is open before it drops them.
   SharedChunks(CheckpointStore* store, int64_t cache_bytes,
                absl::Duration straggler_bound = absl::Seconds(3));
   ~SharedChunks();
@@ -425,6 +430,7 @@ class SharedChunks {
   // table has doubled since the last sweep (mu_ held): the table stays proportional to the chunks
   // alive.
   void MaybeSweepLocked();
+  void SweepLocked();  // MaybeSweepLocked's sweep, now
 
   // The lone path (see the file comment). Whether a caller in `cohort` may be the only open
   // member (a hint without a lock: TryLone and KeepLone check again under solo_mu_).
@@ -435,6 +441,9 @@ class SharedChunks {
   // Serves `requests` around the table, keeping what it reads in the ring, when the caller is
   // the only open member and the table keeps no chunk; false, having done nothing, otherwise.
   bool TryLone(std::span<Request> requests, const FetchCohort* cohort);
+  // solo_mu_ held, the caller the only open member: whether the table keeps no chunk, having
+  // dropped every chunk it kept when none was kept or handed out for straggler_bound_.
+  bool TableIdleOrEmptyLocked();
   // Keeps the chunks a lone caller read through the table (published there, live) in the ring;
   // in the table's cache instead when a second member has joined since the caller looked up.
   void KeepLone(std::span<const std::shared_ptr<StreamChunk>> chunks, const FetchCohort* cohort,
@@ -503,6 +512,8 @@ class SharedChunks {
   // Chunks the table's cache keeps (wanted_ and spare_): written under mu_, read without it by
   // the lone path, which reads around the table only while it keeps none.
   std::atomic<int64_t> table_kept_{0};
+  // When the table's cache last kept a chunk or handed out a kept one (guarded by mu_).
+  int64_t table_used_ns_ = 0;
 
   // The lone ring. solo_mu_ is taken before mu_ (never the other way) and never with pace_mu_.
   struct LoneChunk {

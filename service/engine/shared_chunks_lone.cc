@@ -1,9 +1,12 @@
 // SharedChunks' lone path: a stream that is the only open fetch stream reads around the shared
 // table, keeping what it reads in the lone ring, which JoinCohort hands over to the table (see
 // the file comment of shared_chunks.h).
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/time/clock.h"
 #include "service/engine/shared_chunks.h"
 
 namespace ckpt {
@@ -11,8 +14,7 @@ namespace ckpt {
 bool SharedChunks::TryLone(std::span<Request> requests, const FetchCohort* cohort) {
   std::lock_guard<std::mutex> solo(solo_mu_);
   // A member joining takes solo_mu_ to count itself: while it is held, the caller stays alone.
-  if (open_members_.load(std::memory_order_relaxed) != 1 ||
-      table_kept_.load(std::memory_order_acquire) != 0) {
+  if (open_members_.load(std::memory_order_relaxed) != 1 || !TableIdleOrEmptyLocked()) {
     return false;
   }
   // Kept per thread from call to call, so that a call allocates nothing for its bookkeeping.
@@ -50,6 +52,26 @@ bool SharedChunks::TryLone(std::span<Request> requests, const FetchCohort* cohor
   }
   data.clear();
   TrimLoneLocked();
+  return true;
+}
+
+bool SharedChunks::TableIdleOrEmptyLocked() {
+  if (table_kept_.load(std::memory_order_acquire) == 0) return true;
+  std::vector<std::shared_ptr<StreamChunk>> dropped;  // released after mu_
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::GetCurrentTimeNanos() - table_used_ns_ < absl::ToInt64Nanoseconds(straggler_bound_)) {
+      return false;
+    }
+    for (List* list : {&wanted_, &spare_}) {
+      while (!list->empty()) dropped.push_back(DropLocked(*list->front));
+    }
+  }
+  lone_stats_.idle_dropped += static_cast<int64_t>(dropped.size());
+  dropped.clear();
+  // The entries of the chunks gone with them would stay until the table is used again.
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked();
   return true;
 }
 

@@ -806,6 +806,51 @@ TEST_F(SharedReadsTest, ChunksKeptFromSharedStreamsGiveWayToALoneStreamsRing) {
   EXPECT_GT(stats.lone_reads, 0) << "the lone streams never read around the table";
 }
 
+// Chunks the table kept while streams shared it stay there for a replica that comes later, as
+// long as the table is used within the straggler bound; once nobody has taken one of them nor
+// kept another for that bound, the next lone stream drops them all and reads around the table
+// from its first chunk (a replica coming after that reads the store again, and gets the same).
+TEST_F(SharedReadsTest, ALoneStreamDropsWhatTheTableKeptOnceUnusedForTheBound) {
+  for (const absl::Duration bound : {absl::Seconds(30), absl::Milliseconds(20)}) {
+    SCOPED_TRACE(absl::FormatDuration(bound));
+    const bool idle = bound < absl::Seconds(1);
+    Restart(int64_t{1} << 20, bound);
+    auto other = manager_->OpenFetch(Request(kTp));  // open, so that rank 1 has company
+    ASSERT_TRUE(other.ok()) << other.status();
+    const StreamOutput first = Run(1);
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    other->reset();
+    SharedChunkStats before = manager_->shared_chunks()->stats();
+    ASSERT_GT(before.cached_bytes, 0) << "rank 1's chunks were not kept in the table";
+    ASSERT_EQ(before.lone_reads, 0);
+    if (idle) absl::SleepFor(5 * bound);
+
+    // A lone stream of another rank.
+    ASSERT_TRUE(Run(2).status.ok());
+    SharedChunkStats after = manager_->shared_chunks()->stats();
+    if (idle) {
+      EXPECT_GT(after.idle_dropped, 0);
+      EXPECT_EQ(after.lone_reads - before.lone_reads, after.store_reads - before.store_reads)
+          << "the lone stream read through the table after dropping what it kept";
+    } else {
+      EXPECT_EQ(after.idle_dropped, 0);
+      EXPECT_EQ(after.lone_reads, 0) << "the lone stream read around a table that kept chunks";
+    }
+
+    // Rank 1's replica, alone: it finds rank 1's chunks unless they were dropped.
+    const int64_t read_before = store_->stats().chunk_bytes_read;
+    const StreamOutput replica = Run(1 + kTp);
+    ASSERT_TRUE(replica.status.ok()) << replica.status;
+    EXPECT_EQ(replica.messages, first.messages);
+    if (idle) {
+      EXPECT_GT(store_->stats().chunk_bytes_read - read_before, 0);
+    } else {
+      EXPECT_EQ(store_->stats().chunk_bytes_read - read_before, 0) << "the replica read again";
+    }
+    EXPECT_LE(manager_->shared_chunks()->stats().cached_bytes, int64_t{1} << 20);
+  }
+}
+
 // The cache counts the segment store's mapped windows its chunks pin within its budget: a cache of
 // small chunks spread over many windows keeps at most its budget of them mapped, so the store's
 // map budget stays free for later reads, which are views rather than copies.
