@@ -13,6 +13,7 @@
 #include "core/names.h"
 #include "core/status_macros.h"
 #include "service/engine/stored_strategy.h"
+#include "service/engine/upload_memory.h"
 
 namespace ckpt {
 namespace {
@@ -216,6 +217,14 @@ void CheckpointManager::OnUploadFinished(const std::string& checkpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pending_.find(checkpoint_id);
   if (it != pending_.end() && it->second->committed()) pending_.erase(it);
+}
+
+bool CheckpointManager::ReleaseFreedUploadMemory() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pending_.empty()) return false;
+  }
+  return ReleaseMarkedFreeHeapMemory();
 }
 
 int CheckpointManager::ExpireIdleUploads() {

@@ -74,6 +74,10 @@ class CheckpointManager {
   absl::StatusOr<std::unique_ptr<RankUpload>> BeginUpload(const v1::UploadHeader& header);
   // Discards pending uploads idle for longer than the timeout. Returns how many.
   int ExpireIdleUploads();
+  // Hands the heap memory that finished uploads of many slices freed back to the kernel
+  // (ReleaseMarkedFreeHeapMemory), once no upload is in progress; ckptd's maintenance calls it
+  // after ExpireIdleUploads. True when memory was released.
+  bool ReleaseFreedUploadMemory();
   // Forget a pending checkpoint once committed.
   void OnUploadFinished(const std::string& checkpoint_id);
 

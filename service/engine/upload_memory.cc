@@ -1,5 +1,6 @@
 #include "service/engine/upload_memory.h"
 
+#include <atomic>
 #include <cstdlib>  // defines __GLIBC__ where the C library is glibc
 
 #include "core/sanitizers.h"
@@ -9,6 +10,11 @@
 #endif
 
 namespace ckpt {
+namespace {
+
+std::atomic<bool> marked_for_release{false};
+
+}  // namespace
 
 bool ReleaseFreeHeapMemory() {
 #if defined(__GLIBC__) && !defined(CKPT_SANITIZED)
@@ -16,6 +22,13 @@ bool ReleaseFreeHeapMemory() {
 #else
   return false;
 #endif
+}
+
+void MarkFreeHeapMemoryForRelease() { marked_for_release.store(true, std::memory_order_relaxed); }
+
+bool ReleaseMarkedFreeHeapMemory() {
+  if (!marked_for_release.exchange(false, std::memory_order_relaxed)) return false;
+  return ReleaseFreeHeapMemory();
 }
 
 }  // namespace ckpt

@@ -39,7 +39,7 @@ PendingCheckpoint::~PendingCheckpoint() {
   for (const auto& [name, t] : tensors_) slices += static_cast<int64_t>(t->slices.size());
   tensors_.clear();
   source_files_.clear();
-  if (slices >= kTrimAfterSlices) ReleaseFreeHeapMemory();
+  if (slices >= kTrimAfterSlices) MarkFreeHeapMemoryForRelease();
 }
 
 int64_t PendingCheckpoint::world_size() const { return strategy_ ? strategy_->world_size() : 1; }

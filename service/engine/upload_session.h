@@ -63,9 +63,10 @@ class PendingCheckpoint {
                     std::shared_ptr<const Strategy> strategy, uint64_t data_id,
                     CheckpointStore* store, UploadOptions options);
   // Frees the records of the tensors received and, when there were many
-  // (kTrimAfterSlices slices or more), hands the allocator's free memory back to the kernel
-  // (ReleaseFreeHeapMemory): a checkpoint of many small tensors leaves hundreds of MiB of freed
-  // records that the heap would otherwise keep for as long as the process runs.
+  // (kTrimAfterSlices slices or more), marks the allocator's free memory for release to the
+  // kernel (MarkFreeHeapMemoryForRelease; CheckpointManager::ReleaseFreedUploadMemory releases
+  // it once no upload is in progress): a checkpoint of many small tensors leaves hundreds of MiB
+  // of freed records that the heap would otherwise keep for as long as the process runs.
   ~PendingCheckpoint();
   PendingCheckpoint(const PendingCheckpoint&) = delete;
   PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;

@@ -236,6 +236,7 @@ void CkptServer::MaintenanceLoop() {
     if (stopping_) break;
     lock.unlock();
     const int expired = manager_->ExpireIdleUploads();
+    manager_->ReleaseFreedUploadMemory();
     jobs_->RemoveExpired(absl::Now());
     auto collected = store_->CollectGarbage();
     if (expired > 0 || (collected.ok() && *collected > 0)) {

@@ -52,5 +52,33 @@ TEST(UploadMemoryTest, FreedSmallBlocksBelowALiveOneGoBackToTheKernel) {
   std::free(pin);
 }
 
+// Marked memory is released once, by the first ReleaseMarkedFreeHeapMemory after the mark.
+TEST(UploadMemoryTest, MarkedMemoryIsReleasedOnceAfterTheMark) {
+#ifdef CKPT_SANITIZED
+  GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's allocator in this build";
+#endif
+  (void)ReleaseMarkedFreeHeapMemory();  // a mark left by anything before this test
+  EXPECT_FALSE(ReleaseMarkedFreeHeapMemory()) << "released with nothing marked";
+  constexpr size_t kBlock = 1024;
+  constexpr size_t kBytes = size_t{16} << 20;
+  std::vector<char*> blocks;
+  for (size_t i = 0; i < kBytes / kBlock; ++i) {
+    char* p = static_cast<char*>(std::malloc(kBlock));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, kBlock);
+    blocks.push_back(p);
+  }
+  char* pin = static_cast<char*>(std::malloc(kBlock));
+  ASSERT_NE(pin, nullptr);
+  std::memset(pin, 1, kBlock);
+  for (char* p : blocks) std::free(p);
+  MarkFreeHeapMemoryForRelease();
+  const int64_t before = ResidentBytes();
+  EXPECT_TRUE(ReleaseMarkedFreeHeapMemory());
+  EXPECT_LT(ResidentBytes(), before - static_cast<int64_t>(kBytes / 2));
+  EXPECT_FALSE(ReleaseMarkedFreeHeapMemory()) << "the mark was not cleared";
+  std::free(pin);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -20,6 +20,7 @@
 #include "core/checksum.h"
 #include "core/chunk_grid.h"
 #include "core/reshard.h"
+#include "core/sanitizers.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -261,6 +262,41 @@ TEST_F(UploadSessionTest, CellsOfALargeGridAreFoundReleasedAndClaimedAgain) {
     EXPECT_THAT(b.box_lo(), ::testing::ElementsAre(2 * r, 0));
     EXPECT_THAT(b.holders(), ::testing::ElementsAre(r));
   }
+}
+
+// A checkpoint of many slices leaves the heap memory its records used marked for release, and it
+// is released once no upload is in progress (ckptd's maintenance calls ReleaseFreedUploadMemory),
+// not while another upload may reuse it.
+TEST_F(UploadSessionTest, FreedRecordsOfManySlicesAreReleasedOnceNoUploadIsInProgress) {
+#ifdef CKPT_SANITIZED
+  GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's allocator in this build";
+#endif
+  options_.upload_idle_timeout = absl::ZeroDuration();  // ExpireIdleUploads drops idle uploads
+  manager_ = std::make_unique<CheckpointManager>(store_.get(), options_);
+  constexpr int64_t kRanks = 8;
+  Layout l;
+  l.dev_matrix = {kRanks};
+  l.tensor_map = {{0}, {}};
+  std::map<std::string, StrategyParam> params;
+  std::vector<SampleTensor> tensors;
+  for (int64_t i = 0; i <= PendingCheckpoint::kTrimAfterSlices / kRanks; ++i) {
+    tensors.push_back({absl::StrCat("t", i), DType::kFloat32, {kRanks, 4}});
+    params[tensors.back().name].layout = l;
+  }
+  const Strategy s = *Strategy::Create(params, 1);
+  PutStrategy("many", s);
+  (void)manager_->ReleaseFreedUploadMemory();  // a mark left by an earlier test
+  EXPECT_FALSE(manager_->ReleaseFreedUploadMemory()) << "released with nothing marked";
+
+  auto other = Begin("other", "many", 0);  // in progress while "ck" is uploaded and committed
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(UploadAll("ck", "many", s, tensors).ok());
+  EXPECT_EQ(Manifest("ck").tensors_size(), static_cast<int>(tensors.size()));
+  EXPECT_FALSE(manager_->ReleaseFreedUploadMemory()) << "released while an upload was in progress";
+  other->reset();
+  EXPECT_EQ(manager_->ExpireIdleUploads(), 1);
+  EXPECT_TRUE(manager_->ReleaseFreedUploadMemory()) << "the freed records were not released";
+  EXPECT_FALSE(manager_->ReleaseFreedUploadMemory()) << "released twice for one mark";
 }
 
 TEST_F(UploadSessionTest, RefusedHeadersAndSlicesGetClearErrors) {
