@@ -56,8 +56,9 @@
 // the table has kept no new chunk and handed out none of its kept ones for `straggler_bound`
 // while a lone stream is open (the streams of a storm are gone, and the lone stream needs none of
 // what they left), the lone stream drops everything the table keeps and reads around it from then
-// on: the chunks were kept for streams that have not come within that bound. A chunk in the ring is not shared with callers outside every cohort (a member its group left
-// behind) until the ring is handed over.
+// on: the chunks were kept for streams that have not come within that bound. A chunk in the ring is
+// not shared with callers outside every cohort (a member its group left behind) until the ring is
+// handed over.
 //
 // Verification. A chunk's bytes are checked against their manifest checksum at most once for
 // every stream that shares it (StreamChunk::Verify). Every chunk handed to a second stream is
