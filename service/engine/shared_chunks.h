@@ -440,7 +440,8 @@ class SharedChunks {
            open_members_.load(std::memory_order_relaxed) == 1;
   }
   // Serves `requests` around the table, keeping what it reads in the ring, when the caller is
-  // the only open member and the table keeps no chunk; false, having done nothing, otherwise.
+  // the only open member and the table keeps no chunk (or kept chunks unused for
+  // straggler_bound_, which it drops first); false, having done nothing, otherwise.
   bool TryLone(std::span<Request> requests, const FetchCohort* cohort);
   // solo_mu_ held, the caller the only open member: whether the table keeps no chunk, having
   // dropped every chunk it kept when none was kept or handed out for straggler_bound_.

@@ -1,5 +1,6 @@
 // ReleaseFreeHeapMemory (service/engine/upload_memory.h): freed blocks in the middle of a heap,
-// which glibc's trim threshold never returns, go back to the kernel.
+// which glibc's trim threshold never returns, go back to the kernel; and a marked release happens
+// once, at the first ReleaseMarkedFreeHeapMemory after the mark.
 #include "service/engine/upload_memory.h"
 
 #include <unistd.h>
@@ -23,27 +24,31 @@ int64_t ResidentBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+// Allocates `bytes` of small blocks, as a pending checkpoint's records are, then one more block
+// that stays allocated above them, and frees the small ones: free memory inside the heap rather
+// than at its top (where glibc's own trimming could return it). Returns the live block, which
+// the caller frees.
+char* FreeBlocksBelowALiveOne(size_t bytes) {
+  constexpr size_t kBlock = 1024;
+  std::vector<char*> blocks;
+  blocks.reserve(bytes / kBlock);
+  for (size_t i = 0; i < bytes / kBlock; ++i) {
+    blocks.push_back(static_cast<char*>(std::malloc(kBlock)));
+    if (blocks.back() != nullptr) std::memset(blocks.back(), 1, kBlock);
+  }
+  char* pin = static_cast<char*>(std::malloc(kBlock));
+  if (pin != nullptr) std::memset(pin, 1, kBlock);
+  for (char* p : blocks) std::free(p);
+  return pin;
+}
+
 TEST(UploadMemoryTest, FreedSmallBlocksBelowALiveOneGoBackToTheKernel) {
 #ifdef CKPT_SANITIZED
   GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's allocator in this build";
 #endif
-  // 64 MiB of small blocks, as a pending checkpoint's records are, then one more block that
-  // stays allocated above them, so that freeing them leaves free memory inside the heap rather
-  // than at its top (where glibc's own trimming could return it).
-  constexpr size_t kBlock = 1024;
   constexpr size_t kBytes = size_t{64} << 20;
-  std::vector<char*> blocks;
-  blocks.reserve(kBytes / kBlock);
-  for (size_t i = 0; i < kBytes / kBlock; ++i) {
-    char* p = static_cast<char*>(std::malloc(kBlock));
-    ASSERT_NE(p, nullptr);
-    std::memset(p, 1, kBlock);
-    blocks.push_back(p);
-  }
-  char* pin = static_cast<char*>(std::malloc(kBlock));
+  char* pin = FreeBlocksBelowALiveOne(kBytes);
   ASSERT_NE(pin, nullptr);
-  std::memset(pin, 1, kBlock);
-  for (char* p : blocks) std::free(p);
   const int64_t before = ResidentBytes();
   EXPECT_TRUE(ReleaseFreeHeapMemory());
   const int64_t after = ResidentBytes();
@@ -59,19 +64,9 @@ TEST(UploadMemoryTest, MarkedMemoryIsReleasedOnceAfterTheMark) {
 #endif
   (void)ReleaseMarkedFreeHeapMemory();  // a mark left by anything before this test
   EXPECT_FALSE(ReleaseMarkedFreeHeapMemory()) << "released with nothing marked";
-  constexpr size_t kBlock = 1024;
   constexpr size_t kBytes = size_t{16} << 20;
-  std::vector<char*> blocks;
-  for (size_t i = 0; i < kBytes / kBlock; ++i) {
-    char* p = static_cast<char*>(std::malloc(kBlock));
-    ASSERT_NE(p, nullptr);
-    std::memset(p, 1, kBlock);
-    blocks.push_back(p);
-  }
-  char* pin = static_cast<char*>(std::malloc(kBlock));
+  char* pin = FreeBlocksBelowALiveOne(kBytes);
   ASSERT_NE(pin, nullptr);
-  std::memset(pin, 1, kBlock);
-  for (char* p : blocks) std::free(p);
   MarkFreeHeapMemoryForRelease();
   const int64_t before = ResidentBytes();
   EXPECT_TRUE(ReleaseMarkedFreeHeapMemory());
