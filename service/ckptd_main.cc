@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "core/duration_flag.h"
 #include "core/duration_text.h"
 #include "service/engine/store_maintenance.h"
@@ -262,6 +263,11 @@ int main(int argc, char** argv) {
   // each keep what was freed in them, and resident memory follows how long ckptd has run rather
   // than what it uses. glibc's per-thread caches keep the heaps' locks off the common path.
   mallopt(M_ARENA_MAX, 2);
+  // Debian builds abseil without NDEBUG, which leaves absl::Mutex's deadlock detection on: every
+  // lock gRPC takes then records itself in the thread's held locks and, under one process-wide
+  // spin lock, in a graph of lock orders, and a cycle found there aborts the process. A debugging
+  // aid: off in ckptd.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   Flags flags;
   CLI::App app{"ckptd - serves sharded deep-learning checkpoints, re-sharded on demand"};

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/ckptctl/backup_command.h"
 #include "client/ckptctl/exit_codes.h"
 #include "client/ckptctl/job_commands.h"
@@ -497,6 +498,10 @@ absl::Status RunServerCommand(const CommandLine& c) {
 int Main(int argc, char** argv) {
   // Fetches and uploads stream gigabytes through short-lived buffers (client/malloc_tuning.h).
   TuneMallocForStreaming();
+  // Debian's abseil (built without NDEBUG) checks every absl::Mutex lock of gRPC's for lock-order
+  // cycles under a process-wide spin lock, and aborts on one: a debugging aid, off here as in
+  // ckptd.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{"ckptctl - client of ckptd, the sharded-checkpoint service"};
   CommandLine c;
   // In this order in --help.
