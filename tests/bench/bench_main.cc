@@ -17,6 +17,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
 #include "tests/bench/child_modes.h"
 #include "tests/bench/harness.h"
@@ -47,6 +48,10 @@ std::optional<std::set<std::string>> ParseCases(const std::string& cases) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every process of the bench (the harness, its workers, the transport server) runs gRPC as
+  // ckptd and ckptctl do, without abseil's lock-order checks (docs/performance.md, "Client
+  // programs"), so that the limits and the fetches they are compared with pay the same.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{"ckpt_bench - ckptd against the limits of this machine"};
   double size_gib = 2.0;
   std::string out = "build/bench-results.json";
