@@ -40,11 +40,11 @@ class ChunkArena {
     if (rounded > capacity_ - used_) return nullptr;
     void* p = base() + used_;
     used_ += rounded;
-    refs_.fetch_add(1, std::memory_order_relaxed);
+    Hold();
     return p;
   }
-  // One more reference, held by an object its allocator placed on the heap (no room left), whose
-  // deallocation looks at the arena (Owns) before it Releases it.
+  // One more reference: held by what Take places, and by an object its allocator placed on the
+  // heap (no room left), whose deallocation looks at the arena (Owns) before it Releases it.
   void Hold() { refs_.fetch_add(1, std::memory_order_relaxed); }
   // Frees what ArenaAllocator took from the heap when the arena was full (out of line: the
   // compiler cannot tell that a pointer into an arena never comes here).
