@@ -90,47 +90,71 @@ class CopyBlock {
 
 // The fields of a data message after its bytes: the parts' sizes (`part_bytes_tag`) and
 // checksums (`part_checksums_tag`), then the tiles (FetchData.tile_box = 4, band_rows = 5).
-std::vector<uint8_t> EncodeTail(const FetchPiece& piece, uint8_t part_bytes_tag,
-                                uint8_t part_checksums_tag) {
-  using google::protobuf::io::CodedOutputStream;
-  constexpr uint8_t kTileBox = (4 << 3) | 2;
-  constexpr uint8_t kBandRows = (5 << 3) | 0;
-  uint64_t sizes_length = 0;
-  for (const ChecksumPart& p : piece.parts) {
-    sizes_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(p.bytes));
-  }
-  const uint64_t sums_length = 8 * piece.parts.size();
-  uint64_t tiles_length = 0;
-  for (int64_t v : piece.tile_box) {
-    tiles_length += CodedOutputStream::VarintSize64(static_cast<uint64_t>(v));
-  }
-  std::vector<uint8_t> tail(4 * (1 + 10) + sizes_length + sums_length + tiles_length);
-  uint8_t* tail_end = tail.data();
-  if (!piece.parts.empty()) {
-    *tail_end++ = part_bytes_tag;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(sizes_length, tail_end);
+// Sized first (bytes) and then written (Write) straight into the message's copy block,
+// so that a message allocates nothing for them.
+class Tail {
+ public:
+  explicit Tail(const FetchPiece& piece) : piece_(piece) {
+    using google::protobuf::io::CodedOutputStream;
     for (const ChecksumPart& p : piece.parts) {
-      tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(p.bytes), tail_end);
+      sizes_length_ += CodedOutputStream::VarintSize64(static_cast<uint64_t>(p.bytes));
     }
-    *tail_end++ = part_checksums_tag;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(sums_length, tail_end);
-    for (const ChecksumPart& p : piece.parts) {
-      tail_end = CodedOutputStream::WriteLittleEndian64ToArray(p.checksum, tail_end);
-    }
-  }
-  if (!piece.tile_box.empty()) {
-    *tail_end++ = kTileBox;
-    tail_end = CodedOutputStream::WriteVarint64ToArray(tiles_length, tail_end);
+    sums_length_ = 8 * piece.parts.size();
     for (int64_t v : piece.tile_box) {
-      tail_end = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(v), tail_end);
+      tiles_length_ += CodedOutputStream::VarintSize64(static_cast<uint64_t>(v));
     }
-    *tail_end++ = kBandRows;
-    tail_end =
-        CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(piece.band_rows), tail_end);
   }
-  tail.resize(static_cast<size_t>(tail_end - tail.data()));
-  return tail;
-}
+
+  // The tail's exact size.
+  size_t bytes() const {
+    using google::protobuf::io::CodedOutputStream;
+    size_t n = 0;
+    if (!piece_.parts.empty()) {
+      n += 1 + CodedOutputStream::VarintSize64(sizes_length_) + sizes_length_;
+      n += 1 + CodedOutputStream::VarintSize64(sums_length_) + sums_length_;
+    }
+    if (!piece_.tile_box.empty()) {
+      n += 1 + CodedOutputStream::VarintSize64(tiles_length_) + tiles_length_;
+      n += 1 + CodedOutputStream::VarintSize64(static_cast<uint64_t>(piece_.band_rows));
+    }
+    return n;
+  }
+
+  // Writes the bytes() bytes at `out`; returns the end.
+  uint8_t* Write(uint8_t part_bytes_tag, uint8_t part_checksums_tag, uint8_t* out) const {
+    using google::protobuf::io::CodedOutputStream;
+    constexpr uint8_t kTileBox = (4 << 3) | 2;
+    constexpr uint8_t kBandRows = (5 << 3) | 0;
+    if (!piece_.parts.empty()) {
+      *out++ = part_bytes_tag;
+      out = CodedOutputStream::WriteVarint64ToArray(sizes_length_, out);
+      for (const ChecksumPart& p : piece_.parts) {
+        out = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(p.bytes), out);
+      }
+      *out++ = part_checksums_tag;
+      out = CodedOutputStream::WriteVarint64ToArray(sums_length_, out);
+      for (const ChecksumPart& p : piece_.parts) {
+        out = CodedOutputStream::WriteLittleEndian64ToArray(p.checksum, out);
+      }
+    }
+    if (!piece_.tile_box.empty()) {
+      *out++ = kTileBox;
+      out = CodedOutputStream::WriteVarint64ToArray(tiles_length_, out);
+      for (int64_t v : piece_.tile_box) {
+        out = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(v), out);
+      }
+      *out++ = kBandRows;
+      out = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(piece_.band_rows), out);
+    }
+    return out;
+  }
+
+ private:
+  const FetchPiece& piece_;
+  uint64_t sizes_length_ = 0;
+  uint64_t sums_length_ = 0;
+  uint64_t tiles_length_ = 0;
+};
 
 // The bytes of `segments` a message copies: those of segments under kCopiedSegmentBytes.
 size_t CopiedBytes(const std::vector<DataSegment>& segments) {
@@ -190,9 +214,10 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece* out) {
   const size_t headers_size = batch ? piece.batch_headers.size() + more_headers.size() : 0;
   const auto length = static_cast<uint64_t>(piece.data_bytes);
   // The fields after the bytes: the parts' sizes and checksums, then the tiles.
-  const std::vector<uint8_t> tail = EncodeTail(piece, kPartBytes, kPartChecksums);
+  const Tail tail(piece);
+  const size_t tail_size = tail.bytes();
   const uint64_t inner =
-      headers_size + 1 + CodedOutputStream::VarintSize64(length) + length + tail.size();
+      headers_size + 1 + CodedOutputStream::VarintSize64(length) + length + tail_size;
   uint8_t head[3 * (1 + 10)];
   uint8_t* head_end = head;
   *head_end++ = kResponseData;
@@ -205,7 +230,7 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece* out) {
 
   // Everything but the referenced segments is written once, into one block.
   CopyBlock* block = CopyBlock::Take(head_size + headers_size + data_head_size +
-                                     CopiedBytes(piece.segments) + tail.size());
+                                     CopiedBytes(piece.segments) + tail_size);
   char* const base = block->data();
   size_t at = 0;
   auto put = [&](const void* bytes, size_t n) {
@@ -218,15 +243,20 @@ grpc::ByteBuffer EncodeFetchResponse(FetchPiece* out) {
     put(more_headers.data(), more_headers.size());
   }
   put(data_head, data_head_size);
-  std::vector<grpc::Slice> slices;
-  slices.reserve(piece.segments.size() + 2);
+  // Kept per thread from message to message: a batch of thousands of small tensors has as many
+  // segments, and a vector sized for them would be a large allocation per message.
+  thread_local std::vector<grpc::Slice> slices;
   size_t run_start = 0;
   AppendSegmentSlices(piece.segments, block, &run_start, &at, &slices);
-  put(tail.data(), tail.size());
+  at = static_cast<size_t>(
+      tail.Write(kPartBytes, kPartChecksums, reinterpret_cast<uint8_t*>(base + at)) -
+      reinterpret_cast<uint8_t*>(base));
   if (at > run_start) slices.push_back(block->Cut(run_start, at - run_start));
   block->Release();
   piece.segments.clear();  // the copied ones' owners go now; the referenced ones' with gRPC
-  return grpc::ByteBuffer(slices.data(), slices.size());
+  grpc::ByteBuffer buffer(slices.data(), slices.size());
+  slices.clear();  // the buffer holds its own references
+  return buffer;
 }
 
 bool UploadDataViews(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
