@@ -27,16 +27,18 @@ int64_t ResidentBytes() {
 // Allocates `bytes` of small blocks, as a pending checkpoint's records are, then one more block
 // that stays allocated above them, and frees the small ones: free memory inside the heap rather
 // than at its top (where glibc's own trimming could return it). Returns the live block, which
-// the caller frees.
+// the caller frees; null (everything freed) when any allocation failed.
 char* FreeBlocksBelowALiveOne(size_t bytes) {
   constexpr size_t kBlock = 1024;
   std::vector<char*> blocks;
   blocks.reserve(bytes / kBlock);
-  for (size_t i = 0; i < bytes / kBlock; ++i) {
+  bool failed = false;
+  for (size_t i = 0; i < bytes / kBlock && !failed; ++i) {
     blocks.push_back(static_cast<char*>(std::malloc(kBlock)));
-    if (blocks.back() != nullptr) std::memset(blocks.back(), 1, kBlock);
+    failed = blocks.back() == nullptr;
+    if (!failed) std::memset(blocks.back(), 1, kBlock);
   }
-  char* pin = static_cast<char*>(std::malloc(kBlock));
+  char* pin = failed ? nullptr : static_cast<char*>(std::malloc(kBlock));
   if (pin != nullptr) std::memset(pin, 1, kBlock);
   for (char* p : blocks) std::free(p);
   return pin;
