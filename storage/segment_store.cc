@@ -10,6 +10,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/absl_compat.h"
@@ -60,6 +61,40 @@ pid_t LockHolder(const std::string& lock_path) {
   const int got = ::fcntl(fd, F_GETLK, &lock);
   ::close(fd);
   return got == 0 && lock.l_type != F_UNLCK ? lock.l_pid : 0;
+}
+
+// Deletes the empty write-ahead logs older than the one `db` (just opened on `dir` for writing)
+// writes to; returns how many it deleted. RocksDB before 8.3 (Debian 12 ships 7.8) does not
+// retire the log of an open in which nothing was written until a later memtable flush, so a store
+// that restarts often without writes (a serving ckptd under rolling restarts, or one in a crash
+// loop) would keep one empty `NNNNNN.log` per start, each read again at every open. An empty log
+// holds no record, and RocksDB does not track logs in its manifest
+// (track_and_verify_wals_in_manifest is off), so deleting it loses nothing; this is upstream's
+// workaround for the bug. Best effort: a log that cannot be deleted stays, with a warning.
+int DeleteEmptyOldLogs(rocksdb::DB* db, const std::string& dir) {
+  std::unique_ptr<rocksdb::LogFile> current;
+  if (!db->GetCurrentWalFile(&current).ok() || current == nullptr) return 0;
+  int deleted = 0;
+  std::error_code ec;
+  // Incremented with an error code: a directory that cannot be read ends the scan, not ckptd.
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::filesystem::directory_entry& entry = *it;
+    const std::string name = entry.path().filename().string();
+    uint64_t number = 0;
+    if (!name.ends_with(".log") || !absl::SimpleAtoi(name.substr(0, name.size() - 4), &number) ||
+        number >= current->LogNumber()) {
+      continue;
+    }
+    std::error_code size_ec;
+    if (!entry.is_regular_file(size_ec) || entry.file_size(size_ec) != 0 || size_ec) continue;
+    if (std::error_code remove_ec; !std::filesystem::remove(entry.path(), remove_ec)) {
+      StoreLog()->warn("event=store_open dir={} error=\"cannot delete the empty old log {}: {}\"",
+                       dir, name, remove_ec.message());
+      continue;
+    }
+    ++deleted;
+  }
+  return deleted;
 }
 
 }  // namespace
@@ -223,6 +258,7 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
         dir, segment_store_internal::kStoreFormatVersion, *free_bytes, options.min_free_disk_bytes);
     return store;
   }
+  const int deleted_logs = DeleteEmptyOldLogs(store->db_, dir);
   // Nothing is live yet, so this removes every upload that was in progress when the previous
   // process stopped. Skipped when the disk cannot take its writes now (the periodic collection
   // does it later: an upload of a previous process is never live again).
@@ -232,8 +268,8 @@ absl::StatusOr<std::unique_ptr<SegmentStore>> SegmentStore::Open(const std::stri
     StoreLog()->warn("event=store_open dir={} gc=skipped error=\"{}\"", dir,
                      std::string(room.message()));
   }
-  StoreLog()->info("event=store_open dir={} format={} next_data_id={}", dir,
-                   segment_store_internal::kStoreFormatVersion, store->next_data_id_);
+  StoreLog()->info("event=store_open dir={} format={} next_data_id={} empty_logs_deleted={}", dir,
+                   segment_store_internal::kStoreFormatVersion, store->next_data_id_, deleted_logs);
   return store;
 }
 
@@ -287,9 +323,9 @@ absl::Status SegmentStore::CheckFormat() {
     const uint64_t version = DecodeBigEndian(value->data(), 8);
     using segment_store_internal::kOldestReadableFormatVersion;
     if (version < kOldestReadableFormatVersion || version > kStoreFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "it is in store format ", version, "; this version of ckptd reads formats ",
-          kOldestReadableFormatVersion, " to ", kStoreFormatVersion));
+      return absl::FailedPreconditionError(
+          absl::StrCat("it is in store format ", version, "; this version of ckptd reads formats ",
+                       kOldestReadableFormatVersion, " to ", kStoreFormatVersion));
     }
     // An older format is a subset of this one: recorded as this one, since records of this
     // format may be written from now on (an older ckptd then refuses the store rather than
