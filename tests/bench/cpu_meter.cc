@@ -1,6 +1,12 @@
 #include "tests/bench/cpu_meter.h"
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,6 +38,54 @@ std::string CpuModel() {
     }
   }
   return absl::StrCat(model, avx512 ? " (AVX-512)" : " (no AVX-512)");
+}
+
+std::vector<CpuSpeed> MeasureCpuSpeeds(double seconds) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+  std::vector<CpuSpeed> speeds;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    std::optional<double> rate;
+    // One CPU at a time, so that the threads do not compete; the caller's own affinity is kept.
+    std::thread([&] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one) != 0) return;
+      // A dependent chain (each step needs the last): its rate is the core's speed, not memory's.
+      uint64_t x = 1;
+      int64_t steps = 0;
+      const auto start = std::chrono::steady_clock::now();
+      double elapsed = 0;
+      do {
+        for (int i = 0; i < (1 << 20); ++i) {
+          x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+          asm volatile("" : "+r"(x));  // opaque to the compiler, which so keeps every step
+        }
+        steps += 1 << 20;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (elapsed < seconds);
+      rate = static_cast<double>(steps) / elapsed / 1e6;
+    }).join();
+    if (rate) speeds.push_back({cpu, *rate});
+  }
+  return speeds;
+}
+
+std::string CpuSpeedText(const std::vector<CpuSpeed>& speeds) {
+  if (speeds.empty()) return "unknown";
+  std::string text;
+  double slowest = speeds.front().mega_steps_per_s, fastest = slowest;
+  for (const CpuSpeed& s : speeds) {
+    absl::StrAppendFormat(&text, "%scpu%d %.0f", text.empty() ? "" : ", ", s.cpu,
+                          s.mega_steps_per_s);
+    slowest = std::min(slowest, s.mega_steps_per_s);
+    fastest = std::max(fastest, s.mega_steps_per_s);
+  }
+  absl::StrAppendFormat(&text, " M steps/s (slowest %.2f of fastest)", slowest / fastest);
+  return text;
 }
 
 CpuTicks ReadCpuTicks() {

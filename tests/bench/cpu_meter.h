@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ckpt::bench {
 
@@ -18,6 +19,20 @@ std::string LoadAverage();
 // The first processor's "model name" from /proc/cpuinfo and whether it has AVX-512: figures from
 // machines "of the same kind" differ with both.
 std::string CpuModel();
+
+// The speed of each CPU this process may run on, one after another: a thread pinned to it runs a
+// fixed chain of integer multiply-adds for about `seconds`; in millions of steps per second, in
+// the order of the CPU numbers. A paravirtualised guest can report no steal while one of its
+// vCPUs runs markedly slower than the other (its host core busy with other guests), which moves
+// every figure of a run; the report shows these at the start and the end of the run. A CPU the
+// thread could not be pinned to is left out.
+struct CpuSpeed {
+  int cpu = 0;
+  double mega_steps_per_s = 0;
+};
+std::vector<CpuSpeed> MeasureCpuSpeeds(double seconds = 0.1);
+// "cpu0 812, cpu1 497 M steps/s (slowest 0.61 of fastest)", or "unknown" without a figure.
+std::string CpuSpeedText(const std::vector<CpuSpeed>& speeds);
 
 // /proc/stat's aggregate CPU line: steal (time the hypervisor gave this VM's CPUs to others) and
 // the total, in ticks. A shared VM's figures move with its steal.

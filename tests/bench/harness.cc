@@ -82,8 +82,8 @@ void Harness::Cleanup() {
     fs::remove_all(work_, ec);
   } else {
     for (const char* sub : {"src", "data", "data.log", "data.port", "export", "baseline", "pki",
-                            "disk-write.tmp", "store-write", "transport.port",
-                            "growth-src", "growth-export", "many-src", "strategy-50k.json"}) {
+                            "disk-write.tmp", "store-write", "transport.port", "growth-src",
+                            "growth-export", "many-src", "strategy-50k.json"}) {
       fs::remove_all(fs::path(work_) / sub, ec);
     }
   }
@@ -201,6 +201,7 @@ int Harness::Run() {
   if (Selected("growth")) MeasureGrowth();
   StopServer();
   if (Selected("deps")) MeasureDependencies();
+  speeds_at_end_ = MeasureCpuSpeeds();
   WriteResults();
   Print();
   Cleanup();

@@ -290,8 +290,10 @@ class Harness {
   const Clock::time_point start_ = Clock::now();
   const std::string load_at_start_ = LoadAverage();
   const CpuTicks ticks_at_start_ = ReadCpuTicks();
+  const std::vector<CpuSpeed> speeds_at_start_ = MeasureCpuSpeeds();
 
   // State.
+  std::vector<CpuSpeed> speeds_at_end_;  // measured once every case has run
   std::string work_;
   bool created_work_ = false;
   std::unique_ptr<testing::ServerProcess> server_;

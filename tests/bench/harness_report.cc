@@ -50,6 +50,15 @@ Row WarmedUpPassesRow(const std::vector<double>& gibps, const std::optional<doub
   return {"  passes (median of; after a warm-up)", PassesWithWarmup(gibps, warmup), "", ""};
 }
 
+// Each CPU's speed ({cpu, mega_steps_per_s}), as MeasureCpuSpeeds gives them.
+json SpeedsJson(const std::vector<CpuSpeed>& speeds) {
+  json out = json::array();
+  for (const CpuSpeed& s : speeds) {
+    out.push_back({{"cpu", s.cpu}, {"mega_steps_per_s", s.mega_steps_per_s}});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string Fmt(const std::optional<double>& v, const char* unit, int precision) {
@@ -179,6 +188,8 @@ json Harness::ConfigJson() const {
           {"load_average_start", load_at_start_},
           {"load_average_end", LoadAverage()},
           {"cpu_steal_fraction", Opt(StealSince(ticks_at_start_))},
+          {"cpu_speeds_start", SpeedsJson(speeds_at_start_)},
+          {"cpu_speeds_end", SpeedsJson(speeds_at_end_)},
           {"storage_bytes_read", Opt(storage_bytes_)}};
 }
 
@@ -366,9 +377,10 @@ void Harness::Print() const {
   const std::string steal_text = steal ? absl::StrFormat("%.1f%%", 100 * *steal) : "unknown";
   std::printf(
       "\nckptd benchmark: %s, 8 source ranks, loopback, %u CPUs (%s), load average %s -> %s, "
-      "CPU steal %s\n",
+      "CPU steal %s\nCPU speeds (one at a time, fixed loop): start %s; end %s\n",
       spec_.Describe().c_str(), std::thread::hardware_concurrency(), CpuModel().c_str(),
-      load_at_start_.c_str(), LoadAverage().c_str(), steal_text.c_str());
+      load_at_start_.c_str(), LoadAverage().c_str(), steal_text.c_str(),
+      CpuSpeedText(speeds_at_start_).c_str(), CpuSpeedText(speeds_at_end_).c_str());
   const std::vector<Row> rows = Table();
   size_t w0 = 6, w1 = 8, w2 = 6;
   for (const Row& r : rows) {
