@@ -85,8 +85,8 @@ int DeleteEmptyOldLogs(rocksdb::DB* db, const std::string& dir) {
         number >= current->LogNumber()) {
       continue;
     }
-    std::error_code size_ec;
-    if (!entry.is_regular_file(size_ec) || entry.file_size(size_ec) != 0 || size_ec) continue;
+    std::error_code stat_ec;
+    if (!entry.is_regular_file(stat_ec) || entry.file_size(stat_ec) != 0 || stat_ec) continue;
     if (std::error_code remove_ec; !std::filesystem::remove(entry.path(), remove_ec)) {
       StoreLog()->warn("event=store_open dir={} error=\"cannot delete the empty old log {}: {}\"",
                        dir, name, remove_ec.message());
