@@ -107,7 +107,7 @@ absl::Status FetchChecker::OnSummary(const v1::FetchPlanSummary& summary) {
 
 absl::Status FetchChecker::OnTensor(const v1::FetchTensorHeader& header) {
   if (!summary_) return absl::InternalError("fetch stream sent a tensor before its plan summary");
-  CKPT_RETURN_IF_ERROR(EndTensor(absl::StrCat("the header of tensor ", header.name())));
+  CKPT_RETURN_IF_ERROR(EndTensor("the header of tensor ", header.name()));
   if (tensors_ >= summary_->tensor_count()) {
     return absl::DataLossError(absl::StrCat("fetch stream sent tensor ", header.name(),
                                             " beyond the plan's ", summary_->tensor_count(),
@@ -195,9 +195,8 @@ absl::Status FetchChecker::OnBatch(const Headers& headers,
       return absl::DataLossError(absl::StrCat(
           "checkpoint ", checkpoint_, " tensor ", absl::StrJoin(names, ", "), ": bytes [", offset,
           ", ", offset + part, ") of a batch of ", count, " tensors from tensor ", first,
-          " failed their ", kChecksumName, " checksum (received ", absl::Hex(actual),
-          ", expected ", absl::Hex(part_checksums[i]),
-          "): corrupted in the server's store or in transit"));
+          " failed their ", kChecksumName, " checksum (received ", absl::Hex(actual), ", expected ",
+          absl::Hex(part_checksums[i]), "): corrupted in the server's store or in transit"));
     }
     offset += part;
   }
@@ -206,7 +205,8 @@ absl::Status FetchChecker::OnBatch(const Headers& headers,
   }
   uint64_t announced = 0;
   for (const v1::FetchTensorHeader& header : headers) {
-    if (header.total_bytes() < 0 || static_cast<uint64_t>(header.total_bytes()) > size - announced) {
+    if (header.total_bytes() < 0 ||
+        static_cast<uint64_t>(header.total_bytes()) > size - announced) {
       announced = size + 1;  // more than it holds, however much
       break;
     }
@@ -370,17 +370,17 @@ absl::Status FetchChecker::Verify(uint64_t actual, uint64_t offset, uint64_t siz
 }
 
 // Closes the open tensor (if any) at `where`, checking it got all its bytes.
-absl::Status FetchChecker::EndTensor(std::string_view where) {
+absl::Status FetchChecker::EndTensor(std::string_view where, std::string_view what) {
   if (!current_) return absl::OkStatus();
   if (current_->in_band()) {
     return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": a band of tiles ",
                                             current_->band->box().ToString(),
-                                            " was incomplete before ", Sv(where)));
+                                            " was incomplete before ", Sv(where), Sv(what)));
   }
   if (current_->received != current_->total) {
     return absl::DataLossError(absl::StrCat("tensor ", current_->name, ": received ",
                                             current_->received, " of ", current_->total,
-                                            " bytes before ", Sv(where)));
+                                            " bytes before ", Sv(where), Sv(what)));
   }
   current_ = nullptr;
   return visitor_->OnTensorEnd();

@@ -125,8 +125,10 @@ class FetchChecker {
                         int64_t band_rows);
   // Checks `actual`, the checksum of the `size` bytes at `offset` in the current data message.
   absl::Status Verify(uint64_t actual, uint64_t offset, uint64_t size, uint64_t expected) const;
-  // Closes the open tensor (if any) at `where`, checking it got all its bytes.
-  absl::Status EndTensor(std::string_view where);
+  // Closes the open tensor (if any) at `where` followed by `what` ("the header of tensor " and a
+  // name: the two are joined only for an error, since every tensor of a batch of thousands passes
+  // here), checking it got all its bytes.
+  absl::Status EndTensor(std::string_view where, std::string_view what = {});
   // Hands the current tensor's next `size` verified bytes, the concatenated `views`, on: written
   // to the tensor's lent memory, or to the visitor's OnData.
   absl::Status Deliver(absl::Span<const std::string_view> views, uint64_t size);

@@ -407,8 +407,8 @@ TEST(FetchWireTest, BatchesAreReadInPlaceHoweverSliced) {
     }
     EXPECT_TRUE(Joined(got.data) == m.batch().data());
     EXPECT_EQ(got.data_bytes, m.batch().data().size());
-    EXPECT_EQ(got.part_bytes, std::vector<uint64_t>(m.batch().part_bytes().begin(),
-                                                    m.batch().part_bytes().end()));
+    EXPECT_EQ(got.part_bytes,
+              std::vector<uint64_t>(m.batch().part_bytes().begin(), m.batch().part_bytes().end()));
     EXPECT_EQ(got.part_checksums, std::vector<uint64_t>(m.batch().part_checksums().begin(),
                                                         m.batch().part_checksums().end()));
     RecordingVisitor visitor;
@@ -605,8 +605,8 @@ std::vector<v1::FetchResponse> MixedStream(int64_t* total) {
                          2));
   stream.push_back(Batch(small, 2));
   stream.push_back(Named(TensorHeader("Float32", wide, 6 << 20), "wide"));
-  stream.push_back(Tiles(wide_bytes, wide, 4,
-                         {{{0, 100001}, {6, 1 << 18}}, {{0, 0}, {6, 100001}}}, 6));
+  stream.push_back(
+      Tiles(wide_bytes, wide, 4, {{{0, 100001}, {6, 1 << 18}}, {{0, 0}, {6, 100001}}}, 6));
   return stream;
 }
 
@@ -691,6 +691,11 @@ TEST(FetchCheckerTest, LentMemoryRefusesWhatOnDataWould) {
   std::vector<v1::FetchResponse> incomplete = start(24);
   incomplete.push_back(Tiles(matrix, shape, 2, {{{0, 0}, {4, 2}}}, 4));
   compare(incomplete, "a band of tiles [0:4, 0:3] was incomplete before the end of the stream");
+
+  std::vector<v1::FetchResponse> cut_short = start(24);
+  cut_short.push_back(Rows(matrix.substr(0, 6)));
+  cut_short.push_back(Named(TensorHeader("Float16", shape, 24), "next"));
+  compare(cut_short, "tensor m: received 6 of 24 bytes before the header of tensor next");
 
   std::vector<v1::FetchResponse> too_long = start(24);
   too_long.push_back(Rows(matrix + "xx"));
