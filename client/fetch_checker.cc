@@ -369,7 +369,7 @@ absl::Status FetchChecker::Verify(uint64_t actual, uint64_t offset, uint64_t siz
                    "): corrupted in the server's store or in transit"));
 }
 
-// Closes the open tensor (if any) at `where`, checking it got all its bytes.
+// Closes the open tensor (if any) at `where` followed by `what`, checking it got all its bytes.
 absl::Status FetchChecker::EndTensor(std::string_view where, std::string_view what) {
   if (!current_) return absl::OkStatus();
   if (current_->in_band()) {
