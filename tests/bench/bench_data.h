@@ -2,7 +2,8 @@
 //
 // Every byte of every global tensor is a pure function of (tensor seed, row, byte within the row):
 // the row is cut into 8-byte words, word w of row r is P[w mod 512] XOR K(r, w / 512), where P is
-// a per-tensor 4 KiB pattern and K a hash per row and 4 KiB block. Filling is a word-wise XOR
+// a 4 KiB pattern (per tensor, or shared by several) and K a hash of the tensor's seed, the row
+// and the 4 KiB block. Filling is a word-wise XOR
 // (fast enough for checkpoints of GiBs, unlike the per-element hash of ckptctl's sample
 // generator), and any single byte can be recomputed to check a fetched slice without keeping the
 // global tensor. A misplaced row, column band or
@@ -35,7 +36,8 @@ struct BenchTensor {
   // Optimizer-sharded at the source ("opt.*"), else a plain 8-way row split ("row.*").
   bool opt_sharded = false;
   uint64_t seed = 0;
-  std::shared_ptr<const std::array<uint64_t, 512>> pattern;  // P, from the seed
+  // P: from the seed, or shared with other tensors (MakeManySpec, the growth case's tensors)
+  std::shared_ptr<const std::array<uint64_t, 512>> pattern;
 
   Shape shape() const { return {rows, cols}; }
   int64_t row_bytes() const { return cols * element_bytes; }
@@ -63,7 +65,9 @@ BenchSpec MakeSpec(int64_t size_bytes);
 // `count` 2-D tensors (even, at least 200), for the many-tensors case: every 100th a large one
 // (the large ones share what the small ones leave of `size_bytes`, at least 24 rows of 1024
 // columns each), the others small (24 rows of 8 to 64 columns: 384 bytes to 6 KiB), in the dtypes
-// and the row/opt alternation of MakeSpec. Named "row.NNNNN.weight" / "opt.NNNNN.weight".
+// and the row/opt alternation of MakeSpec. Named "row.NNNNN.weight" / "opt.NNNNN.weight". The
+// tensors share 64 patterns (P above), so that checking sampled bytes of each of thousands of
+// tensors does not touch 4 KiB of pattern per tensor.
 BenchSpec MakeManySpec(int64_t size_bytes, int64_t count);
 
 // 8 source ranks, one stage: row.* dev_matrix [8] map [0,-1]; opt.* dev_matrix [4,2] map [1,-1]
@@ -102,7 +106,8 @@ absl::StatusOr<int64_t> WriteSourceCheckpoint(const BenchSpec& spec, const Strat
 // proportion to its size) checked. Not thread-safe.
 class SliceChecker {
  public:
-  SliceChecker(const BenchTensor* tensor, Box box) : tensor_(tensor), box_(std::move(box)) {}
+  // `tensor` and `box` (the slice's, in global coordinates) must outlive the checker.
+  SliceChecker(const BenchTensor* tensor, const Box* box) : tensor_(tensor), box_(box) {}
   // INTERNAL naming the tensor, global row and byte on the first mismatch.
   absl::Status Feed(std::string_view piece);
   int64_t bytes_checked() const { return checked_; }
@@ -112,7 +117,7 @@ class SliceChecker {
   absl::Status Check(int64_t slice_offset, uint8_t got);
 
   const BenchTensor* tensor_;
-  Box box_;
+  const Box* box_;
   int64_t offset_ = 0;
   int64_t checked_ = 0;
 };

@@ -33,24 +33,25 @@ absl::Status CheckingVisitor::OnTensor(const v1::FetchTensorHeader& header) {
     }
     kept = &(*expected_boxes_)[index];
   }
-  Box want;
-  if (kept != nullptr && kept->has_value()) {
-    want = **kept;
-  } else {
-    want = Box::Whole(t->shape());
+  // The box the rank should get: kept from an earlier fetch of the rank, else worked out (into
+  // box_, and kept when the caller keeps boxes). The checker refers to it rather than copying it.
+  const Box* expected = kept != nullptr && kept->has_value() ? &**kept : nullptr;
+  if (expected == nullptr) {
+    box_ = Box::Whole(t->shape());
     if (destination_ != nullptr) {
       const StrategyParam* p = destination_->Find(t->name);
       if (p == nullptr) return absl::InternalError(absl::StrCat("no layout for ", t->name));
       CKPT_ASSIGN_OR_RETURN(
-          want, p->layout.SliceBox(t->shape(), rank_ % destination_->devices_per_stage()));
+          box_, p->layout.SliceBox(t->shape(), rank_ % destination_->devices_per_stage()));
     }
-    if (kept != nullptr) *kept = want;
+    if (kept != nullptr) *kept = box_;
+    expected = kept != nullptr ? &**kept : &box_;
   }
+  const Box& want = *expected;
   // Compared in place: this runs once per delivered tensor, tens of thousands per fetch.
-  const bool box_ok = std::equal(header.box_lo().begin(), header.box_lo().end(), want.lo.begin(),
-                                 want.lo.end()) &&
-                      std::equal(header.box_hi().begin(), header.box_hi().end(), want.hi.begin(),
-                                 want.hi.end());
+  const bool box_ok =
+      std::equal(header.box_lo().begin(), header.box_lo().end(), want.lo.begin(), want.lo.end()) &&
+      std::equal(header.box_hi().begin(), header.box_hi().end(), want.hi.begin(), want.hi.end());
   if (!box_ok) {
     Box got;
     got.lo.assign(header.box_lo().begin(), header.box_lo().end());
@@ -65,7 +66,7 @@ absl::Status CheckingVisitor::OnTensor(const v1::FetchTensorHeader& header) {
   if (seen_[index]) return absl::InternalError(absl::StrCat(t->name, " delivered twice"));
   seen_[index] = 1;
   next_ = index + 1;
-  checker_.emplace(t, std::move(want));
+  checker_.emplace(t, expected);
   return absl::OkStatus();
 }
 

@@ -69,6 +69,7 @@ class CheckingVisitor final : public TensorVisitor {
   std::string include_prefix_;
   std::vector<std::optional<Box>>* expected_boxes_;
   std::optional<SliceChecker> checker_;
+  Box box_;  // the current tensor's expected box when expected_boxes_ does not keep it
   // seen_[i]: spec_->tensors[i] was delivered (sized on the first tensor).
   std::vector<uint8_t> seen_;
   size_t next_ = 0;  // the index after the last tensor found
