@@ -3,11 +3,10 @@
 // Every byte of every global tensor is a pure function of (tensor seed, row, byte within the row):
 // the row is cut into 8-byte words, word w of row r is P[w mod 512] XOR K(r, w / 512), where P is
 // a 4 KiB pattern (per tensor, or shared by several) and K a hash of the tensor's seed, the row
-// and the 4 KiB block. Filling is a word-wise XOR
-// (fast enough for checkpoints of GiBs, unlike the per-element hash of ckptctl's sample
-// generator), and any single byte can be recomputed to check a fetched slice without keeping the
-// global tensor. A misplaced row, column band or
-// 4 KiB block changes the expected bytes.
+// and the 4 KiB block. Filling is a word-wise XOR (fast enough for checkpoints of GiBs, unlike the
+// per-element hash of ckptctl's sample generator), and any single byte can be recomputed to check
+// a fetched slice without keeping the global tensor. A misplaced row, column band or 4 KiB block
+// changes the expected bytes.
 #ifndef CKPT_TESTS_BENCH_BENCH_DATA_H_
 #define CKPT_TESTS_BENCH_BENCH_DATA_H_
 
