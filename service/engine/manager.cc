@@ -46,7 +46,8 @@ absl::Status ValidateName(const std::string& what, const std::string& name) {
 CheckpointManager::CheckpointManager(CheckpointStore* store, ManagerOptions options)
     : store_(store),
       options_(std::move(options)),
-      shared_chunks_(store, options_.shared_chunk_cache_bytes, options_.replica_straggler_bound) {}
+      shared_chunks_(store, options_.shared_chunk_cache_bytes, options_.replica_straggler_bound,
+                     options_.lone_ring_min_chunk_bytes) {}
 
 v1::StrategyInfo CheckpointManager::InfoOf(const std::string& name, const Strategy& s) {
   v1::StrategyInfo info;

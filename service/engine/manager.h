@@ -45,6 +45,9 @@ struct ManagerOptions {
   // A fetch stream that makes no progress for this long while the other members of its cohort
   // wait for it is left behind (SharedChunks): they go on, and it reads for itself.
   absl::Duration replica_straggler_bound = absl::Seconds(3);
+  // Chunks smaller than this that a stream alone in ckptd reads are not kept for streams that
+  // open after it (SharedChunks' lone ring): they cost about as much to keep as to read again.
+  int64_t lone_ring_min_chunk_bytes = SharedChunks::kLoneRingMinBytes;
 };
 
 // What the store holds, for statistics.

@@ -26,10 +26,11 @@ absl::Status StreamChunk::Verify() {
 }
 
 SharedChunks::SharedChunks(CheckpointStore* store, int64_t cache_bytes,
-                           absl::Duration straggler_bound)
+                           absl::Duration straggler_bound, int64_t lone_ring_min_bytes)
     : store_(store),
       cache_bytes_(cache_bytes < 0 ? 0 : cache_bytes),
-      straggler_bound_(straggler_bound) {
+      straggler_bound_(straggler_bound),
+      lone_ring_min_bytes_(lone_ring_min_bytes) {
   pace_thread_ = std::thread([this] { PaceLoop(); });
 }
 

@@ -46,12 +46,16 @@
 // ranks of a destination fetched one after another) reads around the table while the table keeps
 // no chunk: a batch of its chunks is one store call, and what it reads is kept, within the same
 // budget, in the *lone ring* (oldest first), with no lookup, in-flight slot or sharing
-// bookkeeping per chunk. JoinCohort hands the ring over to the table (its chunks become spare)
-// when a second member opens, or when the one joining belongs to a cohort whose chunks the ring
-// holds (a replica starting after the first has finished), so that what the first stream of a
-// storm read before the others came is found as before. While the table still keeps chunks
-// (spare ones of earlier streams, or chunks kept for a cohort whose other members are gone), a
-// lone stream looks its chunks up there as any stream does and keeps what it reads in the ring;
+// bookkeeping per chunk. Only chunks of at least `lone_ring_min_bytes` go to the ring: reading a
+// chunk of a few hundred bytes again (a location lookup and a view of a mapping, or a small copy)
+// costs a later stream about what keeping it costs the lone one (its objects held among thousands
+// of others of a checkpoint of many small tensors, and freed long after, cold), so a stream that
+// joins later reads such chunks again. JoinCohort hands the ring over to the table (its chunks
+// become spare) when a second member opens, or when the one joining belongs to a cohort whose
+// chunks the ring holds (a replica starting after the first has finished), so that what the first
+// stream of a storm read before the others came is found as before. While the table still keeps
+// chunks (spare ones of earlier streams, or chunks kept for a cohort whose other members are gone),
+// a lone stream looks its chunks up there as any stream does and keeps what it reads in the ring;
 // the table's spare chunks, older than the ring's, are evicted first, so the table empties. Once
 // the table has kept no new chunk and handed out none of its kept ones for `straggler_bound`
 // while a lone stream is open (the streams of a storm are gone, and the lone stream needs none of
@@ -258,8 +262,13 @@ class SharedChunks {
   // `straggler_bound`: how long a member of a cohort may make no progress while others wait for
   // it before it is left behind, and how long the table's kept chunks may go unused while a lone
   // stream is open before it drops them.
+  // `lone_ring_min_bytes`: chunks smaller than this are not kept in the lone ring (see the file
+  // comment); 0 keeps every chunk.
   SharedChunks(CheckpointStore* store, int64_t cache_bytes,
-               absl::Duration straggler_bound = absl::Seconds(3));
+               absl::Duration straggler_bound = absl::Seconds(3),
+               int64_t lone_ring_min_bytes = kLoneRingMinBytes);
+  // The default of lone_ring_min_bytes.
+  static constexpr int64_t kLoneRingMinBytes = int64_t{4} << 10;
   ~SharedChunks();
   SharedChunks(const SharedChunks&) = delete;
   SharedChunks& operator=(const SharedChunks&) = delete;
@@ -451,7 +460,8 @@ class SharedChunks {
   void KeepLone(std::span<const std::shared_ptr<StreamChunk>> chunks, const FetchCohort* cohort,
                 const void* taker);
   // solo_mu_ held: appends `chunk` (read by a member of the cohort whose key hashes to
-  // `cohort_hash`) to the ring; drops the oldest; trims the ring to what the budget leaves it
+  // `cohort_hash`) to the ring, unless it is smaller than lone_ring_min_bytes_ or alone exceeds
+  // the budget; drops the oldest; trims the ring to what the budget leaves it
   // (the table's spare chunks, which are older, go first); whether the ring holds chunks of that
   // cohort; hands every chunk of the ring over to the table's cache (spare) and empties it.
   void PushLoneLocked(std::shared_ptr<StreamChunk> chunk, uint64_t cohort_hash);
@@ -481,6 +491,7 @@ class SharedChunks {
   CheckpointStore* const store_;
   const int64_t cache_bytes_;
   const absl::Duration straggler_bound_;
+  const int64_t lone_ring_min_bytes_;
 
   mutable std::mutex pace_mu_;  // never held with mu_
   std::condition_variable pace_cv_;

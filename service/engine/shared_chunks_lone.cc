@@ -96,6 +96,7 @@ void SharedChunks::KeepLone(std::span<const std::shared_ptr<StreamChunk>> chunks
 
 void SharedChunks::PushLoneLocked(std::shared_ptr<StreamChunk> chunk, uint64_t cohort_hash) {
   const auto bytes = static_cast<int64_t>(chunk->data->bytes().size());
+  if (bytes < lone_ring_min_bytes_) return;  // cheaper to read again than to keep
   const ChunkData::Pin pin = chunk->data->pin();
   // As CacheLocked keeps a spare chunk: not one that alone exceeds the budget, nor its mapping.
   if (bytes > cache_bytes_ || pin.bytes > cache_bytes_) return;

@@ -167,6 +167,7 @@ class SharedReadsTest : public ::testing::Test {
     options.fetch.chunk_cache_bytes = 8192;
     options.shared_chunk_cache_bytes = shared_cache_bytes;
     options.replica_straggler_bound = straggler_bound;
+    options.lone_ring_min_chunk_bytes = lone_ring_min_bytes_;
     manager_ = std::make_unique<CheckpointManager>(store_.get(), options);
     src_ = MakeStrategy({8}, false);
     dst_ = MakeStrategy({kDp, kTp}, true);
@@ -310,6 +311,9 @@ class SharedReadsTest : public ::testing::Test {
   // Streams read batches of small tensors (FetchRequest.accept_batches), whose chunks a stream
   // gets together (SharedChunks::GetMany).
   bool batches_ = false;
+  // Every chunk of these small tensors (at most 1 KiB) goes to the lone ring, as a real
+  // checkpoint's chunks of tens of KiB and more do.
+  int64_t lone_ring_min_bytes_ = 0;
 };
 
 // 64 streams at once deliver exactly, message for message, what each rank's lone fetch delivers,
@@ -753,6 +757,33 @@ TEST_F(SharedReadsTest, ALoneStreamReadsAroundTheTableAndAReplicaAfterItFindsIts
     ASSERT_TRUE(manager_->DeleteCheckpoint("ck").ok());
     EXPECT_EQ(manager_->shared_chunks()->stats().cached_bytes, 0);
     EXPECT_EQ(manager_->shared_chunks()->stats().pinned_bytes, 0);
+  }
+}
+
+// Chunks below ManagerOptions::lone_ring_min_chunk_bytes are read again rather than kept: a
+// replica after a lone stream reads every chunk of those small tensors again, and gets what the
+// first got.
+TEST_F(SharedReadsTest, ALoneStreamKeepsNoChunkSmallerThanTheRingMinimum) {
+  for (const bool batches : {false, true}) {
+    SCOPED_TRACE(batches ? "batches" : "one tensor a message");
+    batches_ = batches;
+    lone_ring_min_bytes_ = 2048;  // every chunk here is at most 1 KiB
+    Restart(int64_t{1} << 20);
+    int64_t read_before = store_->stats().chunk_bytes_read;
+    const StreamOutput first = Run(0);
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    const int64_t rank_bytes = store_->stats().chunk_bytes_read - read_before;
+    EXPECT_GT(rank_bytes, 0);
+    const SharedChunkStats before = manager_->shared_chunks()->stats();
+    EXPECT_GT(before.lone_reads, 0);
+    EXPECT_EQ(before.cached_bytes, 0) << "the ring kept chunks below its minimum";
+
+    read_before = store_->stats().chunk_bytes_read;
+    const StreamOutput replica = Run(kTp);
+    ASSERT_TRUE(replica.status.ok()) << replica.status;
+    EXPECT_EQ(replica.messages, first.messages);
+    EXPECT_EQ(store_->stats().chunk_bytes_read - read_before, rank_bytes);
+    EXPECT_EQ(manager_->shared_chunks()->stats().cache_hits, before.cache_hits);
   }
 }
 
