@@ -31,6 +31,7 @@ void BandChunker::Start(int64_t band) {
   band_ = band;
   filled_ = 0;
   band_bytes_ = 0;
+  in_place_ = false;
   for (int64_t k = 0; k < chunks_per_band(); ++k) {
     chunk_bytes_[k] = grid_.ChunkBytes(ChunkIndex(k));
     band_bytes_ += chunk_bytes_[k];
@@ -38,7 +39,32 @@ void BandChunker::Start(int64_t band) {
   }
 }
 
+void BandChunker::StartInPlace(int64_t band,
+                               std::span<const std::span<const std::span<char>>> places) {
+  Start(band);
+  in_place_ = true;
+  places_.assign(places.begin(), places.end());
+  cursor_.assign(places_.size(), {0, 0});
+}
+
 void BandChunker::Append(size_t k, const char* from, size_t n) {
+  if (in_place_) {
+    auto& [place, offset] = cursor_[k];
+    const std::span<const std::span<char>> to = places_[k];
+    while (n > 0) {
+      const std::span<char> p = to[place];
+      const size_t take = std::min(n, p.size() - offset);
+      std::memcpy(p.data() + offset, from, take);
+      from += take;
+      n -= take;
+      offset += take;
+      if (offset == p.size()) {
+        ++place;
+        offset = 0;
+      }
+    }
+    return;
+  }
   std::string& buffer = buffers_[k];
   const size_t needed = buffer.size() + n;
   if (needed > buffer.capacity()) {
@@ -73,5 +99,10 @@ size_t BandChunker::Add(std::string_view data) {
 }
 
 std::string_view BandChunker::chunk(int64_t k) const { return std::string_view(buffers_[k]); }
+
+std::span<const std::span<char>> BandChunker::places(int64_t k) const {
+  if (!in_place_) return {};
+  return places_[static_cast<size_t>(k)];
+}
 
 }  // namespace ckpt

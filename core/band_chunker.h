@@ -9,7 +9,8 @@
 // (line after line of its segment), so each chunk buffer is appended to: it grows with the bytes
 // that arrived (at most twice them, and never past the chunk's size) rather than being allocated
 // whole up front, so a declared shape alone costs no memory. Buffers keep their capacity from one
-// band to the next and are not zero-filled.
+// band to the next and are not zero-filled. A band started in place (StartInPlace) has no
+// buffers: each chunk's bytes go straight to memory the caller gives (a store's write blocks).
 //
 // Not thread-safe. Owns its buffers; the views chunk() returns stay valid until the next Start().
 #ifndef CKPT_CORE_BAND_CHUNKER_H_
@@ -17,8 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/chunk_grid.h"
@@ -35,6 +38,11 @@ class BandChunker {
 
   // Begins band `band` (0 <= band < bands()): nothing of it has arrived yet.
   void Start(int64_t band);
+  // Start(band), but chunk k's bytes go to places[k] (spans whose sizes add up to the chunk's
+  // bytes, filled in order) instead of a buffer; chunk() is then empty. The places must stay
+  // valid until the band is full or the next Start.
+  void StartInPlace(int64_t band, std::span<const std::span<const std::span<char>>> places);
+  bool in_place() const { return in_place_; }
   int64_t band() const { return band_; }
   // Bytes of the current band, and how many of them have arrived.
   int64_t band_bytes() const { return band_bytes_; }
@@ -49,8 +57,10 @@ class BandChunker {
   // current band.
   int64_t chunks_per_band() const { return static_cast<int64_t>(buffers_.size()); }
   int64_t ChunkIndex(int64_t k) const { return band_ * chunks_per_band() + k; }
-  // Chunk `k` of the current band; complete once full().
+  // Chunk `k` of the current band; complete once full(). Empty in place.
   std::string_view chunk(int64_t k) const;
+  // Chunk k's bytes of the current band in place: its places (empty unless in_place()).
+  std::span<const std::span<char>> places(int64_t k) const;
 
  private:
   ChunkGrid grid_;
@@ -62,9 +72,13 @@ class BandChunker {
   // Chunk k's bytes of the current band so far (appended in order; see Append).
   std::vector<std::string> buffers_;
   std::vector<int64_t> chunk_bytes_;  // of the current band
+  // In place: chunk k's places, and where its next byte goes (place index, offset in it).
+  bool in_place_ = false;
+  std::vector<std::span<const std::span<char>>> places_;
+  std::vector<std::pair<size_t, size_t>> cursor_;
 
-  // Appends `n` bytes to chunk k's buffer, growing its capacity geometrically but never past the
-  // chunk's size.
+  // Appends `n` bytes to chunk k: to its places in place, else to its buffer, growing its
+  // capacity geometrically but never past the chunk's size.
   void Append(size_t k, const char* from, size_t n);
   int64_t band_ = 0;
   int64_t band_bytes_ = 0;

@@ -12,15 +12,24 @@ uint64_t Checksum(std::string_view bytes) {
   return XXH3_64bits_dispatch(bytes.data(), bytes.size());
 }
 
-uint64_t Checksum(const std::vector<std::string_view>& parts) {
-  if (parts.size() == 1) return Checksum(parts[0]);
+namespace {
+
+template <typename Parts>
+uint64_t ChecksumOfParts(const Parts& parts) {
+  if (parts.size() == 1) return Checksum(std::string_view(parts[0].data(), parts[0].size()));
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_64bits_reset(&state);
-  for (std::string_view part : parts) {
+  for (const auto& part : parts) {
     XXH3_64bits_update_dispatch(&state, part.data(), part.size());
   }
   return XXH3_64bits_digest(&state);
 }
+
+}  // namespace
+
+uint64_t Checksum(const std::vector<std::string_view>& parts) { return ChecksumOfParts(parts); }
+
+uint64_t Checksum(std::span<const std::span<char>> parts) { return ChecksumOfParts(parts); }
 
 }  // namespace ckpt

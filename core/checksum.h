@@ -6,6 +6,7 @@
 #define CKPT_CORE_CHECKSUM_H_
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -18,6 +19,7 @@ inline constexpr char kChecksumName[] = "XXH3-64";
 uint64_t Checksum(std::string_view bytes);
 // The same checksum of the concatenation of `parts`, without joining them.
 uint64_t Checksum(const std::vector<std::string_view>& parts);
+uint64_t Checksum(std::span<const std::span<char>> parts);
 
 }  // namespace ckpt
 

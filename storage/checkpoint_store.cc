@@ -42,6 +42,48 @@ absl::StatusOr<std::unique_ptr<ChunkData>> CheckpointStore::ReadChunk(const Chun
   return data;
 }
 
+namespace {
+
+// The default reservation: the chunks' bytes go to one buffer of this object's, and Commit puts
+// them with the store's PutChunks.
+class BufferedReservation final : public ChunkReservation {
+ public:
+  BufferedReservation(CheckpointStore* store, const std::vector<ChunkSpace>& chunks, size_t total)
+      : store_(store), buffer_(new char[total]) {
+    char* at = buffer_.get();
+    first_.push_back(0);
+    writes_.reserve(chunks.size());
+    for (const ChunkSpace& c : chunks) {
+      const auto n = static_cast<size_t>(c.bytes);
+      if (n > 0) places_.emplace_back(at, n);
+      first_.push_back(places_.size());
+      writes_.push_back({c.address, std::string_view(at, n), c.stream, c.sole_chunk});
+      at += n;
+    }
+  }
+  absl::Status Commit() override { return store_->PutChunks(writes_); }
+
+ private:
+  CheckpointStore* const store_;
+  const std::unique_ptr<char[]> buffer_;
+  std::vector<ChunkWrite> writes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ChunkReservation>> CheckpointStore::ReserveChunks(
+    const std::vector<ChunkSpace>& chunks) {
+  size_t total = 0;
+  for (const ChunkSpace& c : chunks) {
+    if (c.bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c.address.ToString(), " cannot have ", c.bytes, " bytes"));
+    }
+    total += static_cast<size_t>(c.bytes);
+  }
+  return std::make_unique<BufferedReservation>(this, chunks, total);
+}
+
 absl::StatusOr<BackupStats> CheckpointStore::Backup(const std::string&) {
   return absl::UnimplementedError("this store cannot be backed up (only the segment store can)");
 }

@@ -56,6 +56,38 @@ struct ChunkWrite {
   bool sole_chunk = false;
 };
 
+// Room for one chunk whose bytes the writer puts in place (CheckpointStore::ReserveChunks).
+struct ChunkSpace {
+  ChunkAddress address;
+  int64_t bytes = 0;
+  uint32_t stream = 0;      // as ChunkWrite::stream
+  bool sole_chunk = false;  // as ChunkWrite::sole_chunk
+};
+
+// Room a store has reserved for chunks (CheckpointStore::ReserveChunks): the caller writes each
+// chunk's bytes to its places, in order, and Commit records the chunks as PutChunks of the same
+// bytes would (the same errors; the chunks are readable from then on). Destroyed without a
+// successful Commit, nothing is recorded: the room stays unreferenced, as after a failed
+// PutChunks. Not thread-safe: one owner, who must not outlive the store.
+class ChunkReservation {
+ public:
+  virtual ~ChunkReservation() = default;
+  // Chunks reserved, in the order asked for.
+  size_t size() const { return first_.empty() ? 0 : first_.size() - 1; }
+  // Where chunk `i`'s bytes go, in order: spans whose sizes add up to its bytes (one, or a few
+  // where the store's room is not contiguous). Valid until Commit or destruction.
+  std::span<const std::span<char>> places(size_t i) const {
+    return std::span<const std::span<char>>(places_.data() + first_[i], first_[i + 1] - first_[i]);
+  }
+  // Once, after every chunk's bytes are in place.
+  virtual absl::Status Commit() = 0;
+
+ protected:
+  // Chunk i's places are places_[first_[i]] .. places_[first_[i + 1] - 1].
+  std::vector<std::span<char>> places_;
+  std::vector<size_t> first_;
+};
+
 // Bytes of one chunk as read. May reference storage-owned memory (no copy); valid while the
 // object lives. Not thread-safe.
 class ChunkData {
@@ -134,6 +166,14 @@ class CheckpointStore {
   // Writes chunks (unsynced: the commit syncs). FAILED_PRECONDITION when the data id is not live;
   // RESOURCE_EXHAUSTED when free disk would fall below the reserve (nothing is written then).
   virtual absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) = 0;
+  // Room for `chunks`, whose bytes the caller then writes in place and commits
+  // (ChunkReservation), sparing the copy PutChunks makes of bytes the caller has assembled
+  // elsewhere. Errors as PutChunks' (checked here, for the data id's state again at Commit). The
+  // segment store places the chunks of one call one after the other in their stream's part of
+  // the segment file, in the order given, and keeps the memory they go to until Commit; this
+  // default gives each chunk a buffer of its own and commits with PutChunks.
+  virtual absl::StatusOr<std::unique_ptr<ChunkReservation>> ReserveChunks(
+      const std::vector<ChunkSpace>& chunks);
   // Reads one chunk and verifies it against `expected_checksum`: DATA_LOSS naming the address on
   // mismatch (never wrong bytes), NOT_FOUND when absent.
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunk(const ChunkAddress& address,

@@ -85,6 +85,10 @@ class SegmentStore final : public CheckpointStore {
 
   absl::StatusOr<uint64_t> BeginData() override;
   absl::Status PutChunks(const std::vector<ChunkWrite>& chunks) override;
+  // Chunks of one data id and stream are placed in its segment file's write blocks (the
+  // segment writer's Reserve); others get the default's buffers.
+  absl::StatusOr<std::unique_ptr<ChunkReservation>> ReserveChunks(
+      const std::vector<ChunkSpace>& chunks) override;
   absl::StatusOr<std::unique_ptr<ChunkData>> ReadChunkUnverified(
       const ChunkAddress& address) override;
   void ReadChunksUnverified(std::span<const ChunkAddress> addresses,
@@ -108,6 +112,8 @@ class SegmentStore final : public CheckpointStore {
   StoreStats stats() const override;
 
  private:
+  class Reservation;
+
   // A begun data id. kClosing: a commit or discard has claimed it; PutChunks refuses it and the
   // claimant waits until `writers` (PutChunks calls in flight) drops to zero, so no chunk can land
   // after the commit or the discard's DeleteRange.
@@ -149,6 +155,18 @@ class SegmentStore final : public CheckpointStore {
   // Appends the chunks of each (data id, stream) to its segment file and records their
   // locations in `batch`.
   absl::Status AppendChunks(const std::vector<ChunkWrite>& chunks, rocksdb::WriteBatch* batch);
+  // Records in `batch` where the chunks of one data id are: chunks[i] (a ChunkWrite or
+  // ChunkSpace) at offsets[i], `sizes[i]` bytes. Sole chunks go to one pack record, the others to
+  // a record each.
+  template <typename Chunk>
+  absl::Status BatchLocations(uint64_t data_id, const std::vector<Chunk>& chunks,
+                              const std::vector<uint64_t>& offsets,
+                              const std::vector<int64_t>& sizes, rocksdb::WriteBatch* batch);
+  // Counts a PutChunks (or a reservation's commit) as a writer of each of the sorted `ids`, so
+  // that a commit or discard of one waits for it; FAILED_PRECONDITION (nothing counted) when one
+  // is not live. EndWrite undoes it.
+  absl::Status BeginWrite(const std::vector<uint64_t>& ids);
+  void EndWrite(const std::vector<uint64_t>& ids);
   // Reads the locations of every chunk of the blob of `address` with one scan and keeps them in
   // location_cache_; returns the one of `address` (nullopt when absent, or when the scan failed:
   // the chunk is then looked up alone).

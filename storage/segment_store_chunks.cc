@@ -64,6 +64,24 @@ absl::StatusOr<uint64_t> SegmentStore::BeginData() {
   return data_id;
 }
 
+absl::Status SegmentStore::BeginWrite(const std::vector<uint64_t>& ids) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  for (uint64_t id : ids) {
+    auto it = data_.find(id);
+    if (it == data_.end() || it->second.state != DataState::kLive) return DataIdNotLive(id);
+  }
+  for (uint64_t id : ids) ++data_[id].writers;
+  return absl::OkStatus();
+}
+
+void SegmentStore::EndWrite(const std::vector<uint64_t>& ids) {
+  {
+    std::lock_guard<std::mutex> lock(data_mu_);
+    for (uint64_t id : ids) --data_[id].writers;
+  }
+  data_cv_.notify_all();
+}
+
 absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   if (chunks.empty()) return absl::OkStatus();
   int64_t incoming = 0;
@@ -76,21 +94,8 @@ absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
 
   // Register as a writer of every data id, so a commit or discard waits for this write.
-  {
-    std::lock_guard<std::mutex> lock(data_mu_);
-    for (uint64_t id : ids) {
-      auto it = data_.find(id);
-      if (it == data_.end() || it->second.state != DataState::kLive) return DataIdNotLive(id);
-    }
-    for (uint64_t id : ids) ++data_[id].writers;
-  }
-  absl::Cleanup unregister = [&] {
-    {
-      std::lock_guard<std::mutex> lock(data_mu_);
-      for (uint64_t id : ids) --data_[id].writers;
-    }
-    data_cv_.notify_all();
-  };
+  CKPT_RETURN_IF_ERROR(BeginWrite(ids));
+  absl::Cleanup unregister = [&] { EndWrite(ids); };
 
   CKPT_RETURN_IF_ERROR(CheckFreeDisk(
       incoming, absl::StrCat("writing ", chunks.size(), " chunks of data id ", ids.front())));
@@ -111,32 +116,23 @@ absl::Status SegmentStore::PutChunks(const std::vector<ChunkWrite>& chunks) {
 
 absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
                                         rocksdb::WriteBatch* batch) {
-  // Sole chunks' locations go to one pack record per data id (usually one in all), the others'
-  // to a record each.
-  std::vector<std::pair<uint64_t, std::string>> packs;
-  auto pack_of = [&packs](uint64_t id) -> std::string& {
-    for (auto& [pack_id, value] : packs) {
-      if (pack_id == id) return value;
-    }
-    return packs.emplace_back(id, std::string(1, segment_store_internal::kPackTag)).second;
-  };
   // One append per data id and stream (usually one in all).
   std::vector<std::pair<uint64_t, uint32_t>> lanes;
   for (const ChunkWrite& c : chunks) lanes.push_back({c.address.data_id, c.stream});
   std::sort(lanes.begin(), lanes.end());
   lanes.erase(std::unique(lanes.begin(), lanes.end()), lanes.end());
   std::vector<std::string_view> pieces;
-  for (const auto& lane : lanes) {
-    // Named copies: lambdas cannot capture structured bindings before C++20 compilers that
-    // implement P1091 (clang 16), and the fuzz build uses clang 14.
-    const uint64_t id = lane.first;
-    const uint32_t stream = lane.second;
-    auto in_lane = [&](const ChunkWrite& c) {
-      return c.address.data_id == id && c.stream == stream;
-    };
+  std::vector<int64_t> sizes;
+  std::vector<ChunkWrite> of_lane;
+  for (const auto& [id, stream] : lanes) {
     pieces.clear();
+    sizes.clear();
+    of_lane.clear();
     for (const ChunkWrite& c : chunks) {
-      if (in_lane(c)) pieces.push_back(c.bytes);
+      if (c.address.data_id != id || c.stream != stream) continue;
+      pieces.push_back(c.bytes);
+      sizes.push_back(static_cast<int64_t>(c.bytes.size()));
+      of_lane.push_back(c);
     }
     const std::string doing = absl::StrCat("writing ", pieces.size(), " chunks of data id ", id);
     absl::StatusOr<std::vector<uint64_t>> offsets = writer_->Append(id, pieces, stream);
@@ -144,34 +140,127 @@ absl::Status SegmentStore::AppendChunks(const std::vector<ChunkWrite>& chunks,
       return absl::Status(offsets.status().code(),
                           absl::StrCat(doing, ": ", offsets.status().message()));
     }
-    size_t k = 0;
-    for (const ChunkWrite& c : chunks) {
-      if (!in_lane(c)) continue;
-      const ChunkLocation location{(*offsets)[k++], c.bytes.size()};
-      if (c.sole_chunk) {
-        std::string& pack = pack_of(id);
-        if (pack.size() == 1) pack.reserve(1 + pieces.size() * kPackEntryBytes);
-        AppendPackEntry(&pack, {c.address.tensor, c.address.blob, c.address.chunk, location});
-        continue;
-      }
-      // The chunk is named only when the put fails: no string is built per chunk.
-      const std::array<char, kChunkKeyBytes> key = ChunkKeyArray(c.address);
-      const std::array<char, kLocationBytes> value = EncodeLocationArray(location);
-      const rocksdb::Status put = batch->Put(locations_, rocksdb::Slice(key.data(), key.size()),
-                                             rocksdb::Slice(value.data(), value.size()));
-      if (!put.ok()) {
-        return FromRocks(put, absl::StrCat("batching chunk ", c.address.ToString()));
-      }
-    }
-  }
-  for (const auto& [id, value] : packs) {
-    const auto key = segment_store_internal::PackKeyArray(
-        id, next_pack_.fetch_add(1, std::memory_order_relaxed));
-    CKPT_RETURN_IF_ERROR(
-        FromRocks(batch->Put(locations_, rocksdb::Slice(key.data(), key.size()), value),
-                  absl::StrCat("batching a pack of chunk locations of data id ", id)));
+    CKPT_RETURN_IF_ERROR(BatchLocations(id, of_lane, *offsets, sizes, batch));
   }
   return absl::OkStatus();
+}
+
+template <typename Chunk>
+absl::Status SegmentStore::BatchLocations(uint64_t data_id, const std::vector<Chunk>& chunks,
+                                          const std::vector<uint64_t>& offsets,
+                                          const std::vector<int64_t>& sizes,
+                                          rocksdb::WriteBatch* batch) {
+  std::string pack;  // the sole chunks' entries, when there are any
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    const ChunkLocation location{offsets[i], static_cast<uint64_t>(sizes[i])};
+    if (c.sole_chunk) {
+      if (pack.empty()) {
+        pack.reserve(1 + chunks.size() * kPackEntryBytes);
+        pack.push_back(segment_store_internal::kPackTag);
+      }
+      AppendPackEntry(&pack, {c.address.tensor, c.address.blob, c.address.chunk, location});
+      continue;
+    }
+    // The chunk is named only when the put fails: no string is built per chunk.
+    const std::array<char, kChunkKeyBytes> key = ChunkKeyArray(c.address);
+    const std::array<char, kLocationBytes> value = EncodeLocationArray(location);
+    const rocksdb::Status put = batch->Put(locations_, rocksdb::Slice(key.data(), key.size()),
+                                           rocksdb::Slice(value.data(), value.size()));
+    if (!put.ok()) return FromRocks(put, absl::StrCat("batching chunk ", c.address.ToString()));
+  }
+  if (pack.empty()) return absl::OkStatus();
+  const auto key = segment_store_internal::PackKeyArray(
+      data_id, next_pack_.fetch_add(1, std::memory_order_relaxed));
+  return FromRocks(batch->Put(locations_, rocksdb::Slice(key.data(), key.size()), pack),
+                   absl::StrCat("batching a pack of chunk locations of data id ", data_id));
+}
+
+// Chunks placed in the segment writer's blocks (SegmentWriter::Reserve): Commit ends the
+// writer's reservation (writing the blocks it completed) and records the locations, as
+// PutChunks does after its append.
+class SegmentStore::Reservation final : public ChunkReservation {
+ public:
+  Reservation(SegmentStore* store, std::vector<ChunkSpace> chunks,
+              segment_internal::SegmentWriter::Reservation placed)
+      : store_(store), chunks_(std::move(chunks)), placed_(std::move(placed)) {
+    places_ = std::move(placed_.places);
+    first_ = std::move(placed_.first);
+  }
+  ~Reservation() override {
+    // Abandoned: the blocks are written with whatever their reserved bytes hold, unreferenced.
+    store_->writer_->Finish(&placed_).IgnoreError();
+  }
+
+  absl::Status Commit() override {
+    const uint64_t id = placed_.data_id;
+    const std::vector<uint64_t> ids = {id};
+    int64_t incoming = 0;
+    std::vector<int64_t> sizes;
+    sizes.reserve(chunks_.size());
+    for (const ChunkSpace& c : chunks_) {
+      sizes.push_back(c.bytes);
+      incoming += c.bytes;
+    }
+    const std::string doing = absl::StrCat("writing ", chunks_.size(), " chunks of data id ", id);
+    // The data id must still be live, as for PutChunks: no chunk lands after its commit or
+    // discard has begun.
+    if (absl::Status live = store_->BeginWrite(ids); !live.ok()) {
+      store_->writer_->Finish(&placed_).IgnoreError();
+      return live;
+    }
+    absl::Cleanup unregister = [&] { store_->EndWrite(ids); };
+    if (absl::Status s = store_->writer_->Finish(&placed_); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(doing, ": ", s.message()));
+    }
+    rocksdb::WriteBatch batch(/*reserved_bytes=*/chunks_.size() *
+                              (kChunkKeyBytes + kLocationBytes + 16));
+    CKPT_RETURN_IF_ERROR(store_->BatchLocations(id, chunks_, placed_.offsets, sizes, &batch));
+    CKPT_RETURN_IF_ERROR(store_->Write(&batch, /*sync=*/false,
+                                       absl::StrCat("recording ", chunks_.size(), " chunks (",
+                                                    incoming, " bytes) of data id ", id)));
+    store_->NoteWritten(incoming);
+    store_->chunks_written_.fetch_add(static_cast<int64_t>(chunks_.size()),
+                                      std::memory_order_relaxed);
+    store_->chunk_bytes_written_.fetch_add(incoming, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+ private:
+  SegmentStore* const store_;
+  const std::vector<ChunkSpace> chunks_;
+  segment_internal::SegmentWriter::Reservation placed_;
+};
+
+absl::StatusOr<std::unique_ptr<ChunkReservation>> SegmentStore::ReserveChunks(
+    const std::vector<ChunkSpace>& chunks) {
+  const bool one_lane = std::all_of(chunks.begin(), chunks.end(), [&](const ChunkSpace& c) {
+    return c.address.data_id == chunks.front().address.data_id &&
+           c.stream == chunks.front().stream && c.bytes >= 0;
+  });
+  if (chunks.empty() || !one_lane) return CheckpointStore::ReserveChunks(chunks);
+  const uint64_t id = chunks.front().address.data_id;
+  int64_t incoming = 0;
+  std::vector<int64_t> sizes;
+  sizes.reserve(chunks.size());
+  for (const ChunkSpace& c : chunks) {
+    sizes.push_back(c.bytes);
+    incoming += c.bytes;
+  }
+  {
+    std::lock_guard<std::mutex> lock(data_mu_);
+    auto it = data_.find(id);
+    if (it == data_.end() || it->second.state != DataState::kLive) return DataIdNotLive(id);
+  }
+  const std::string doing = absl::StrCat("writing ", chunks.size(), " chunks of data id ", id);
+  CKPT_RETURN_IF_ERROR(CheckFreeDisk(incoming, doing));
+  absl::StatusOr<segment_internal::SegmentWriter::Reservation> placed =
+      writer_->Reserve(id, sizes, chunks.front().stream);
+  if (!placed.ok()) {
+    return absl::Status(placed.status().code(),
+                        absl::StrCat(doing, ": ", placed.status().message()));
+  }
+  return std::make_unique<Reservation>(this, chunks, *std::move(placed));
 }
 
 bool SegmentStore::IsLive(uint64_t data_id) {

@@ -179,9 +179,12 @@ absl::Status RankUpload::BeginTensor(Current cur, const std::string_view* whole)
       return CompleteSlice(cur);
     }
     cur.chunker.emplace(shared_grid ? grid : *std::move(own));
+    cur.in_place =
+        cur.mode == Mode::kWrite && !batching_ && pending_->options_.column_group_bytes > 0;
   }
   current_ = std::move(cur);
   if (current_->total == 0) return FinishTensor();
+  if (current_->in_place) current_->next_band = 0;
   return absl::OkStatus();
 }
 
@@ -204,6 +207,8 @@ absl::Status RankUpload::CheckNotFailed() const {
 absl::Status RankUpload::Refuse(absl::Status s) {
   if (s.ok() || !failed_.ok()) return s;
   failed_ = s;
+  // No more bytes come: the room reserved for them goes back (unreferenced).
+  if (current_) current_->reservation.reset();
   batching_ = false;
   batch_writes_.clear();
   batch_ends_.clear();
@@ -252,17 +257,98 @@ absl::Status RankUpload::DoAppend(std::string_view data) {
 }
 
 absl::Status RankUpload::ChunkBands(std::string_view data) {
-  BandChunker& chunker = *current_->chunker;
+  Current& c = *current_;
+  BandChunker& chunker = *c.chunker;
   while (!data.empty()) {
+    if (c.next_band >= 0) {
+      // A band's room is reserved once its first byte is here: a declared size costs nothing.
+      const int64_t band = c.next_band;
+      c.next_band = -1;
+      CKPT_RETURN_IF_ERROR(StartBand(band));
+    }
     data.remove_prefix(chunker.Add(data));
     if (chunker.full()) CKPT_RETURN_IF_ERROR(FlushBand());
   }
   return absl::OkStatus();
 }
 
+absl::Status RankUpload::StartBand(int64_t band) {
+  Current& c = *current_;
+  BandChunker& chunker = *c.chunker;
+  if (c.in_place && (c.reservation == nullptr || band >= c.group_end)) {
+    CKPT_RETURN_IF_ERROR(ReserveGroup(band));
+  }
+  if (c.reservation == nullptr) {
+    // Not in place, or a band larger than a group: into the chunker's buffers, which grow with
+    // the bytes that arrive (a declared shape alone costs no memory), written band by band.
+    chunker.Start(band);
+    return absl::OkStatus();
+  }
+  // The group's chunks are reserved column band by column band: chunk k of band b is
+  // k * bands + (b - group_begin).
+  const int64_t bands = c.group_end - c.group_begin;
+  band_places_.clear();
+  for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
+    band_places_.push_back(
+        c.reservation->places(static_cast<size_t>(k * bands + (band - c.group_begin))));
+  }
+  chunker.StartInPlace(band, band_places_);
+  return absl::OkStatus();
+}
+
+absl::Status RankUpload::ReserveGroup(int64_t band) {
+  Current& c = *current_;
+  const BandChunker& chunker = *c.chunker;
+  const ChunkGrid& grid = chunker.grid();
+  const int64_t per_band = chunker.chunks_per_band();
+  // Bands while they fit in the group's bytes; none when the first is larger (its room is not
+  // reserved before its bytes arrive).
+  int64_t end = band;
+  int64_t bytes = 0;
+  while (end < chunker.bands()) {
+    int64_t band_bytes = 0;
+    for (int64_t k = 0; k < per_band; ++k) band_bytes += grid.ChunkBytes(end * per_band + k);
+    if (bytes + band_bytes > pending_->options_.column_group_bytes) break;
+    bytes += band_bytes;
+    ++end;
+  }
+  c.reservation.reset();  // the last group's, committed
+  if (end == band) return absl::OkStatus();
+  const bool sole = chunker.bands() == 1 && per_band == 1;
+  group_spaces_.clear();
+  for (int64_t k = 0; k < per_band; ++k) {
+    for (int64_t b = band; b < end; ++b) {
+      const int64_t index = b * per_band + k;
+      group_spaces_.push_back(
+          {{pending_->data_id_, c.tensor_index, c.blob_index, static_cast<uint32_t>(index)},
+           grid.ChunkBytes(index),
+           static_cast<uint32_t>(rank_),
+           sole});
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(c.reservation, pending_->store_->ReserveChunks(group_spaces_));
+  c.group_begin = band;
+  c.group_end = end;
+  c.group_bytes = bytes;
+  return absl::OkStatus();
+}
+
 absl::Status RankUpload::FlushBand() {
   Current& c = *current_;
   BandChunker& chunker = *c.chunker;
+  if (chunker.in_place()) {
+    for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
+      c.checksums.push_back(Checksum(chunker.places(k)));
+    }
+    const int64_t next = chunker.band() + 1;
+    if (next == c.group_end) {
+      CKPT_RETURN_IF_ERROR(c.reservation->Commit());
+      bytes_stored_ += c.group_bytes;
+      c.reservation.reset();
+    }
+    if (next < chunker.bands()) c.next_band = next;
+    return absl::OkStatus();
+  }
   std::vector<ChunkWrite>& writes = band_writes_;
   writes.clear();
   const bool sole = chunker.bands() == 1 && chunker.chunks_per_band() == 1;
@@ -290,7 +376,13 @@ absl::Status RankUpload::FlushBand() {
     }
     for (const ChunkWrite& w : writes) bytes_stored_ += static_cast<int64_t>(w.bytes.size());
   }
-  if (chunker.band() + 1 < chunker.bands()) chunker.Start(chunker.band() + 1);
+  if (chunker.band() + 1 < chunker.bands()) {
+    if (c.in_place) {
+      c.next_band = chunker.band() + 1;
+    } else {
+      chunker.Start(chunker.band() + 1);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,14 @@ struct UploadOptions {
   // (ckptd's --max-upload-gib). A header beyond it is refused with RESOURCE_EXHAUSTED before
   // anything is allocated for it. Default 64 GiB.
   int64_t max_upload_bytes = int64_t{64} << 30;
+  // A slice this rank writes (outside a batch) is cut into chunks straight in the store's room
+  // for them (CheckpointStore::ReserveChunks), reserved a group of bands of rows at a time: as
+  // many bands as fit in this many bytes. The group's chunks are placed column band by column
+  // band, so that the tiles of one column band of the slice lie together. A band larger than
+  // this (and every band, at 0 or less) is cut into the chunker's own buffers, which grow with
+  // the bytes that arrive, and written with PutChunks. Default 8 MiB: a slice of up to that is
+  // one group, and tiles of ~1 MiB make bands of up to 8 MiB.
+  int64_t column_group_bytes = int64_t{8} << 20;
 };
 
 class RankUpload;
@@ -242,6 +251,14 @@ class RankUpload {
     PendingCheckpoint::Tensor* tensor = nullptr;
     const ChunkGrid* grid = nullptr;     // sharded: the tensor's cell_chunks, when made
     std::optional<BandChunker> chunker;  // cuts the slice's bytes into chunks, band by band
+    // Written in place (StartBand): the store's room for the bands [group_begin, group_end),
+    // column band by column band.
+    bool in_place = false;
+    std::unique_ptr<ChunkReservation> reservation;
+    int64_t group_begin = 0;
+    int64_t group_end = 0;
+    int64_t group_bytes = 0;
+    int64_t next_band = -1;     // in place: the band StartBand starts when its first byte arrives
     std::vector<int64_t> tile;  // verbatim: the tile of its own chunk grid (empty for 0 bytes)
     std::string value;    // the whole value, while buffered for a verbatim comparison (kBuffer)
     Checksums checksums;  // per chunk, in chunk order
@@ -312,9 +329,17 @@ class RankUpload {
   absl::Status CheckStageSentLocked() const;
   absl::Status VerifyReplicasLocked(std::unique_lock<std::mutex>& lock);
   absl::Status CommitLocked();
-  // Feeds slice bytes to the chunker, flushing every band it completes.
+  // Feeds slice bytes to the chunker, starting each band (Current::next_band) when its first
+  // byte arrives and flushing every band it completes.
   absl::Status ChunkBands(std::string_view data);
   absl::Status FlushBand();  // checksums and (unless verifying) writes the chunker's full band
+  // Starts the chunker's band `band`: in place (Current::in_place) into the group reserved for it,
+  // reserving the group that begins with it first, or (not in place, or a band larger than a
+  // group) into the chunker's buffers.
+  absl::Status StartBand(int64_t band);
+  // Reserves the group of bands that begins with `band` (UploadOptions::column_group_bytes);
+  // none when that band alone exceeds it.
+  absl::Status ReserveGroup(int64_t band);
   absl::Status FinishTensor();
   // FinishTensor's work for the slice `c` (current_ or a slice finished before it became
   // current): queued for EndBatch, marked written, or kept for verification.
@@ -352,8 +377,10 @@ class RankUpload {
   static constexpr size_t kBorrowedBytes = ~size_t{0};
   std::vector<Prepared> prepared_;  // AddBatch's, reused
   std::vector<WrittenSlice> batch_slices_;
-  std::vector<ChunkWrite> band_writes_;  // FlushBand's, reused
-  absl::Status failed_;                  // the first refused message's error
+  std::vector<ChunkWrite> band_writes_;                        // FlushBand's, reused
+  std::vector<ChunkSpace> group_spaces_;                       // ReserveGroup's, reused
+  std::vector<std::span<const std::span<char>>> band_places_;  // StartBand's, reused
+  absl::Status failed_;                                        // the first refused message's error
   int64_t bytes_received_ = 0;
   int64_t bytes_announced_ = 0;  // total_bytes of the tensor headers accepted so far
   int64_t bytes_stored_ = 0;

@@ -85,7 +85,7 @@ struct SegmentWriter::Block {
   int64_t lo, hi;       // the appended bytes in it: [lo, hi) (holes inside are zeroed)
   const std::shared_ptr<BlockBuffers> pool;
   IoBuffer buffer;           // from pool, returned to it; page-aligned, for direct I/O
-  int copying = 0;           // appends copying pieces into it now
+  int copying = 0;           // reservations (appends among them) whose bytes go into it, unfinished
   uint64_t last_append = 0;  // File::appends when an append last placed bytes in it
   bool closed = false;       // nothing more can be appended to it (or Sync wants it written)
   bool writing = false;      // an append or Sync is writing it (it stays readable until written)
@@ -141,19 +141,6 @@ struct SegmentWriter::File final : SegmentFile {
   std::map<int64_t, std::shared_ptr<Block>> blocks;
   absl::Status write_error;  // the first failed write: every later append, sync and read fails
   std::condition_variable written;  // a block was written (or failed to be)
-};
-
-// What one Append decides under the file's lock, carried out after it: the pieces' bytes to copy
-// into blocks, the blocks they go to, the blocks to write.
-struct SegmentWriter::AppendPlan {
-  struct Copy {
-    Block* block;
-    int64_t at;  // file offset
-    std::string_view bytes;
-  };
-  std::vector<Copy> copies;
-  std::vector<std::shared_ptr<Block>> touched;  // the blocks copies go to
-  std::vector<std::shared_ptr<Block>> ready;    // blocks to write
 };
 
 absl::StatusOr<std::optional<std::unique_ptr<ChunkData>>> SegmentWriter::File::ReadBlocksLocked(
@@ -220,48 +207,85 @@ absl::StatusOr<std::shared_ptr<SegmentWriter::File>> SegmentWriter::GetFile(uint
   return std::static_pointer_cast<File>(std::move(found));
 }
 
+SegmentWriter::Reservation::Reservation() = default;
+SegmentWriter::Reservation::Reservation(Reservation&&) noexcept = default;
+SegmentWriter::Reservation& SegmentWriter::Reservation::operator=(Reservation&&) noexcept = default;
+SegmentWriter::Reservation::~Reservation() = default;
+
 absl::StatusOr<std::vector<uint64_t>> SegmentWriter::Append(
     uint64_t data_id, const std::vector<std::string_view>& pieces, uint32_t lane_id) {
+  std::vector<int64_t> sizes;
+  sizes.reserve(pieces.size());
+  for (std::string_view piece : pieces) sizes.push_back(static_cast<int64_t>(piece.size()));
+  CKPT_ASSIGN_OR_RETURN(Reservation r, Reserve(data_id, sizes, lane_id));
+  // The copies run without the lock: appends of other lanes copy at the same time.
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const char* from = pieces[i].data();
+    for (size_t p = r.first[i]; p < r.first[i + 1]; ++p) {
+      std::memcpy(r.places[p].data(), from, r.places[p].size());
+      from += r.places[p].size();
+    }
+  }
+  CKPT_RETURN_IF_ERROR(Finish(&r));
+  return std::move(r.offsets);
+}
+
+absl::StatusOr<SegmentWriter::Reservation> SegmentWriter::Reserve(uint64_t data_id,
+                                                                  const std::vector<int64_t>& sizes,
+                                                                  uint32_t lane_id) {
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<File> file, GetFile(data_id));
-  AppendPlan plan;
-  std::vector<uint64_t> offsets;
+  Reservation r;
+  r.data_id = data_id;
+  std::vector<std::shared_ptr<Block>> ready;
   {
     std::lock_guard<std::mutex> lock(file->mu);
     if (!file->write_error.ok()) return file->write_error;
     CKPT_RETURN_IF_ERROR(WriteIdleBlocksLocked(*file));
-    offsets = PlaceLocked(*file, pieces, lane_id, &plan);
+    PlaceLocked(*file, sizes, lane_id, &r, &ready);
   }
-  // The copies run without the lock: appends of other lanes copy at the same time.
-  for (const AppendPlan::Copy& c : plan.copies) {
-    std::memcpy(c.block->buffer.data() + (c.at - c.block->start), c.bytes.data(), c.bytes.size());
+  r.file = std::move(file);
+  // Blocks of the lane's earlier extents that this placement closed.
+  const absl::Status written = WriteBlocks(*r.file, ready);
+  if (!written.ok()) {
+    Finish(&r).IgnoreError();  // its bytes are unreferenced; the file has failed
+    return written;
   }
+  return r;
+}
+
+absl::Status SegmentWriter::Finish(Reservation* r) {
+  if (r->file == nullptr) return absl::OkStatus();
+  const std::shared_ptr<File> file = std::move(r->file);
+  r->file = nullptr;
+  std::vector<std::shared_ptr<Block>> ready;
   {
     std::lock_guard<std::mutex> lock(file->mu);
-    for (const std::shared_ptr<Block>& block : plan.touched) {
+    for (const std::shared_ptr<Block>& block : r->touched) {
       if (--block->copying == 0 && block->closed && !block->writing) {
         block->writing = true;
-        plan.ready.push_back(block);
+        ready.push_back(block);
       }
     }
   }
-  CKPT_RETURN_IF_ERROR(WriteBlocks(*file, plan.ready));
-  return offsets;
+  r->touched.clear();
+  r->places.clear();
+  return WriteBlocks(*file, ready);
 }
 
-std::vector<uint64_t> SegmentWriter::PlaceLocked(File& file,
-                                                 const std::vector<std::string_view>& pieces,
-                                                 uint32_t lane_id, AppendPlan* plan) {
+void SegmentWriter::PlaceLocked(File& file, const std::vector<int64_t>& sizes, uint32_t lane_id,
+                                Reservation* r, std::vector<std::shared_ptr<Block>>* ready) {
   const int64_t w = options_.window_bytes;
   const int64_t b = options_.write_block_bytes;
   const int64_t e = ExtentBytes();
   const uint64_t append = ++file.appends;
-  std::vector<uint64_t> offsets;
-  offsets.reserve(pieces.size());
+  r->offsets.reserve(sizes.size());
+  r->first.reserve(sizes.size() + 1);
+  r->first.push_back(0);
   Lane& lane = file.lanes[lane_id];
-  for (std::string_view piece : pieces) {
-    const auto n = static_cast<int64_t>(piece.size());
+  for (const int64_t n : sizes) {
     if (n == 0) {  // nothing to place
-      offsets.push_back(static_cast<uint64_t>(lane.at));
+      r->offsets.push_back(static_cast<uint64_t>(lane.at));
+      r->first.push_back(r->places.size());
       continue;
     }
     if (n > e) {
@@ -269,31 +293,33 @@ std::vector<uint64_t> SegmentWriter::PlaceLocked(File& file,
       // blocks are closed at once.
       const int64_t at = file.end;
       file.end = (at + n + b - 1) / b * b;
-      offsets.push_back(static_cast<uint64_t>(at));
-      PlacePieceLocked(file, piece, at, append, plan);
-      CloseBlocksLocked(file, at, at + n, plan);
+      r->offsets.push_back(static_cast<uint64_t>(at));
+      PlacePieceLocked(file, n, at, append, r);
+      CloseBlocksLocked(file, at, at + n, ready);
       continue;
     }
     // Skipping to the next window leaves a hole: no disk space (zeros where a written block
     // spans it).
     int64_t at = NotStraddlingWindow(lane.at, n, w);
-    if (lane.extent_end == 0 || at + n > lane.extent_end) at = NewExtentLocked(file, lane, n, plan);
-    offsets.push_back(static_cast<uint64_t>(at));
-    PlacePieceLocked(file, piece, at, append, plan);
+    if (lane.extent_end == 0 || at + n > lane.extent_end) {
+      at = NewExtentLocked(file, lane, n, ready);
+    }
+    r->offsets.push_back(static_cast<uint64_t>(at));
+    PlacePieceLocked(file, n, at, append, r);
     // Blocks the lane has gone past are complete (holes included).
-    CloseBlocksLocked(file, lane.extent_start, (at + n) / b * b, plan);
+    CloseBlocksLocked(file, lane.extent_start, (at + n) / b * b, ready);
     lane.at = at + n;
   }
-  return offsets;
 }
 
-int64_t SegmentWriter::NewExtentLocked(File& file, Lane& lane, int64_t n, AppendPlan* plan) {
+int64_t SegmentWriter::NewExtentLocked(File& file, Lane& lane, int64_t n,
+                                       std::vector<std::shared_ptr<Block>>* ready) {
   // The lane's extent is full: it moves to a new one at the end of the file, and the blocks of
   // the old one are complete. Extents grow from a block to the largest extent (a window, or a
   // block when blocks are larger), each twice its lane's last, so that a lane with few bytes
   // leaves little of the file unused; they never straddle a window.
   const int64_t e = ExtentBytes();
-  if (lane.extent_end != 0) CloseBlocksLocked(file, lane.extent_start, lane.extent_end, plan);
+  if (lane.extent_end != 0) CloseBlocksLocked(file, lane.extent_start, lane.extent_end, ready);
   int64_t size = std::max(lane.next_extent, options_.write_block_bytes);
   while (size < n) size *= 2;
   size = std::min(size, e);
@@ -305,10 +331,9 @@ int64_t SegmentWriter::NewExtentLocked(File& file, Lane& lane, int64_t n, Append
   return at;
 }
 
-void SegmentWriter::PlacePieceLocked(File& file, std::string_view piece, int64_t at,
-                                     uint64_t append, AppendPlan* plan) {
+void SegmentWriter::PlacePieceLocked(File& file, int64_t n, int64_t at, uint64_t append,
+                                     Reservation* r) {
   const int64_t b = options_.write_block_bytes;
-  const auto n = static_cast<int64_t>(piece.size());
   for (int64_t done = 0; done < n;) {
     const int64_t block_start = at / b * b;
     auto found = file.blocks.find(block_start);
@@ -326,18 +351,19 @@ void SegmentWriter::PlacePieceLocked(File& file, std::string_view piece, int64_t
     const int64_t take = std::min(n - done, block_start + b - at);
     block->hi = at + take;
     block->last_append = append;
-    if (std::find(plan->touched.begin(), plan->touched.end(), block) == plan->touched.end()) {
+    if (std::find(r->touched.begin(), r->touched.end(), block) == r->touched.end()) {
       ++block->copying;
-      plan->touched.push_back(block);
+      r->touched.push_back(block);
     }
-    plan->copies.push_back(
-        {block.get(), at, piece.substr(static_cast<size_t>(done), static_cast<size_t>(take))});
+    r->places.emplace_back(block->buffer.data() + (at - block_start), static_cast<size_t>(take));
     at += take;
     done += take;
   }
+  r->first.push_back(r->places.size());
 }
 
-void SegmentWriter::CloseBlocksLocked(File& file, int64_t from, int64_t to, AppendPlan* plan) {
+void SegmentWriter::CloseBlocksLocked(File& file, int64_t from, int64_t to,
+                                      std::vector<std::shared_ptr<Block>>* ready) {
   const int64_t b = file.block_bytes;
   for (auto it = file.blocks.lower_bound(from / b * b); it != file.blocks.end() && it->first < to;
        ++it) {
@@ -346,7 +372,7 @@ void SegmentWriter::CloseBlocksLocked(File& file, int64_t from, int64_t to, Appe
     block.closed = true;
     if (block.copying == 0) {
       block.writing = true;
-      plan->ready.push_back(it->second);
+      ready->push_back(it->second);
     }
   }
 }
@@ -447,7 +473,7 @@ absl::Status SegmentWriter::Sync(uint64_t data_id) {
     });
     if (!file.write_error.ok()) return file.write_error;
     // The blocks still open, written as far as they are filled, under the lock (a few at most,
-    // and no append may reserve bytes in one meanwhile). One that an append is still copying
+    // and no append may reserve bytes in one meanwhile). One that a reservation is still filling
     // into stays, to be written again when it is closed.
     for (auto it = file.blocks.begin(); it != file.blocks.end();) {
       Block& block = *it->second;

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -32,6 +33,9 @@ namespace ckpt::segment_internal {
 
 // Thread-safe.
 class SegmentWriter {
+  struct File;
+  struct Block;
+
  public:
   // Writes the files of `directory` (which must outlive the writer) with its options.
   explicit SegmentWriter(SegmentDirectory* directory);
@@ -61,16 +65,44 @@ class SegmentWriter {
   absl::StatusOr<std::vector<uint64_t>> Append(uint64_t data_id,
                                                const std::vector<std::string_view>& pieces,
                                                uint32_t lane = 0);
+
+  // Room for pieces whose bytes the caller writes in place (Reserve), and what Finish needs.
+  // Movable; one owner. The places stay valid until Finish.
+  struct Reservation {
+    Reservation();
+    Reservation(Reservation&&) noexcept;
+    Reservation& operator=(Reservation&&) noexcept;
+    ~Reservation();
+    uint64_t data_id = 0;
+    std::vector<uint64_t> offsets;  // of each piece in the file
+    // Piece i's bytes go to places[first[i]] .. places[first[i + 1] - 1], in order (more than
+    // one where it crosses a write block boundary).
+    std::vector<std::span<char>> places;
+    std::vector<size_t> first;
+
+   private:
+    friend class SegmentWriter;
+    std::shared_ptr<File> file;
+    std::vector<std::shared_ptr<Block>> touched;  // the blocks its places are in
+  };
+  // Append's placement without the bytes: each of `sizes` gets its place as Append would give a
+  // piece of that size, and its bytes are the caller's to write (what it leaves unwritten reads
+  // as whatever the block held). Until Finish, the blocks it lies in stay in memory and are not
+  // written. Errors as Append's.
+  absl::StatusOr<Reservation> Reserve(uint64_t data_id, const std::vector<int64_t>& sizes,
+                                      uint32_t lane = 0);
+  // Ends a reservation whose bytes are in place (or that is abandoned: its bytes are then
+  // unreferenced, as those of a failed Append): the blocks nothing more can go into are written.
+  // The pieces are served from then on. Once per reservation; a second call is a no-op. Errors as
+  // Append's.
+  absl::Status Finish(Reservation* reservation);
   // Makes every byte of `data_id` appended by the calls that have returned durable (writes the
   // partly filled blocks, then fdatasync of the file and fsync of the directory). A data id with
   // nothing appended has no file: OK.
   absl::Status Sync(uint64_t data_id);
 
  private:
-  struct File;
-  struct Block;
   struct Lane;
-  struct AppendPlan;
   class BlockBuffers;
 
   // Bytes of a lane's largest extent: the larger of a window and a write block (one divides
@@ -80,20 +112,22 @@ class SegmentWriter {
   }
   // The open, writable file of `data_id`, created when this process has not opened it.
   absl::StatusOr<std::shared_ptr<File>> GetFile(uint64_t data_id);
-  // With file.mu held: gives each piece its place in the lane's extents (or a region of its own),
-  // into *plan the bytes to copy and the blocks to write; the pieces' offsets.
-  std::vector<uint64_t> PlaceLocked(File& file, const std::vector<std::string_view>& pieces,
-                                    uint32_t lane_id, AppendPlan* plan);
+  // With file.mu held: gives each piece of `sizes` its place in the lane's extents (or a region
+  // of its own), into *r its offsets and places and the blocks they lie in, into *ready the
+  // blocks to write.
+  void PlaceLocked(File& file, const std::vector<int64_t>& sizes, uint32_t lane_id, Reservation* r,
+                   std::vector<std::shared_ptr<Block>>* ready);
   // With file.mu held: moves `lane` to a new extent at the end of the file with room for `n`
   // bytes (closing the blocks of its old one); its first offset.
-  int64_t NewExtentLocked(File& file, Lane& lane, int64_t n, AppendPlan* plan);
-  // With file.mu held: makes the blocks [at, at + piece.size()) lies in (the plan copies the
-  // piece into them once the lock is released).
-  void PlacePieceLocked(File& file, std::string_view piece, int64_t at, uint64_t append,
-                        AppendPlan* plan);
+  int64_t NewExtentLocked(File& file, Lane& lane, int64_t n,
+                          std::vector<std::shared_ptr<Block>>* ready);
+  // With file.mu held: makes the blocks [at, at + n) lies in and adds its places in them to *r
+  // (the bytes go there once the lock is released).
+  void PlacePieceLocked(File& file, int64_t n, int64_t at, uint64_t append, Reservation* r);
   // With file.mu held: closes the blocks in [from, to) that are still open: nothing more goes
-  // into them. Those no append is copying into go to plan->ready, to be written by this append.
-  static void CloseBlocksLocked(File& file, int64_t from, int64_t to, AppendPlan* plan);
+  // into them. Those no reservation is filling go to *ready, to be written by this call.
+  static void CloseBlocksLocked(File& file, int64_t from, int64_t to,
+                                std::vector<std::shared_ptr<Block>>* ready);
   // Writes `block` as far as it is filled, through the page cache; a failure fails `file`.
   // file.mu held (Sync, WriteIdleBlocksLocked).
   static absl::Status WritePartLocked(File& file, const Block& block);

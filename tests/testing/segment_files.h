@@ -48,6 +48,14 @@ class SegmentFilesForTest {
                                                uint32_t lane = 0) {
     return writer_.Append(data_id, pieces, lane);
   }
+  absl::StatusOr<SegmentWriter::Reservation> Reserve(uint64_t data_id,
+                                                     const std::vector<int64_t>& sizes,
+                                                     uint32_t lane = 0) {
+    return writer_.Reserve(data_id, sizes, lane);
+  }
+  absl::Status Finish(SegmentWriter::Reservation* reservation) {
+    return writer_.Finish(reservation);
+  }
   absl::Status Sync(uint64_t data_id) { return writer_.Sync(data_id); }
   absl::StatusOr<std::unique_ptr<ChunkData>> Read(uint64_t data_id, uint64_t offset,
                                                   uint64_t length, std::string_view what) {

@@ -2,6 +2,7 @@
 
 #include <iostream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -80,9 +81,8 @@ TEST(BandChunkerTest, RandomGridsAndCutsMatchBruteForce) {
       while (!chunker.full()) {
         // Pieces of any size; offering more than the band needs must take only the band's part.
         const int64_t piece = uniform(1, std::max<int64_t>(1, band_bytes / 3) + 8);
-        const std::string_view offered =
-            std::string_view(slice).substr(static_cast<size_t>(offset + chunker.filled()),
-                                           static_cast<size_t>(piece));
+        const std::string_view offered = std::string_view(slice).substr(
+            static_cast<size_t>(offset + chunker.filled()), static_cast<size_t>(piece));
         const int64_t before = chunker.filled();
         const size_t took = chunker.Add(offered);
         ASSERT_EQ(static_cast<int64_t>(took),
@@ -93,10 +93,9 @@ TEST(BandChunkerTest, RandomGridsAndCutsMatchBruteForce) {
       int64_t sum = 0;
       for (int64_t k = 0; k < chunker.chunks_per_band(); ++k) {
         const int64_t index = chunker.ChunkIndex(k);
-        ASSERT_EQ(chunker.chunk(k),
-                  GatherBox(slice, shape, grid->ChunkBox(index), bits))
-            << "shape rank " << shape.size() << " bits " << bits << " band " << band
-            << " chunk " << index;
+        ASSERT_EQ(chunker.chunk(k), GatherBox(slice, shape, grid->ChunkBox(index), bits))
+            << "shape rank " << shape.size() << " bits " << bits << " band " << band << " chunk "
+            << index;
         sum += static_cast<int64_t>(chunker.chunk(k).size());
       }
       EXPECT_EQ(sum, band_bytes);
@@ -130,6 +129,42 @@ TEST(BandChunkerTest, ColumnTilesOfAMatrix) {
   chunker.Start(1);
   EXPECT_EQ(chunker.ChunkIndex(0), 3);
   EXPECT_EQ(chunker.filled(), 0);
+}
+
+// In place, each chunk's bytes go to the places it was given, across their boundaries (here a
+// chunk split into places of 5, 1 and 10 bytes), in the order they arrive, and nothing is kept in
+// the chunker; the next Start goes back to its buffers.
+TEST(BandChunkerTest, InPlaceBandsFillTheGivenPlaces) {
+  auto grid = ChunkGrid::FromTile({8, 12}, {4, 4}, 8);
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  BandChunker chunker(*grid);
+  std::string memory(48, '.');
+  char* m = memory.data();
+  // Chunk 0 of band 1 in three places, chunk 1 in one, chunk 2 in two (out of order in memory).
+  const std::vector<std::vector<std::span<char>>> places = {
+      {{m, 5}, {m + 5, 1}, {m + 6, 10}}, {{m + 16, 16}}, {{m + 40, 8}, {m + 32, 8}}};
+  std::vector<std::span<const std::span<char>>> by_chunk(places.begin(), places.end());
+  chunker.StartInPlace(1, by_chunk);
+  EXPECT_TRUE(chunker.in_place());
+  EXPECT_EQ(chunker.ChunkIndex(0), 3);
+  std::string rows;
+  for (int r = 0; r < 4; ++r) rows += "abcdefghijkl";
+  // Pieces of 7 bytes: they cut across lines, segments and places.
+  for (size_t at = 0; at < rows.size(); at += 7) {
+    const std::string_view piece = std::string_view(rows).substr(at, 7);
+    ASSERT_EQ(chunker.Add(piece), piece.size());
+  }
+  ASSERT_TRUE(chunker.full());
+  EXPECT_EQ(memory.substr(0, 16), "abcdabcdabcdabcd");
+  EXPECT_EQ(memory.substr(16, 16), "efghefghefghefgh");
+  EXPECT_EQ(memory.substr(40, 8) + memory.substr(32, 8), "ijklijklijklijkl");
+  EXPECT_EQ(chunker.chunk(0), "");
+  EXPECT_EQ(chunker.places(1).size(), 1u);
+  chunker.Start(0);
+  EXPECT_FALSE(chunker.in_place());
+  EXPECT_TRUE(chunker.places(0).empty());
+  ASSERT_EQ(chunker.Add(rows), rows.size());
+  EXPECT_EQ(chunker.chunk(2), "ijklijklijklijkl");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -48,6 +49,94 @@ TEST_F(ManagerTest, BatchedRanksStoreTheirSlicesTogetherAndEveryByteComesBack) {
   }
   for (int64_t r = 0; r < dst.world_size(); ++r) {
     ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+  }
+}
+
+// A slice cut into several column tiles per band of rows is written a group of bands at a time,
+// column tile by column tile (at most UploadOptions::column_group_bytes of bands in a group, a
+// band larger than that alone; 0: band by band), so that the tiles of one column band lie
+// together in the segment file; every chunk is written once, and every rank of row and column
+// re-splits gets its bytes. (The recording store below puts reserved chunks with PutChunks at
+// their commit, in the order reserved.)
+TEST_F(ManagerTest, ColumnTilesOfASliceAreWrittenTogether) {
+  const Strategy src = DemoSourceStrategy(), dst = DemoDestinationStrategy();
+  for (const int64_t group_bytes : {int64_t{8} << 20, int64_t{700}, int64_t{0}}) {
+    SCOPED_TRACE(absl::StrCat("group bytes ", group_bytes));
+    ManagerOptions options = SmallOptions();
+    options.upload.column_group_bytes = group_bytes;
+    Restart(options);
+    PutStrategy("src", src);
+    PutStrategy("dst", dst);
+    struct Put {
+      std::vector<uint32_t> chunks;
+      int64_t bytes = 0;
+    };
+    std::map<std::pair<uint32_t, uint32_t>, std::vector<Put>> puts;  // by (tensor, blob)
+    std::mutex mu;
+    corrupting_->OnPutChunks([&](const std::vector<ChunkWrite>& writes) {
+      std::lock_guard<std::mutex> lock(mu);
+      std::map<std::pair<uint32_t, uint32_t>, Put> of_call;
+      for (const ChunkWrite& w : writes) {
+        Put& p = of_call[{w.address.tensor, w.address.blob}];
+        p.chunks.push_back(w.address.chunk);
+        p.bytes += static_cast<int64_t>(w.bytes.size());
+      }
+      for (auto& [blob, p] : of_call) puts[blob].push_back(std::move(p));
+    });
+    UploadAll("ck", "src", src, DemoTensors());
+    corrupting_->OnPutChunks(nullptr);
+    auto bytes = store_->GetManifest("ck");
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    records::CheckpointManifest m;
+    ASSERT_TRUE(m.ParseFromString(*bytes));
+    int grouped = 0;  // slices of several bands of several column tiles
+    int split = 0;    // of them, written in more than one group
+    for (const records::TensorRecord& t : m.tensors()) {
+      for (const records::BlobRecord& b : t.blobs()) {
+        if (b.tile_size() < 2) continue;
+        const int64_t rows = b.box_hi(0) - b.box_lo(0);
+        const int64_t cols = b.box_hi(b.box_hi_size() - 1) - b.box_lo(b.box_lo_size() - 1);
+        const int64_t bands = (rows + b.tile(0) - 1) / b.tile(0);
+        const int64_t per_band = (cols + b.tile(b.tile_size() - 1) - 1) / b.tile(b.tile_size() - 1);
+        if (bands < 2 || per_band < 2) continue;
+        SCOPED_TRACE(absl::StrCat(t.name(), " blob ", b.blob_index()));
+        ++grouped;
+        const std::vector<Put>& written = puts[{t.tensor_index(), b.blob_index()}];
+        ASSERT_FALSE(written.empty());
+        if (written.size() > 1) ++split;
+        int64_t next_band = 0;
+        for (const Put& p : written) {
+          // Bands [first, first + n), column tile by column tile.
+          const auto n = static_cast<int64_t>(p.chunks.size()) / per_band;
+          ASSERT_EQ(n * per_band, static_cast<int64_t>(p.chunks.size()));
+          std::vector<uint32_t> expected;
+          for (int64_t k = 0; k < per_band; ++k) {
+            for (int64_t band = next_band; band < next_band + n; ++band) {
+              expected.push_back(static_cast<uint32_t>(band * per_band + k));
+            }
+          }
+          EXPECT_EQ(p.chunks, expected);
+          EXPECT_TRUE(n == 1 || p.bytes <= group_bytes) << p.bytes << " bytes in " << n << " bands";
+          if (group_bytes == 0) {
+            EXPECT_EQ(n, 1) << "band by band";
+          }
+          next_band += n;
+        }
+        EXPECT_EQ(next_band, bands);
+      }
+    }
+    EXPECT_GT(grouped, 0);
+    if (group_bytes > (int64_t{1} << 20)) {
+      EXPECT_EQ(split, 0) << "a slice of a few KiB is one group";
+    } else {
+      EXPECT_GT(split, 0) << "no slice exceeded " << group_bytes << " bytes";
+    }
+    for (int64_t r = 0; r < dst.world_size(); ++r) {
+      ExpectRankMatches("ck", "dst", dst, r, DemoTensors());
+    }
+    for (int64_t r = 0; r < src.world_size(); ++r) {
+      ExpectRankMatches("ck", "src", src, r, DemoTensors());
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -266,6 +267,74 @@ TEST_F(SegmentWriterTest, BytesOfBlocksNotYetWrittenReadFromTheirBuffers) {
   EXPECT_EQ(before_sync->bytes(), fourth + fifth);
   ASSERT_TRUE(files_->Sync(4).ok());
   EXPECT_EQ(FileBytes(4), synced + fifth);
+}
+
+// Reserved pieces take the places Append would give them; their bytes, written in place (a
+// piece crossing a write block boundary has a place in each block), read back once the
+// reservation is finished, while other lanes append meanwhile, and the lane's next append comes
+// after them. An abandoned reservation leaves the pieces around it intact; Finish twice is a
+// no-op.
+TEST_F(SegmentWriterTest, ReservedPiecesAreWrittenInPlace) {
+  ASSERT_NO_FATAL_FAILURE(Open(Small()));  // windows of 4 pages, blocks of 2
+  const int64_t p = kPage;
+  const int64_t b = Small().write_block_bytes;
+  std::mt19937_64 rng(23);
+  const std::vector<int64_t> sizes = {100, b + 50, 0, 30};
+  auto reserved = files_->Reserve(5, sizes, /*lane=*/1);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  SegmentWriter::Reservation& r = *reserved;
+  ASSERT_EQ(r.offsets.size(), sizes.size());
+  ASSERT_EQ(r.first.size(), sizes.size() + 1);
+  EXPECT_EQ(r.offsets[0], 0u);
+  EXPECT_GE(r.offsets[1], 100u);  // in the lane's next extent: the first is one block
+  EXPECT_EQ(r.offsets[3], r.offsets[1] + static_cast<uint64_t>(b + 50));
+  EXPECT_EQ(r.first[2] - r.first[1], 2u) << "the second piece crosses a block boundary";
+  EXPECT_EQ(r.first[3], r.first[2]) << "an empty piece has no place";
+
+  // Another lane appends while the reservation is open.
+  const std::string other = RandomBytes(static_cast<size_t>(p), rng);
+  const uint64_t other_at = files_->Append(5, {other}, /*lane=*/2)->at(0);
+
+  Pieces expected;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string bytes = RandomBytes(static_cast<size_t>(sizes[i]), rng);
+    size_t done = 0;
+    for (size_t k = r.first[i]; k < r.first[i + 1]; ++k) {
+      std::memcpy(r.places[k].data(), bytes.data() + done, r.places[k].size());
+      done += r.places[k].size();
+    }
+    ASSERT_EQ(done, bytes.size()) << "piece " << i;
+    expected.push_back({r.offsets[i], bytes});
+  }
+  ASSERT_TRUE(files_->Finish(&r).ok());
+  EXPECT_TRUE(files_->Finish(&r).ok());
+  expected.push_back({other_at, other});
+  ASSERT_NO_FATAL_FAILURE(ExpectReadBack(5, expected));
+
+  // The lane goes on after its reserved pieces.
+  const std::string after = RandomBytes(40, rng);
+  expected.push_back({AppendOne(5, after), after});  // lane 0: an extent of its own
+  auto next = files_->Append(5, {after}, /*lane=*/1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)[0], r.offsets[3] + 30);
+  expected.push_back({(*next)[0], after});
+
+  // Abandoned: nothing written into it, finished as it is; the lane's pieces on both sides stay.
+  auto abandoned = files_->Reserve(5, {500}, /*lane=*/1);
+  ASSERT_TRUE(abandoned.ok()) << abandoned.status();
+  ASSERT_TRUE(files_->Finish(&*abandoned).ok());
+  auto last = files_->Append(5, {after}, /*lane=*/1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ((*last)[0], abandoned->offsets[0] + 500);
+  expected.push_back({(*last)[0], after});
+  ASSERT_NO_FATAL_FAILURE(ExpectReadBack(5, expected));
+  ASSERT_TRUE(files_->Sync(5).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectReadBack(5, expected));
+  const std::string image = FileBytes(5);
+  for (const auto& [offset, bytes] : expected) {
+    ASSERT_LE(offset + bytes.size(), image.size());
+    EXPECT_EQ(image.substr(offset, bytes.size()), bytes) << "piece at " << offset;
+  }
 }
 
 // A write that fails (here: past the file size limit) fails every later append, sync and read of

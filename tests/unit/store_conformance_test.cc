@@ -15,6 +15,7 @@
 #include <ostream>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -319,6 +320,83 @@ TEST_P(StoreConformanceTest, ReadChunkVerifiesChecksum) {
   ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id + 1, 3, 1, 12)));
 }
 
+// Fills a reservation's chunk `i` with `bytes` (its size), place by place.
+void FillReserved(const ChunkReservation& r, size_t i, const std::string& bytes) {
+  size_t done = 0;
+  for (const std::span<char> place : r.places(i)) {
+    ASSERT_LE(done + place.size(), bytes.size()) << "chunk " << i;
+    std::memcpy(place.data(), bytes.data() + done, place.size());
+    done += place.size();
+  }
+  ASSERT_EQ(done, bytes.size()) << "chunk " << i;
+}
+
+// Chunks written in place (ReserveChunks) read back as PutChunks' do once committed, and not
+// before; a reservation dropped uncommitted records nothing; one whose data id is discarded
+// meanwhile does not hold the discard up and fails its commit; chunks of several streams are
+// reserved too.
+TEST_P(StoreConformanceTest, ReservedChunksReadBackOnceCommitted) {
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, store_->BeginData());
+  std::vector<ChunkSpace> spaces;
+  std::vector<std::string> bytes;
+  auto add = [&](ChunkAddress a, size_t n, uint32_t stream, bool sole) {
+    spaces.push_back({a, static_cast<int64_t>(n), stream, sole});
+    bytes.push_back(RandomBytes(n, 100 + bytes.size()));
+  };
+  add(Addr(id, 0, 0, 1), (1 << 20) + 3, 3, false);  // chunks of a slice in any order
+  add(Addr(id, 0, 0, 0), 4096, 3, false);
+  add(Addr(id, 0, 0, 2), 0, 3, false);
+  add(Addr(id, 1, 0, 0), 700, 3, true);  // a sole chunk: its location goes to a pack
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkReservation> r, store_->ReserveChunks(spaces));
+  ASSERT_EQ(r->size(), spaces.size());
+  for (size_t i = 0; i < spaces.size(); ++i) ASSERT_NO_FATAL_FAILURE(FillReserved(*r, i, bytes[i]));
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(spaces[0].address));
+  ASSERT_OK(r->Commit());
+  r.reset();
+  for (size_t i = 0; i < spaces.size(); ++i) {
+    ASSERT_NO_FATAL_FAILURE(ExpectChunk(spaces[i].address, bytes[i]));
+  }
+  EXPECT_EQ(store_->stats().chunks_written, 4);
+
+  // Dropped uncommitted: nothing recorded, the chunks around it intact.
+  ASSERT_OK_AND_ASSIGN(r, store_->ReserveChunks({{Addr(id, 2, 0, 0), 100, 3, false}}));
+  ASSERT_NO_FATAL_FAILURE(FillReserved(*r, 0, std::string(100, 'd')));
+  r.reset();
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 2, 0, 0)));
+  ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 3, 0, 0), "after", 3}}));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 3, 0, 0), "after"));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(spaces[0].address, bytes[0]));
+
+  // Several streams in one call.
+  ASSERT_OK_AND_ASSIGN(r, store_->ReserveChunks({{Addr(id, 4, 0, 0), 10, 1, false},
+                                                 {Addr(id, 4, 0, 1), 20, 2, false}}));
+  ASSERT_NO_FATAL_FAILURE(FillReserved(*r, 0, std::string(10, 'e')));
+  ASSERT_NO_FATAL_FAILURE(FillReserved(*r, 1, std::string(20, 'f')));
+  ASSERT_OK(r->Commit());
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 4, 0, 0), std::string(10, 'e')));
+  ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 4, 0, 1), std::string(20, 'f')));
+
+  // The data id discarded while a reservation is open: the discard goes ahead, the commit fails.
+  ASSERT_OK_AND_ASSIGN(const uint64_t doomed, store_->BeginData());
+  ASSERT_OK_AND_ASSIGN(r, store_->ReserveChunks({{Addr(doomed, 0, 0, 0), 50, 0, false}}));
+  ASSERT_NO_FATAL_FAILURE(FillReserved(*r, 0, std::string(50, 'g')));
+  ASSERT_OK(store_->DiscardData(doomed));
+  const absl::Status late = r->Commit();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  r.reset();
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(doomed, 0, 0, 0)));
+
+  // Not live: refused at once (segment store) or at the commit (the default's PutChunks).
+  absl::StatusOr<std::unique_ptr<ChunkReservation>> never =
+      store_->ReserveChunks({{Addr(987654, 0, 0, 0), 5, 0, false}});
+  const absl::Status refused = never.ok() ? (*never)->Commit() : never.status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(Msg(refused), HasSubstr("987654"));
+  const absl::StatusOr<std::unique_ptr<ChunkReservation>> negative =
+      store_->ReserveChunks({{Addr(id, 5, 0, 0), -1, 0, false}});
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument) << negative.status();
+}
+
 TEST_P(StoreConformanceTest, PutChunksRequiresLiveData) {
   absl::Status never = store_->PutChunks({ChunkWrite{Addr(987654, 0, 0, 0), "x"}});
   EXPECT_EQ(never.code(), absl::StatusCode::kFailedPrecondition) << never;
@@ -606,6 +684,13 @@ TEST_P(StoreConformanceTest, PutChunksRefusedBelowDiskReserve) {
   absl::Status would_fall_below =
       store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), std::string(11, 'x')}});
   EXPECT_EQ(would_fall_below.code(), absl::StatusCode::kResourceExhausted) << would_fall_below;
+  ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 0)));
+  // Reserved chunks count the same way (refused at the reservation or at its commit).
+  absl::StatusOr<std::unique_ptr<ChunkReservation>> reserved =
+      store_->ReserveChunks({{Addr(id, 0, 0, 0), 11, 0, false}});
+  const absl::Status reserved_full = reserved.ok() ? (*reserved)->Commit() : reserved.status();
+  EXPECT_EQ(reserved_full.code(), absl::StatusCode::kResourceExhausted) << reserved_full;
+  reserved = absl::UnknownError("dropped");
   ASSERT_NO_FATAL_FAILURE(ExpectNoChunk(Addr(id, 0, 0, 0)));
   ASSERT_OK(store_->PutChunks({ChunkWrite{Addr(id, 0, 0, 0), std::string(10, 'x')}}));
   ASSERT_NO_FATAL_FAILURE(ExpectChunk(Addr(id, 0, 0, 0), std::string(10, 'x')));
