@@ -181,9 +181,14 @@ absl::Status SegmentStore::BatchLocations(uint64_t data_id, const std::vector<Ch
 // PutChunks does after its append.
 class SegmentStore::Reservation final : public ChunkReservation {
  public:
-  Reservation(SegmentStore* store, std::vector<ChunkSpace> chunks,
-              segment_internal::SegmentWriter::Reservation placed)
-      : store_(store), chunks_(std::move(chunks)), placed_(std::move(placed)) {
+  // `sizes`: the chunks' bytes, `incoming` their sum.
+  Reservation(SegmentStore* store, std::vector<ChunkSpace> chunks, std::vector<int64_t> sizes,
+              int64_t incoming, segment_internal::SegmentWriter::Reservation placed)
+      : store_(store),
+        chunks_(std::move(chunks)),
+        sizes_(std::move(sizes)),
+        incoming_(incoming),
+        placed_(std::move(placed)) {
     places_ = std::move(placed_.places);
     first_ = std::move(placed_.first);
   }
@@ -195,14 +200,6 @@ class SegmentStore::Reservation final : public ChunkReservation {
   absl::Status Commit() override {
     const uint64_t id = placed_.data_id;
     const std::vector<uint64_t> ids = {id};
-    int64_t incoming = 0;
-    std::vector<int64_t> sizes;
-    sizes.reserve(chunks_.size());
-    for (const ChunkSpace& c : chunks_) {
-      sizes.push_back(c.bytes);
-      incoming += c.bytes;
-    }
-    const std::string doing = absl::StrCat("writing ", chunks_.size(), " chunks of data id ", id);
     // The data id must still be live, as for PutChunks: no chunk lands after its commit or
     // discard has begun.
     if (absl::Status live = store_->BeginWrite(ids); !live.ok()) {
@@ -211,24 +208,27 @@ class SegmentStore::Reservation final : public ChunkReservation {
     }
     absl::Cleanup unregister = [&] { store_->EndWrite(ids); };
     if (absl::Status s = store_->writer_->Finish(&placed_); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(doing, ": ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("writing ", chunks_.size(), " chunks of data id ",
+                                                 id, ": ", s.message()));
     }
     rocksdb::WriteBatch batch(/*reserved_bytes=*/chunks_.size() *
                               (kChunkKeyBytes + kLocationBytes + 16));
-    CKPT_RETURN_IF_ERROR(store_->BatchLocations(id, chunks_, placed_.offsets, sizes, &batch));
+    CKPT_RETURN_IF_ERROR(store_->BatchLocations(id, chunks_, placed_.offsets, sizes_, &batch));
     CKPT_RETURN_IF_ERROR(store_->Write(&batch, /*sync=*/false,
                                        absl::StrCat("recording ", chunks_.size(), " chunks (",
-                                                    incoming, " bytes) of data id ", id)));
-    store_->NoteWritten(incoming);
+                                                    incoming_, " bytes) of data id ", id)));
+    store_->NoteWritten(incoming_);
     store_->chunks_written_.fetch_add(static_cast<int64_t>(chunks_.size()),
                                       std::memory_order_relaxed);
-    store_->chunk_bytes_written_.fetch_add(incoming, std::memory_order_relaxed);
+    store_->chunk_bytes_written_.fetch_add(incoming_, std::memory_order_relaxed);
     return absl::OkStatus();
   }
 
  private:
   SegmentStore* const store_;
   const std::vector<ChunkSpace> chunks_;
+  const std::vector<int64_t> sizes_;
+  const int64_t incoming_;
   segment_internal::SegmentWriter::Reservation placed_;
 };
 
@@ -260,7 +260,8 @@ absl::StatusOr<std::unique_ptr<ChunkReservation>> SegmentStore::ReserveChunks(
     return absl::Status(placed.status().code(),
                         absl::StrCat(doing, ": ", placed.status().message()));
   }
-  return std::make_unique<Reservation>(this, chunks, *std::move(placed));
+  return std::make_unique<Reservation>(this, chunks, std::move(sizes), incoming,
+                                       *std::move(placed));
 }
 
 bool SegmentStore::IsLive(uint64_t data_id) {
