@@ -171,7 +171,7 @@ class CheckpointStore {
   // elsewhere. Errors as PutChunks' (checked here, for the data id's state again at Commit). The
   // segment store places the chunks of one call one after the other in their stream's part of
   // the segment file, in the order given, and keeps the memory they go to until Commit; this
-  // default gives each chunk a buffer of its own and commits with PutChunks.
+  // default gives the chunks one buffer of its own and commits with PutChunks.
   virtual absl::StatusOr<std::unique_ptr<ChunkReservation>> ReserveChunks(
       const std::vector<ChunkSpace>& chunks);
   // Reads one chunk and verifies it against `expected_checksum`: DATA_LOSS naming the address on

@@ -301,8 +301,8 @@ absl::Status RankUpload::ReserveGroup(int64_t band) {
   const BandChunker& chunker = *c.chunker;
   const ChunkGrid& grid = chunker.grid();
   const int64_t per_band = chunker.chunks_per_band();
-  // Bands while they fit in the group's bytes; none when the first is larger (its room is not
-  // reserved before its bytes arrive).
+  // Bands while they fit in the group's bytes; none when the first is larger (StartBand then cuts
+  // it into the chunker's buffers, which grow only with the bytes that arrive).
   int64_t end = band;
   int64_t bytes = 0;
   while (end < chunker.bands()) {

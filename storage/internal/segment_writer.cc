@@ -255,8 +255,7 @@ absl::StatusOr<SegmentWriter::Reservation> SegmentWriter::Reserve(uint64_t data_
 
 absl::Status SegmentWriter::Finish(Reservation* r) {
   if (r->file == nullptr) return absl::OkStatus();
-  const std::shared_ptr<File> file = std::move(r->file);
-  r->file = nullptr;
+  const std::shared_ptr<File> file = std::move(r->file);  // r->file is null from here: done
   std::vector<std::shared_ptr<Block>> ready;
   {
     std::lock_guard<std::mutex> lock(file->mu);
@@ -474,7 +473,7 @@ absl::Status SegmentWriter::Sync(uint64_t data_id) {
     if (!file.write_error.ok()) return file.write_error;
     // The blocks still open, written as far as they are filled, under the lock (a few at most,
     // and no append may reserve bytes in one meanwhile). One that a reservation is still filling
-    // into stays, to be written again when it is closed.
+    // stays, to be written again when it is closed.
     for (auto it = file.blocks.begin(); it != file.blocks.end();) {
       Block& block = *it->second;
       CKPT_RETURN_IF_ERROR(WritePartLocked(file, block));
