@@ -103,6 +103,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -191,6 +192,10 @@ struct PaceGroup {
   int joined = 0;          // streams that ever joined
   int64_t created_ns = 0;  // when the first joined
   bool gathered = false;   // gathering is over (everyone came, or the bound passed)
+  int waiting = 0;         // members waiting now (with a wake_)
+  // At most the position of every pacing member (positions only grow; a member starting to pace
+  // lowers it to its own): the slowest as last found.
+  int64_t slowest_bound = 0;
 };
 
 // One stream's membership of its cohort and pace group (SharedChunks::JoinCohort); leaving them
@@ -477,9 +482,22 @@ class SharedChunks {
   // `group`'s waiters that may go on now (removing them from waiting_); no longer waiting.
   int64_t PaceWindowLocked() const;
   int64_t SlowestLocked(const PaceGroup& group, const CohortMember* except) const;
-  bool MayProceedLocked(CohortMember& m, int64_t now_ns);
+  // The two slowest positions of `group`'s pacing members, so that the slowest other than any
+  // one member is known after one pass over the group (CollectReadyLocked checks every waiter
+  // against it); SlowestTwoLocked also sets the group's slowest_bound.
+  struct Slowest {
+    int64_t first = std::numeric_limits<int64_t>::max();
+    int64_t second = std::numeric_limits<int64_t>::max();
+    const CohortMember* first_member = nullptr;
+    // The earliest last progress of a pacing member: none was stalled before it.
+    int64_t oldest_progress_ns = std::numeric_limits<int64_t>::max();
+    int64_t Except(const CohortMember* m) const { return m == first_member ? second : first; }
+  };
+  Slowest SlowestTwoLocked(PaceGroup& group) const;
+  // `slowest` (optional): the group's Slowest, kept up to date if members are left behind.
+  bool MayProceedLocked(CohortMember& m, int64_t now_ns, Slowest* slowest = nullptr);
   void SetPacingLocked(CohortMember& m, bool pacing);
-  void CollectReadyLocked(const PaceGroup& group, int64_t now_ns,
+  void CollectReadyLocked(PaceGroup& group, int64_t now_ns,
                           std::vector<std::function<void()>>* wake);
   void StopWaitingLocked(CohortMember& m);
   // Whether `group` is gathering now (see the file comment); ends it once over.

@@ -143,6 +143,7 @@ bool CohortMember::MayProceed(std::function<void()> wake) {
     if (!go) {
       wake_ = std::move(wake);
       waiting_it_ = owner_->waiting_.insert(owner_->waiting_.end(), this);
+      ++group_->waiting;
       ++owner_->pace_waits_;
       owner_->pace_cv_.notify_all();
     }
@@ -170,6 +171,24 @@ int64_t SharedChunks::SlowestLocked(const PaceGroup& group, const CohortMember* 
   return slowest;
 }
 
+SharedChunks::Slowest SharedChunks::SlowestTwoLocked(PaceGroup& group) const {
+  Slowest s;
+  for (const CohortMember* m : group.members) {
+    if (m->left_behind()) continue;
+    s.oldest_progress_ns =
+        std::min(s.oldest_progress_ns, m->last_progress_ns_.load(std::memory_order_relaxed));
+    if (m->position_ < s.first) {
+      s.second = s.first;
+      s.first = m->position_;
+      s.first_member = m;
+    } else if (m->position_ < s.second) {
+      s.second = m->position_;
+    }
+  }
+  group.slowest_bound = s.first;
+  return s;
+}
+
 bool SharedChunks::GatheringLocked(PaceGroup& group, int64_t now_ns) {
   if (group.gathered || group.joined < 2) return false;
   if (group.joined >= group.expected) {
@@ -184,23 +203,34 @@ bool SharedChunks::GatheringLocked(PaceGroup& group, int64_t now_ns) {
   return false;
 }
 
-bool SharedChunks::MayProceedLocked(CohortMember& m, int64_t now_ns) {
+bool SharedChunks::MayProceedLocked(CohortMember& m, int64_t now_ns, Slowest* known) {
   if (m.left_behind()) return true;  // reads for itself until it catches up
-  if (GatheringLocked(*m.group_, now_ns) &&
-      m.position_ > cache_bytes_ / (2 * int64_t{m.group_->expected})) {
+  PaceGroup& group = *m.group_;
+  if (GatheringLocked(group, now_ns) &&
+      m.position_ > cache_bytes_ / (2 * int64_t{group.expected})) {
     return false;
   }
   const int64_t window = PaceWindowLocked();
+  // Within the window of the bound is within the window of every pacing member: no pass over
+  // the group (this runs before every message of every stream).
+  if (m.position_ - group.slowest_bound <= window) return true;
+  Slowest own;
+  if (known == nullptr) {
+    own = SlowestTwoLocked(group);
+    known = &own;
+  }
   const int64_t bound_ns = absl::ToInt64Nanoseconds(straggler_bound_);
   while (true) {
-    const int64_t slowest = SlowestLocked(*m.group_, &m);
+    const int64_t slowest = known->Except(&m);
     if (slowest == std::numeric_limits<int64_t>::max() || m.position_ - slowest <= window) {
       return true;
     }
     // Leave behind the members holding `m` back that made no progress for the bound (a member
-    // waiting for its own slower peers is not stalled).
+    // waiting for its own slower peers is not stalled); none can have if no pacing member's last
+    // progress is that old.
+    if (now_ns - known->oldest_progress_ns <= bound_ns) return false;
     bool dropped = false;
-    for (CohortMember* other : m.group_->members) {
+    for (CohortMember* other : group.members) {
       if (other == &m || other->left_behind() || m.position_ - other->position_ <= window ||
           other->wake_) {
         continue;
@@ -212,6 +242,7 @@ bool SharedChunks::MayProceedLocked(CohortMember& m, int64_t now_ns) {
       }
     }
     if (!dropped) return false;
+    *known = SlowestTwoLocked(group);
   }
 }
 
@@ -221,18 +252,23 @@ void SharedChunks::SetPacingLocked(CohortMember& m, bool pacing) {
   const int after = before + (pacing ? 1 : -1);
   c.pacing_.store(after, std::memory_order_relaxed);
   m.left_behind_.store(!pacing, std::memory_order_relaxed);
+  if (pacing) m.group_->slowest_bound = std::min(m.group_->slowest_bound, m.position_);
   if (before == 0 && after == 1) ++pacing_cohorts_;
   if (before == 1 && after == 0) --pacing_cohorts_;
 }
 
-void SharedChunks::CollectReadyLocked(const PaceGroup& group, int64_t now_ns,
+void SharedChunks::CollectReadyLocked(PaceGroup& group, int64_t now_ns,
                                       std::vector<std::function<void()>>* wake) {
-  // A group has as many members as its job has ranks fetching now; only waiters are checked.
+  // Called on every member's progress: a group has as many members as its job has ranks
+  // fetching now, so the slowest positions are found once and only waiters are checked.
+  if (group.waiting == 0) return;
+  Slowest slowest = SlowestTwoLocked(group);
   for (CohortMember* m : group.members) {
-    if (!m->wake_ || !MayProceedLocked(*m, now_ns)) continue;
+    if (!m->wake_ || !MayProceedLocked(*m, now_ns, &slowest)) continue;
     waiting_.erase(m->waiting_it_);
     wake->push_back(std::move(m->wake_));
     m->wake_ = nullptr;
+    --group.waiting;
   }
 }
 
@@ -240,6 +276,7 @@ void SharedChunks::StopWaitingLocked(CohortMember& m) {
   if (!m.wake_) return;
   m.wake_ = nullptr;
   waiting_.erase(m.waiting_it_);
+  --m.group_->waiting;
 }
 
 void SharedChunks::PaceLoop() {

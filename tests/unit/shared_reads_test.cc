@@ -882,6 +882,66 @@ TEST_F(SharedReadsTest, ALoneStreamDropsWhatTheTableKeptOnceUnusedForTheBound) {
   }
 }
 
+// Pacing at the scale of a large job, driven through the members directly: a member more than
+// the window ahead of the slowest waits, however many members the group has; the slowest
+// advancing frees exactly the waiters it brings within the window; a member joining behind
+// everyone holds back those it is more than the window behind; its leaving frees them.
+TEST(SharedChunksPacingTest, MembersOfALargeGroupWaitForTheSlowestAsItAdvancesJoinsAndLeaves) {
+  std::unique_ptr<CheckpointStore> store = NewMemoryStore();
+  constexpr int64_t kCache = 64 << 10;  // one cohort: a window of 32 KiB
+  constexpr int kMembers = 512;
+  SharedChunks chunks(store.get(), kCache, absl::Seconds(60));
+  std::vector<std::unique_ptr<CohortMember>> members;
+  for (int i = 0; i < kMembers; ++i) members.push_back(chunks.JoinCohort("c", "job", kMembers));
+  ASSERT_EQ(chunks.pace_window(), kCache / 2);
+
+  std::atomic<int> woken{0};
+  auto wake = [&] { woken.fetch_add(1); };
+  // Member i > 0 goes 16 KiB + i x 64 bytes ahead (up to about 48 KiB), member 0 stays at 0.
+  auto ahead = [](int i) { return int64_t{16 << 10} + int64_t{i} * 64; };
+  int waiting = 0;
+  for (int i = 1; i < kMembers; ++i) {
+    members[i]->Advanced(ahead(i));
+    const bool go = members[i]->MayProceed(wake);
+    EXPECT_EQ(go, ahead(i) <= kCache / 2) << i;
+    waiting += go ? 0 : 1;
+  }
+  ASSERT_GT(waiting, 200);
+  EXPECT_EQ(chunks.stats().pacing_now, waiting);
+  EXPECT_EQ(woken.load(), 0);
+  // The slowest moves 8 KiB: those now within 32 KiB of it go on (woken at once, on this
+  // thread), the others still wait.
+  members[0]->Advanced(8 << 10);
+  int freed = 0;
+  for (int i = 1; i < kMembers; ++i) {
+    freed += (ahead(i) > kCache / 2 && ahead(i) - (8 << 10) <= kCache / 2) ? 1 : 0;
+  }
+  ASSERT_GT(freed, 0);
+  EXPECT_EQ(woken.load(), freed);
+  EXPECT_EQ(chunks.stats().pacing_now, waiting - freed);
+  // The slowest catches up with the leader (the others stay within the window of both): every
+  // waiter goes on.
+  members[0]->Advanced(ahead(kMembers - 1) - (8 << 10));
+  EXPECT_EQ(woken.load(), waiting);
+  EXPECT_EQ(chunks.stats().pacing_now, 0);
+  for (int i = 1; i < kMembers; ++i) EXPECT_TRUE(members[i]->MayProceed(wake)) << i;
+
+  // Everyone moves on by a window; a member joining now starts at 0, more than the window behind
+  // everyone.
+  for (auto& m : members) m->Advanced(kCache / 2);
+  std::unique_ptr<CohortMember> late = chunks.JoinCohort("c", "job", kMembers);
+  // (The nearest first: each is more than the window ahead of the newcomer but within it of the
+  // slowest before it came.)
+  for (int i = 1; i <= kMembers; ++i) EXPECT_FALSE(members[i % kMembers]->MayProceed(wake)) << i;
+  EXPECT_TRUE(late->MayProceed(wake));
+  EXPECT_EQ(chunks.stats().pacing_now, kMembers);
+  const int before = woken.load();
+  late.reset();  // it leaves: everyone goes on
+  EXPECT_EQ(woken.load(), before + kMembers);
+  EXPECT_EQ(chunks.stats().pacing_now, 0);
+  EXPECT_EQ(chunks.stats().left_behind, 0);
+}
+
 // The cache counts the segment store's mapped windows its chunks pin within its budget: a cache of
 // small chunks spread over many windows keeps at most its budget of them mapped, so the store's
 // map budget stays free for later reads, which are views rather than copies.
