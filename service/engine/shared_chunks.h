@@ -494,8 +494,8 @@ class SharedChunks {
     int64_t Except(const CohortMember* m) const { return m == first_member ? second : first; }
   };
   Slowest SlowestTwoLocked(PaceGroup& group) const;
-  // `slowest` (optional): the group's Slowest, kept up to date if members are left behind.
-  bool MayProceedLocked(CohortMember& m, int64_t now_ns, Slowest* slowest = nullptr);
+  // `known` (optional): the group's Slowest, kept up to date if members are left behind.
+  bool MayProceedLocked(CohortMember& m, int64_t now_ns, Slowest* known = nullptr);
   void SetPacingLocked(CohortMember& m, bool pacing);
   void CollectReadyLocked(PaceGroup& group, int64_t now_ns,
                           std::vector<std::function<void()>>* wake);
