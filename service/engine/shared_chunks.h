@@ -476,15 +476,13 @@ class SharedChunks {
   void MigrateLoneLocked();
 
   friend class CohortMember;
-  // Pacing (pace_mu_ held): the window; the slowest position among `group`'s pacing members
-  // other than `except` (none: INT64_MAX); whether `m` may go on now, leaving behind the stalled
-  // members that hold it back; starting or stopping `m`'s pacing; collecting the wakes of
-  // `group`'s waiters that may go on now (removing them from waiting_); no longer waiting.
+  // Pacing (pace_mu_ held): the window; the two slowest positions of `group`'s pacing members
+  // (none: INT64_MAX), so that the slowest other than any one member is known after one pass over
+  // the group (CollectReadyLocked checks every waiter against it), which also sets the group's
+  // slowest_bound; whether `m` may go on now, leaving behind the stalled members that hold it
+  // back; starting or stopping `m`'s pacing; collecting the wakes of `group`'s waiters that may
+  // go on now (removing them from waiting_); no longer waiting.
   int64_t PaceWindowLocked() const;
-  int64_t SlowestLocked(const PaceGroup& group, const CohortMember* except) const;
-  // The two slowest positions of `group`'s pacing members, so that the slowest other than any
-  // one member is known after one pass over the group (CollectReadyLocked checks every waiter
-  // against it); SlowestTwoLocked also sets the group's slowest_bound.
   struct Slowest {
     int64_t first = std::numeric_limits<int64_t>::max();
     int64_t second = std::numeric_limits<int64_t>::max();

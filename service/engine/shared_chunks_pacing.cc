@@ -123,8 +123,11 @@ void CohortMember::Advanced(int64_t bytes) {
     std::lock_guard<std::mutex> lock(owner_->pace_mu_);
     position_ += bytes;
     if (left_behind()) {
-      // Caught up with the slowest pacing member: paces with the group again.
-      if (position_ >= owner_->SlowestLocked(*group_, this)) owner_->SetPacingLocked(*this, true);
+      // Caught up with the slowest pacing member (another: this one is not pacing): paces with
+      // the group again.
+      if (position_ >= owner_->SlowestTwoLocked(*group_).first) {
+        owner_->SetPacingLocked(*this, true);
+      }
     } else {
       owner_->CollectReadyLocked(*group_, now, &wake);
     }
@@ -161,14 +164,6 @@ int64_t SharedChunks::pace_window() const {
 
 int64_t SharedChunks::PaceWindowLocked() const {
   return cache_bytes_ / (2 * std::max(1, pacing_cohorts_));
-}
-
-int64_t SharedChunks::SlowestLocked(const PaceGroup& group, const CohortMember* except) const {
-  int64_t slowest = std::numeric_limits<int64_t>::max();
-  for (const CohortMember* m : group.members) {
-    if (m != except && !m->left_behind()) slowest = std::min(slowest, m->position_);
-  }
-  return slowest;
 }
 
 SharedChunks::Slowest SharedChunks::SlowestTwoLocked(PaceGroup& group) const {
