@@ -930,8 +930,8 @@ TEST(SharedChunksPacingTest, MembersOfALargeGroupWaitForTheSlowestAsItAdvancesJo
   // everyone.
   for (auto& m : members) m->Advanced(kCache / 2);
   std::unique_ptr<CohortMember> late = chunks.JoinCohort("c", "job", kMembers);
-  // (The nearest first: each is more than the window ahead of the newcomer but within it of the
-  // slowest before it came.)
+  // (Member 1 first: within the window of the slowest before the newcomer came, more than the
+  // window ahead of the newcomer.)
   for (int i = 1; i <= kMembers; ++i) EXPECT_FALSE(members[i % kMembers]->MayProceed(wake)) << i;
   EXPECT_TRUE(late->MayProceed(wake));
   EXPECT_EQ(chunks.stats().pacing_now, kMembers);
