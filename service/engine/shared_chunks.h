@@ -481,7 +481,8 @@ class SharedChunks {
   // the group (CollectReadyLocked checks every waiter against it), which also sets the group's
   // slowest_bound; whether `m` may go on now, leaving behind the stalled members that hold it
   // back; starting or stopping `m`'s pacing; collecting the wakes of `group`'s waiters that may
-  // go on now (removing them from waiting_); no longer waiting.
+  // go on now (removing them from waiting_); no longer waiting (returns the wake it had, empty if
+  // it was not waiting).
   int64_t PaceWindowLocked() const;
   struct Slowest {
     int64_t first = std::numeric_limits<int64_t>::max();
@@ -497,7 +498,7 @@ class SharedChunks {
   void SetPacingLocked(CohortMember& m, bool pacing);
   void CollectReadyLocked(PaceGroup& group, int64_t now_ns,
                           std::vector<std::function<void()>>* wake);
-  void StopWaitingLocked(CohortMember& m);
+  std::function<void()> StopWaitingLocked(CohortMember& m);
   // Whether `group` is gathering now (see the file comment); ends it once over.
   bool GatheringLocked(PaceGroup& group, int64_t now_ns);
   // The pacing timer: while members wait, checks them every few milliseconds so that a stalled

@@ -260,18 +260,16 @@ void SharedChunks::CollectReadyLocked(PaceGroup& group, int64_t now_ns,
   Slowest slowest = SlowestTwoLocked(group);
   for (CohortMember* m : group.members) {
     if (!m->wake_ || !MayProceedLocked(*m, now_ns, &slowest)) continue;
-    waiting_.erase(m->waiting_it_);
-    wake->push_back(std::move(m->wake_));
-    m->wake_ = nullptr;
-    --group.waiting;
+    wake->push_back(StopWaitingLocked(*m));
   }
 }
 
-void SharedChunks::StopWaitingLocked(CohortMember& m) {
-  if (!m.wake_) return;
-  m.wake_ = nullptr;
+std::function<void()> SharedChunks::StopWaitingLocked(CohortMember& m) {
+  if (!m.wake_) return nullptr;
+  std::function<void()> wake = std::exchange(m.wake_, nullptr);
   waiting_.erase(m.waiting_it_);
   --m.group_->waiting;
+  return wake;
 }
 
 void SharedChunks::PaceLoop() {
