@@ -1,6 +1,7 @@
 #include "storage/internal/location_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <tuple>
 
 namespace ckpt::segment_store_internal {
@@ -14,12 +15,18 @@ void LocationCache::FindMany(std::span<const ChunkAddress> addresses, std::vecto
   out->clear();
   out->reserve(addresses.size());
   std::lock_guard<std::mutex> lock(mu_);
-  // The packs of the data id of the previous address and the position after its entry: a
-  // fetch asks for addresses in about the packs' order, so each is found by stepping on from
-  // there (FindPackedFrom) rather than by a search of the whole table.
-  const Packs* packs = nullptr;
-  uint64_t packs_id = 0;
-  size_t hint = 0;
+  // For each of the last few data ids asked for, its packs and the position after the entry last
+  // found there: a fetch asks for addresses in about the packs' order, but a destination tensor
+  // that spans source ranks takes turns among their data ids, so each data id's position is kept
+  // and every address is found by stepping on from its own (FindPackedFrom) rather than by a
+  // search of the whole table.
+  struct Cursor {
+    uint64_t data_id = 0;
+    const Packs* packs = nullptr;  // null: the slot is unused
+    size_t hint = 0;
+  };
+  std::array<Cursor, 8> cursors;
+  size_t next_cursor = 0;  // the slot a data id not among them takes
   for (const ChunkAddress& a : addresses) {
     if (!index_.empty()) {
       if (auto it = index_.find(BlobKey{a.data_id, a.tensor, a.blob}); it != index_.end()) {
@@ -27,19 +34,25 @@ void LocationCache::FindMany(std::span<const ChunkAddress> addresses, std::vecto
         continue;
       }
     }
-    if (packs == nullptr || packs_id != a.data_id) {
+    Cursor* cursor = nullptr;
+    for (Cursor& c : cursors) {
+      if (c.packs != nullptr && c.data_id == a.data_id) {
+        cursor = &c;
+        break;
+      }
+    }
+    if (cursor == nullptr) {
       auto it = packs_index_.find(a.data_id);
       if (it == packs_index_.end()) {
         out->push_back({});
-        packs = nullptr;
         continue;
       }
       packs_lru_.splice(packs_lru_.begin(), packs_lru_, it->second);
-      packs = &it->second->second;
-      packs_id = a.data_id;
-      hint = 0;
+      cursor = &cursors[next_cursor];
+      next_cursor = (next_cursor + 1) % cursors.size();
+      *cursor = {a.data_id, &it->second->second, 0};
     }
-    std::optional<ChunkLocation> location = FindPackedFrom(*packs, a, &hint);
+    std::optional<ChunkLocation> location = FindPackedFrom(*cursor->packs, a, &cursor->hint);
     out->push_back({location.has_value(), location, true});
   }
 }

@@ -1,6 +1,7 @@
 // storage/internal/location_cache.h: the segment store's in-memory chunk locations of blobs.
 #include "storage/internal/location_cache.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,15 +89,35 @@ TEST(LocationCacheTest, FindManyOfPackedAddressesInAnyOrderIsFindPackedOfEach) {
   }
   addresses.push_back({4, 999, 0, 0});  // past the last entry
   addresses.push_back({6, 0, 0, 0});    // a data id without packs
+  // Turns among more data ids than FindMany keeps its place in (a tensor spanning many source
+  // ranks), each with a table of its own.
+  std::map<uint64_t, LocationCache::Packs> others;
+  for (uint64_t id = 10; id < 22; ++id) {
+    for (uint32_t t = 0; t < 40; ++t) {
+      others[id].push_back({t, 0, 0, {id * 100000 + t * 10, 3}});
+    }
+    cache.InsertPacks(id, others[id]);
+  }
+  for (uint32_t t = 0; t < 40; ++t) {
+    for (uint64_t id = 10; id < 22; ++id) {
+      if ((t + id) % 5 != 0) addresses.push_back({id, t, 0, 0});
+    }
+    addresses.push_back({4, t, t % 3, 0});
+  }
   std::vector<LocationCache::Lookup> many;
   cache.FindMany(addresses, &many);
   ASSERT_EQ(many.size(), addresses.size());
   for (size_t i = 0; i < addresses.size(); ++i) {
     const ChunkAddress& a = addresses[i];
-    const std::optional<ChunkLocation> want =
-        a.data_id == 4 ? LocationCache::FindPacked(packs, a)
-                       : (a.data_id == 5 && a.tensor == 0 ? std::optional<ChunkLocation>({77, 1})
-                                                          : std::nullopt);
+    std::optional<ChunkLocation> want;
+    if (a.data_id == 4) {
+      want = LocationCache::FindPacked(packs, a);
+    } else if (a.data_id == 5) {
+      if (a.tensor == 0) want = ChunkLocation{77, 1};
+    } else if (others.contains(a.data_id)) {
+      want = LocationCache::FindPacked(others[a.data_id], a);
+      ASSERT_TRUE(want.has_value()) << a.ToString();
+    }
     EXPECT_EQ(many[i].packs_known, a.data_id != 6) << a.ToString();
     EXPECT_EQ(many[i].blob_cached, want.has_value()) << a.ToString();
     ASSERT_EQ(many[i].location.has_value(), want.has_value()) << a.ToString();
